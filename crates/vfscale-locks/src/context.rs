@@ -1,0 +1,541 @@
+//! `struct file_lock_context`: one inode's locks and wait trees, under that inode's lock.
+
+use std::sync::{Arc, Weak};
+
+use crate::lock::{
+    family_conflict, lock_is_unlock, posix_locks_conflict, posix_same_owner, posix_test_locks_conflict,
+    FileLock, LockKind, OwnerKey,
+};
+use crate::manager::{BlockedGuard, LockManager, WakeMode};
+use crate::sync::{Mutex, MutexGuard};
+use crate::waiter::{Link, Waiter, WakeList};
+use crate::{Errno, InodeKey, LockType, OFFSET_MAX};
+
+/// Index of a record in a context's arena.
+pub(crate) type NodeId = usize;
+
+/// A granted lock or a blocked request, with its place in a wait tree.
+#[derive(Debug)]
+pub(crate) struct Node {
+    pub fl: FileLock,
+    /// `flc_blocker`: the record this request waits on; `None` for a granted lock and
+    /// for a request that was woken and has not tried again yet.
+    pub blocker: Option<NodeId>,
+    /// `flc_blocked_requests`, oldest first. Each conflicts with this record and with
+    /// every record above it; siblings never conflict with each other.
+    pub children: Vec<NodeId>,
+    /// The wait cell, for a blocked request; `None` for a granted lock.
+    pub waiter: Option<crate::sync::Arc<Waiter>>,
+    /// In the blocked hash (its blocker was a process-owned POSIX record when it was
+    /// inserted, as `__locks_insert_block` decides).
+    pub hashed: bool,
+}
+
+/// Counters of one context, kept under its lock so no shared line is written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ContextStats {
+    /// Lock requests granted (not counting unlocks).
+    pub grants: u64,
+    /// Blocked requests woken.
+    pub wakeups: u64,
+    /// Requests that went to sleep (first block and every re-block).
+    pub blocks: u64,
+}
+
+/// Everything `flc_lock` protects.
+#[derive(Debug, Default)]
+pub(crate) struct Inner {
+    nodes: Vec<Option<Node>>,
+    free: Vec<NodeId>,
+    /// `flc_flock`: granted flock locks, in the order they were granted.
+    pub flock: Vec<NodeId>,
+    /// `flc_posix`: granted POSIX and OFD locks; one owner's locks are adjacent and
+    /// sorted by start, a new owner's go at the end.
+    pub posix: Vec<NodeId>,
+    /// This context is on a listing shard.
+    listed: bool,
+    pub stats: ContextStats,
+}
+
+/// A request's own record while it waits: `Some` from its first block until it is
+/// granted, fails or is cancelled.
+pub(crate) type Slot = Option<NodeId>;
+
+/// The outcome of one pass of a lock algorithm.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Attempt {
+    /// Finished: granted or refused.
+    Done(Result<(), Errno>),
+    /// The request sleeps in a wait tree (`FILE_LOCK_DEFERRED`).
+    Blocked,
+}
+
+impl Inner {
+    pub fn node(&self, id: NodeId) -> &Node {
+        self.nodes[id].as_ref().expect("live node")
+    }
+
+    fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        self.nodes[id].as_mut().expect("live node")
+    }
+
+    fn alloc(&mut self, fl: FileLock) -> NodeId {
+        let n = Node {
+            fl,
+            blocker: None,
+            children: Vec::new(),
+            waiter: None,
+            hashed: false,
+        };
+        match self.free.pop() {
+            Some(id) => {
+                self.nodes[id] = Some(n);
+                id
+            }
+            None => {
+                self.nodes.push(Some(n));
+                self.nodes.len() - 1
+            }
+        }
+    }
+
+    fn release(&mut self, id: NodeId) {
+        debug_assert!(self.node(id).children.is_empty() && self.node(id).blocker.is_none());
+        self.nodes[id] = None;
+        self.free.push(id);
+    }
+
+    /// The link the detector sees for a request whose blocker is `b`.
+    fn link_to(&self, b: NodeId) -> Link {
+        let n = self.node(b);
+        match &n.waiter {
+            Some(w) => Link::Waiter(w.clone()),
+            None => Link::Granted(n.fl.owner),
+        }
+    }
+
+    /// `__locks_wake_up_blocks`: takes every direct waiter of `id` out of the tree and
+    /// queues it on `wl`. Their own waiters stay attached to them.
+    pub fn wake_up_blocks(&mut self, id: NodeId, wl: &mut WakeList, bg: &mut BlockedGuard<'_>) {
+        let children = std::mem::take(&mut self.node_mut(id).children);
+        for c in children {
+            let n = self.node_mut(c);
+            n.blocker = None;
+            let hashed = std::mem::replace(&mut n.hashed, false);
+            let w = n.waiter.clone().expect("a child is a request");
+            w.set_link(Link::Detached);
+            if hashed {
+                bg.get().remove(&w);
+            }
+            self.stats.wakeups += 1;
+            wl.push(w);
+        }
+    }
+
+    /// `__locks_insert_block`: hangs request `wid` under `blocker`, descending to the
+    /// deepest request it conflicts with, so that siblings never conflict. The request's
+    /// own waiters are woken: they conflict with it, but perhaps not with its new
+    /// blockers ("conflicts with" is not transitive).
+    fn insert_block(
+        &mut self,
+        mode: WakeMode,
+        blocker: NodeId,
+        wid: NodeId,
+        wl: &mut WakeList,
+        bg: &mut BlockedGuard<'_>,
+    ) {
+        let fl = self.node(wid).fl;
+        let mut b = blocker;
+        if mode == WakeMode::Tree {
+            'descend: loop {
+                for &c in &self.node(b).children {
+                    if family_conflict(&self.node(c).fl, &fl) {
+                        b = c;
+                        continue 'descend;
+                    }
+                }
+                break;
+            }
+        }
+        let link = self.link_to(b);
+        let hashed = self.node(b).fl.is_process_posix();
+        self.node_mut(b).children.push(wid);
+        let n = self.node_mut(wid);
+        n.blocker = Some(b);
+        n.hashed = hashed;
+        let w = n.waiter.clone().expect("a blocked record is a request");
+        w.set_link(link);
+        if hashed {
+            bg.get().insert(&w);
+        }
+        self.stats.blocks += 1;
+        self.wake_up_blocks(wid, wl, bg);
+    }
+
+    /// `__locks_delete_block` and freeing: request `wid` leaves for good. Its waiters are
+    /// woken first.
+    pub fn delete_block(&mut self, wid: NodeId, wl: &mut WakeList, bg: &mut BlockedGuard<'_>) {
+        self.wake_up_blocks(wid, wl, bg);
+        self.unlink_from_blocker(wid, bg);
+        self.release(wid);
+    }
+
+    fn unlink_from_blocker(&mut self, wid: NodeId, bg: &mut BlockedGuard<'_>) {
+        let n = self.node_mut(wid);
+        let b = n.blocker.take();
+        let hashed = std::mem::replace(&mut n.hashed, false);
+        let w = n.waiter.clone();
+        if let Some(b) = b {
+            self.node_mut(b).children.retain(|&c| c != wid);
+        }
+        if let Some(w) = w {
+            w.set_link(Link::Detached);
+            if hashed {
+                bg.get().remove(&w);
+            }
+        }
+    }
+
+    /// Makes the request's record, or a new one, the granted lock `fl`
+    /// (`locks_copy_lock` + `locks_move_blocks`): its waiters now wait on the lock.
+    fn grant_record(&mut self, fl: FileLock, slot: &mut Slot, bg: &mut BlockedGuard<'_>) -> NodeId {
+        self.stats.grants += 1;
+        match slot.take() {
+            None => self.alloc(fl),
+            Some(id) => {
+                self.unlink_from_blocker(id, bg);
+                let n = self.node_mut(id);
+                n.fl = fl;
+                n.waiter = None;
+                let children = n.children.clone();
+                for c in children {
+                    if let Some(w) = &self.node(c).waiter {
+                        w.set_link(Link::Granted(fl.owner));
+                    }
+                }
+                id
+            }
+        }
+    }
+
+    /// The request's record, made on its first block, re-armed on every later one.
+    fn blocked_record(&mut self, fl: FileLock, slot: &mut Slot) -> NodeId {
+        let id = match *slot {
+            Some(id) => id,
+            None => *slot.insert(self.alloc(fl)),
+        };
+        let n = self.node_mut(id);
+        let w = n.waiter.get_or_insert_with(|| Waiter::new(fl.owner)).clone();
+        w.rearm();
+        id
+    }
+
+    /// `locks_delete_lock_ctx`: removes the granted lock at `list[idx]`, waking its waiters.
+    fn delete_lock(&mut self, posix: bool, idx: usize, wl: &mut WakeList, bg: &mut BlockedGuard<'_>) {
+        let id = if posix {
+            self.posix.remove(idx)
+        } else {
+            self.flock.remove(idx)
+        };
+        self.wake_up_blocks(id, wl, bg);
+        self.release(id);
+    }
+
+    /// `posix_test_lock`: the first lock in list order that `req` conflicts with.
+    pub fn posix_test_lock(&self, req: &FileLock) -> Option<FileLock> {
+        self.posix
+            .iter()
+            .map(|&id| self.node(id).fl)
+            .find(|fl| posix_test_locks_conflict(req, fl))
+    }
+
+    /// `posix_lock_inode`: applies a POSIX or OFD request: blocks it, or merges, splits
+    /// and trims the owner's locks. `flc_lock` held.
+    #[allow(clippy::too_many_arguments)]
+    pub fn posix_lock_inode(
+        &mut self,
+        mgr: &LockManager,
+        mut req: FileLock,
+        slot: &mut Slot,
+        sleep: bool,
+        wl: &mut WakeList,
+        bg: &mut BlockedGuard<'_>,
+        conflock: Option<&mut FileLock>,
+    ) -> Attempt {
+        debug_assert!(req.on_posix_list());
+        if req.ty != LockType::Unlock {
+            let conflict = self
+                .posix
+                .iter()
+                .copied()
+                .find(|&id| posix_locks_conflict(&req, &self.node(id).fl));
+            if let Some(fl_id) = conflict {
+                if let Some(c) = conflock {
+                    *c = self.node(fl_id).fl;
+                }
+                if !sleep {
+                    return Attempt::Done(Err(Errno::EAGAIN));
+                }
+                // Requests blocked on this one must not be found by the detector
+                // through it, and may not conflict with its next blocker.
+                if let Some(id) = *slot {
+                    self.wake_up_blocks(id, wl, bg);
+                }
+                // Detection and insertion happen under the same blocked_lock hold.
+                if req.is_process_posix()
+                    && bg
+                        .get()
+                        .posix_locks_deadlock(req.owner, self.node(fl_id).fl.owner)
+                {
+                    mgr.count_deadlock();
+                    tracing::debug!(target: "vfscale_locks::filelock", event = "deadlock", owner = ?req.owner, start = req.start, end = req.end);
+                    return Attempt::Done(Err(Errno::EDEADLK));
+                }
+                let wid = self.blocked_record(req, slot);
+                self.insert_block(mgr.settings().wake, fl_id, wid, wl, bg);
+                tracing::trace!(target: "vfscale_locks::filelock", event = "block", owner = ?req.owner, start = req.start, end = req.end);
+                return Attempt::Blocked;
+            }
+        }
+
+        // The owner's locks are adjacent: find the first.
+        let mut i = self
+            .posix
+            .iter()
+            .position(|&id| posix_same_owner(&req, &self.node(id).fl))
+            .unwrap_or(self.posix.len());
+        // The record the request has become (`request = fl` in the kernel): its range
+        // is written back from `req` at the end.
+        let mut became: Option<NodeId> = None;
+        let mut added = false;
+        let mut left: Option<NodeId> = None;
+        let mut right: Option<NodeId> = None;
+        while i < self.posix.len() {
+            let id = self.posix[i];
+            let fl = self.node(id).fl;
+            if !posix_same_owner(&req, &fl) {
+                break;
+            }
+            if req.ty == fl.ty {
+                // Same type: merge when adjacent or overlapping. Compare with
+                // `start - 1`, never `end + 1`, which overflows at OFFSET_MAX.
+                if fl.end < req.start - 1 {
+                    i += 1;
+                    continue;
+                }
+                if fl.start - 1 > req.end {
+                    break;
+                }
+                req.start = req.start.min(fl.start);
+                req.end = req.end.max(fl.end);
+                if added {
+                    self.delete_lock(true, i, wl, bg);
+                    continue;
+                }
+                became = Some(id);
+                added = true;
+                i += 1;
+            } else {
+                if fl.end < req.start {
+                    i += 1;
+                    continue;
+                }
+                if fl.start > req.end {
+                    break;
+                }
+                if lock_is_unlock(&req) {
+                    added = true;
+                }
+                if fl.start < req.start {
+                    left = Some(id);
+                }
+                if fl.end > req.end {
+                    right = Some(id);
+                    break;
+                }
+                if fl.start >= req.start {
+                    // The request covers this lock entirely.
+                    if added {
+                        self.delete_lock(true, i, wl, bg);
+                        continue;
+                    }
+                    let new = self.grant_record(req, slot, bg);
+                    self.posix[i] = new;
+                    self.wake_up_blocks(id, wl, bg);
+                    self.release(id);
+                    became = Some(new);
+                    added = true;
+                }
+                i += 1;
+            }
+        }
+
+        if !added {
+            if lock_is_unlock(&req) {
+                return Attempt::Done(Ok(()));
+            }
+            let new = self.grant_record(req, slot, bg);
+            self.posix.insert(i, new);
+        } else if let Some(b) = became {
+            let n = self.node_mut(b);
+            n.fl.start = req.start;
+            n.fl.end = req.end;
+        }
+        if let Some(r) = right {
+            if left == Some(r) {
+                // The request splits one lock in two: the left part is a new record.
+                let mut copy = self.node(r).fl;
+                copy.end = req.start - 1;
+                let l = self.alloc(copy);
+                self.posix.insert(i, l);
+                left = None;
+            }
+            self.node_mut(r).fl.start = req.end + 1;
+            self.wake_up_blocks(r, wl, bg);
+        }
+        if let Some(l) = left {
+            self.node_mut(l).fl.end = req.start - 1;
+            self.wake_up_blocks(l, wl, bg);
+        }
+        tracing::trace!(target: "vfscale_locks::filelock", event = if lock_is_unlock(&req) { "unlock" } else { "lock" }, kind = ?req.kind, owner = ?req.owner, start = req.start, end = req.end);
+        Attempt::Done(Ok(()))
+    }
+
+    /// `flock_lock_inode`: applies a flock request. A conversion drops the old lock
+    /// first, so a conversion that fails has lost it. `flc_lock` held.
+    pub fn flock_lock_inode(
+        &mut self,
+        mgr: &LockManager,
+        req: FileLock,
+        slot: &mut Slot,
+        sleep: bool,
+        wl: &mut WakeList,
+        bg: &mut BlockedGuard<'_>,
+    ) -> Attempt {
+        debug_assert_eq!(req.kind, LockKind::Flock);
+        if let Some(idx) = self
+            .flock
+            .iter()
+            .position(|&id| self.node(id).fl.file == req.file)
+        {
+            if self.node(self.flock[idx]).fl.ty == req.ty {
+                return Attempt::Done(Ok(()));
+            }
+            self.delete_lock(false, idx, wl, bg);
+        }
+        if lock_is_unlock(&req) {
+            tracing::trace!(target: "vfscale_locks::filelock", event = "unlock", kind = "flock", file = req.file.0);
+            return Attempt::Done(Ok(()));
+        }
+        let conflict = self
+            .flock
+            .iter()
+            .copied()
+            .find(|&id| family_conflict(&req, &self.node(id).fl));
+        if let Some(fl_id) = conflict {
+            if !sleep {
+                return Attempt::Done(Err(Errno::EAGAIN));
+            }
+            if let Some(id) = *slot {
+                self.wake_up_blocks(id, wl, bg);
+            }
+            let wid = self.blocked_record(req, slot);
+            self.insert_block(mgr.settings().wake, fl_id, wid, wl, bg);
+            tracing::trace!(target: "vfscale_locks::filelock", event = "block", kind = "flock", file = req.file.0);
+            return Attempt::Blocked;
+        }
+        let new = self.grant_record(req, slot, bg);
+        self.flock.push(new);
+        tracing::trace!(target: "vfscale_locks::filelock", event = "lock", kind = "flock", file = req.file.0);
+        Attempt::Done(Ok(()))
+    }
+}
+
+/// One inode's lock context (`struct file_lock_context`), to embed in the caller's inode.
+///
+/// # What protects what
+///
+/// | field | protected by |
+/// |---|---|
+/// | both lock lists, every record's type and range | `inner` (`flc_lock`) |
+/// | the wait trees (`blocker`, `children`) | `inner` |
+/// | a waiter's wake state | that waiter's `state` (leaf) |
+/// | a waiter's detector link | that waiter's `link` (leaf), written under `inner` |
+/// | the blocked hash | the manager's `blocked_lock`, taken under `inner` |
+#[derive(Debug)]
+pub struct FileLockContext {
+    pub(crate) mgr: Arc<LockManager>,
+    key: InodeKey,
+    me: Weak<FileLockContext>,
+    /// `flc_lock`.
+    pub(crate) inner: Mutex<Inner>,
+}
+
+impl FileLockContext {
+    /// A context for inode `key`, in the lock system of `mgr`.
+    pub fn new(mgr: &Arc<LockManager>, key: InodeKey) -> Arc<FileLockContext> {
+        Arc::new_cyclic(|me| FileLockContext {
+            mgr: mgr.clone(),
+            key,
+            me: me.clone(),
+            inner: Mutex::new(Inner::default()),
+        })
+    }
+
+    /// The inode this context belongs to.
+    pub fn key(&self) -> InodeKey {
+        self.key
+    }
+
+    /// The manager this context belongs to.
+    pub fn manager(&self) -> &Arc<LockManager> {
+        &self.mgr
+    }
+
+    /// Counters of this inode.
+    pub fn stats(&self) -> ContextStats {
+        self.inner.lock().stats
+    }
+
+    /// Runs `f` with `flc_lock` (and the global lock, in that setting) held and the
+    /// blocked-hash lock available on demand; wakes what `f` detached after dropping
+    /// every lock.
+    pub(crate) fn with_locked<R>(
+        &self,
+        f: impl FnOnce(&mut Inner, &LockManager, &mut WakeList, &mut BlockedGuard<'_>) -> R,
+    ) -> R {
+        let mut wl = WakeList::new();
+        let r = {
+            let _big = self.mgr.big_lock();
+            let mut inner: MutexGuard<'_, Inner> = self.inner.lock();
+            let mut bg = BlockedGuard::new(&self.mgr);
+            let r = f(&mut inner, &self.mgr, &mut wl, &mut bg);
+            if !inner.listed && !(inner.posix.is_empty() && inner.flock.is_empty()) {
+                inner.listed = true;
+                self.mgr.listing_register(self.me.clone());
+            }
+            r
+        };
+        wl.wake_all();
+        r
+    }
+}
+
+/// Whole-file unlock for `owner` on the POSIX list (`locks_remove_posix`, and the OFD
+/// half of `locks_remove_file`).
+pub(crate) fn posix_unlock_all(
+    kind: LockKind,
+    owner: OwnerKey,
+    file: crate::FileId,
+    pid: crate::Pid,
+) -> FileLock {
+    FileLock {
+        kind,
+        ty: LockType::Unlock,
+        start: 0,
+        end: OFFSET_MAX,
+        owner,
+        file,
+        pid,
+    }
+}

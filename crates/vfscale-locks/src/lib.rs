@@ -1,0 +1,93 @@
+//! Linux `fs/locks.c` in userspace: POSIX record locks, OFD locks and `flock(2)` locks
+//! with Linux's semantics to the errno and the byte, and the scalability designs of the
+//! kernel's lock rework (per-inode locking, a blocked-request tree).
+//!
+//! The caller owns its inodes, processes and open file descriptions. It embeds one
+//! [`FileLockContext`] per inode and shares one [`LockManager`] for what is global.
+//! Owners are opaque keys it chooses: a [`Process`] owns POSIX locks, an [`OpenFile`]
+//! owns OFD and flock locks.
+//!
+//! ```
+//! use vfscale_locks::*;
+//! let mgr = LockManager::new();
+//! let inode = FileLockContext::new(&mgr, InodeKey { major: 0, minor: 27, ino: 12 });
+//! let (p1, p2) = (Process::new(100), Process::new(200));
+//! let f1 = OpenFile::new(1, AccessMode::ReadWrite);
+//! let f2 = OpenFile::new(2, AccessMode::ReadWrite);
+//!
+//! // p1 locks bytes 0..10 and 10..20: one owner's touching locks of one type merge.
+//! inode.fcntl(p1, f1, FcntlCmd::SetLk, &mut Flock::new(LockType::Write, 0, 10)).unwrap();
+//! inode.fcntl(p1, f1, FcntlCmd::SetLk, &mut Flock::new(LockType::Write, 10, 10)).unwrap();
+//! let mut probe = Flock::new(LockType::Read, 15, 1);
+//! inode.fcntl(p2, f2, FcntlCmd::GetLk, &mut probe).unwrap();
+//! assert_eq!((probe.l_start, probe.l_len, probe.l_pid), (0, 20, 100));
+//!
+//! // p2 waits; closing any descriptor of p1 drops p1's locks and grants p2's.
+//! let pending = inode.fcntl_lock(p2, f2, FcntlCmd::SetLkW, &mut Flock::new(LockType::Write, 5, 1)).unwrap().unwrap();
+//! inode.posix_remove_owner(p1);
+//! pending.wait().unwrap();
+//! assert_eq!(mgr.proc_locks(), "1: POSIX  ADVISORY  WRITE 200 00:1b:12 5 5\n");
+//! ```
+//!
+//! # Invariants
+//!
+//! * An inode's POSIX list holds POSIX and OFD locks. One owner's locks never overlap,
+//!   never touch when of one type (they merge), are adjacent in the list and sorted by
+//!   start; a new owner's locks go at the end. `F_GETLK` reports the first conflicting
+//!   lock in that order, as Linux does.
+//! * The flock list holds at most one lock per open file description.
+//! * **The wait tree** (seed 003). Every blocked request hangs under a granted lock or
+//!   under another blocked request (`blocker`):
+//!   1. a request conflicts with its blocker and with every record above it;
+//!   2. siblings never conflict with each other, so an unlock wakes only a set of
+//!      requests that could all be granted together: the direct waiters of the lock
+//!      that changed;
+//!   3. a woken request keeps its own waiters; if it is granted they wait on its new
+//!      lock, if it sleeps again or gives up they are woken, because "conflicts with" is
+//!      not transitive: they conflict with it, but perhaps not with its new blocker
+//!      (the (0,2)/(1,2)/(2,2) case of seed 003).
+//! * Waiters are woken after every lock is dropped ([`WakeList`-style batching](crate)).
+//! * **Deadlock detection** covers process-owned POSIX requests only. A request that
+//!   blocks on a process-owned POSIX record enters the blocked hash, keyed by its owner;
+//!   the detector follows owner → newest blocked request → root of its tree → that
+//!   root's owner, at most [`MAX_DEADLK_ITERATIONS`] + 1 hops, as Linux does.
+//! * **Scalability** (seed 000). Lock and unlock on different inodes share no lock and
+//!   write no shared cache line: `blocked_lock` is taken only when a process-owned POSIX
+//!   request blocks, leaves the hash, or is checked for deadlock; the listing shards are
+//!   touched once per context lifetime and when someone lists.
+//!
+//! # Lock order
+//!
+//! The global lock (only with [`ContextLock::Global`]) → an inode's `flc_lock` →
+//! `blocked_lock` → a listing shard → a waiter's leaf locks (`state`, `link`). The
+//! deadlock detector reads other inodes' trees only through waiters' `link` mirrors,
+//! never through their `flc_lock`, so no path takes two inode locks.
+//!
+//! # Experiment settings
+//!
+//! [`Settings`] switch one seed's mechanism each: [`WakeMode::All`] wakes every waiter
+//! (before seed 003), [`ContextLock::Global`] serializes all inodes on one lock (before
+//! seed 000).
+
+#![warn(missing_docs)]
+
+mod context;
+mod errno;
+mod fcntl;
+mod listing;
+mod lock;
+mod manager;
+pub mod scenario;
+pub(crate) mod sync;
+mod types;
+mod wait;
+mod waiter;
+
+pub use context::{ContextStats, FileLockContext};
+pub use errno::Errno;
+pub use fcntl::{flock_to_posix_range, OpenFile, Process};
+pub use listing::{render_proc_locks, LockListing, LockRecord};
+pub use lock::{LockKind, OwnerKey};
+pub use manager::{ContextLock, LockManager, ManagerStats, Settings, WakeMode, MAX_DEADLK_ITERATIONS};
+pub use types::*;
+pub use wait::{Interrupter, PendingLock};

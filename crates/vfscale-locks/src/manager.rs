@@ -1,0 +1,293 @@
+//! What must be global: the blocked hash for deadlock detection, the listing shards, the
+//! experiment settings, and the counters the lab reads.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+use crate::context::FileLockContext;
+use crate::lock::OwnerKey;
+use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
+use crate::waiter::{Link, Waiter};
+
+/// `MAX_DEADLK_ITERATIONS`: how far the deadlock detector follows a chain of owners.
+///
+/// As in Linux, the check is `if (i++ > MAX_DEADLK_ITERATIONS) return false;` before each
+/// comparison, so a cycle is found when it closes within 11 hops (12 owners); a longer
+/// cycle is not reported and the request waits.
+pub const MAX_DEADLK_ITERATIONS: usize = 10;
+
+/// How an unlock wakes the requests blocked on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WakeMode {
+    /// Seed 003: blocked requests form a tree in which siblings never conflict; an
+    /// unlock wakes only the direct waiters of what changed.
+    #[default]
+    Tree,
+    /// Before seed 003: every request waits directly on the lock that blocks it and an
+    /// unlock wakes them all (the thundering herd). For the lab's "base" runs.
+    All,
+}
+
+/// Which lock protects an inode's lock lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ContextLock {
+    /// Seed 000: each inode's lists are protected by that inode's own lock.
+    #[default]
+    PerInode,
+    /// Before seed 000: one global lock (`file_lock_lock`) serializes every lock
+    /// operation on every inode. For the lab's "base" runs.
+    Global,
+}
+
+/// Experiment settings. Each switches only the mechanism its seed changed, so the lab
+/// can run "base" against "patched" in one process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Settings {
+    /// Seed 003's setting.
+    pub wake: WakeMode,
+    /// Seed 000's setting.
+    pub context_lock: ContextLock,
+}
+
+/// Counters a run can read. None of them is written on a path that does not already
+/// take the lock it counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ManagerStats {
+    /// Acquisitions of the blocked-hash lock (only when a POSIX request blocks, leaves
+    /// the hash, or a chain is checked for deadlock).
+    pub blocked_lock_acquisitions: u64,
+    /// Acquisitions of the one global lock of [`ContextLock::Global`].
+    pub global_lock_acquisitions: u64,
+    /// `EDEADLK` results.
+    pub deadlocks: u64,
+}
+
+/// The blocked hash (`blocked_hash`): blocked requests whose blocker is a
+/// process-owned POSIX lock, keyed by the request's owner, newest last.
+#[derive(Debug, Default)]
+pub(crate) struct BlockedHash {
+    map: HashMap<OwnerKey, Vec<Arc<Waiter>>>,
+}
+
+impl BlockedHash {
+    pub fn insert(&mut self, w: &Arc<Waiter>) {
+        self.map.entry(w.owner).or_default().push(w.clone());
+    }
+
+    pub fn remove(&mut self, w: &Arc<Waiter>) {
+        if let Some(v) = self.map.get_mut(&w.owner) {
+            v.retain(|x| !Arc::ptr_eq(x, w));
+            if v.is_empty() {
+                self.map.remove(&w.owner);
+            }
+        }
+    }
+
+    /// `what_owner_is_waiting_for`: the owner of the root of the newest blocked request
+    /// of `owner` (the root is a granted lock, or a request just woken).
+    fn what_owner_is_waiting_for(&self, owner: OwnerKey) -> Option<OwnerKey> {
+        let mut cur = self.map.get(&owner)?.last()?.clone();
+        loop {
+            let link = cur.link.lock().clone();
+            match link {
+                Link::Detached => return Some(cur.owner),
+                Link::Granted(o) => return Some(o),
+                Link::Waiter(p) => cur = p,
+            }
+        }
+    }
+
+    /// `posix_locks_deadlock`: would `caller` waiting on a lock of `block_owner` close a
+    /// cycle? Only process-owned requests are checked (callers ensure it).
+    pub fn posix_locks_deadlock(&self, caller: OwnerKey, block_owner: OwnerKey) -> bool {
+        let mut blocker = block_owner;
+        let mut i = 0;
+        while let Some(next) = self.what_owner_is_waiting_for(blocker) {
+            if i > MAX_DEADLK_ITERATIONS {
+                return false;
+            }
+            i += 1;
+            if next == caller {
+                return true;
+            }
+            blocker = next;
+        }
+        false
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.map.values().map(Vec::len).sum()
+    }
+}
+
+/// The global side of the lock system: one per "kernel".
+///
+/// Lock order (outermost first): the global lock of [`ContextLock::Global`] → an inode's
+/// `flc_lock` → `blocked_lock` → a listing shard → a waiter's leaf locks.
+#[derive(Debug)]
+pub struct LockManager {
+    settings: Settings,
+    /// Protects nothing but serializes every operation under [`ContextLock::Global`].
+    big_lock: Mutex<()>,
+    /// `blocked_lock_lock`: protects the blocked hash.
+    pub(crate) blocked: Mutex<BlockedHash>,
+    /// The listing (`file_lock_list`), per CPU: each shard protects its list of contexts
+    /// that have held a lock since the last listing pruned them.
+    shards: Box<[Mutex<Vec<Weak<FileLockContext>>>]>,
+    blocked_acq: AtomicU64,
+    big_acq: AtomicU64,
+    deadlocks: AtomicU64,
+}
+
+impl LockManager {
+    /// A manager with the seeds' designs ([`Settings::default`]).
+    pub fn new() -> Arc<LockManager> {
+        Self::with_settings(Settings::default())
+    }
+
+    /// A manager with the given experiment settings.
+    pub fn with_settings(settings: Settings) -> Arc<LockManager> {
+        let n = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .next_power_of_two();
+        Arc::new(LockManager {
+            settings,
+            big_lock: Mutex::new(()),
+            blocked: Mutex::new(BlockedHash::default()),
+            shards: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
+            blocked_acq: AtomicU64::new(0),
+            big_acq: AtomicU64::new(0),
+            deadlocks: AtomicU64::new(0),
+        })
+    }
+
+    /// The settings this manager runs with.
+    pub fn settings(&self) -> Settings {
+        self.settings
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> ManagerStats {
+        ManagerStats {
+            blocked_lock_acquisitions: self.blocked_acq.load(Ordering::Relaxed),
+            global_lock_acquisitions: self.big_acq.load(Ordering::Relaxed),
+            deadlocks: self.deadlocks.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Takes the global lock when the settings ask for it (`None` otherwise). Released
+    /// when the returned guard drops, after the inode lock it encloses.
+    pub(crate) fn big_lock(&self) -> Option<MutexGuard<'_, ()>> {
+        if self.settings.context_lock == ContextLock::Global {
+            self.big_acq.fetch_add(1, Ordering::Relaxed);
+            Some(self.big_lock.lock())
+        } else {
+            None
+        }
+    }
+
+    /// Takes `blocked_lock`. Callers hold an inode's `flc_lock` (lock order).
+    pub(crate) fn lock_blocked(&self) -> MutexGuard<'_, BlockedHash> {
+        self.blocked_acq.fetch_add(1, Ordering::Relaxed);
+        self.blocked.lock()
+    }
+
+    pub(crate) fn count_deadlock(&self) {
+        self.deadlocks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Puts a context on this CPU's listing shard. Called once per context, the first
+    /// time it holds a lock, with its `flc_lock` held.
+    pub(crate) fn listing_register(&self, ctx: Weak<FileLockContext>) {
+        let shard = crate::sync::current_cpu() & (self.shards.len() - 1);
+        self.shards[shard].lock().push(ctx);
+    }
+
+    /// Every live context that has held a lock, shard by shard; drops contexts that
+    /// are gone. Touches each shard's lock once.
+    pub(crate) fn listing_contexts(&self) -> Vec<Arc<FileLockContext>> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            let mut s = shard.lock();
+            s.retain(|w| match w.upgrade() {
+                Some(c) => {
+                    out.push(c);
+                    true
+                }
+                None => false,
+            });
+        }
+        out
+    }
+}
+
+/// The blocked-hash lock, taken at most once per operation and only when needed.
+pub(crate) struct BlockedGuard<'a> {
+    mgr: &'a LockManager,
+    guard: Option<MutexGuard<'a, BlockedHash>>,
+}
+
+impl<'a> BlockedGuard<'a> {
+    pub fn new(mgr: &'a LockManager) -> Self {
+        BlockedGuard { mgr, guard: None }
+    }
+
+    /// The hash, taking `blocked_lock` on first use.
+    pub fn get(&mut self) -> &mut BlockedHash {
+        let mgr = self.mgr;
+        self.guard.get_or_insert_with(|| mgr.lock_blocked())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{FileId, OwnerId};
+
+    fn p(n: u64) -> OwnerKey {
+        OwnerKey::Process(OwnerId(n))
+    }
+
+    fn waiting(h: &mut BlockedHash, who: u64, on: u64) {
+        let w = Waiter::new(p(who));
+        w.set_link(Link::Granted(p(on)));
+        h.insert(&w);
+    }
+
+    #[test]
+    fn two_and_three_owner_cycles_are_found() {
+        let mut h = BlockedHash::default();
+        waiting(&mut h, 2, 1);
+        // 1 asks for a lock held by 2, which waits for 1.
+        assert!(h.posix_locks_deadlock(p(1), p(2)));
+        waiting(&mut h, 3, 2);
+        assert!(h.posix_locks_deadlock(p(1), p(3)));
+        assert!(!h.posix_locks_deadlock(p(4), p(3)));
+    }
+
+    #[test]
+    fn chain_longer_than_the_cap_is_not_reported() {
+        // Owner k waits for owner k-1, for k in 2..=n; owner 1 then asks for n's lock.
+        for (n, found) in [(12u64, true), (13, false)] {
+            let mut h = BlockedHash::default();
+            for k in 2..=n {
+                waiting(&mut h, k, k - 1);
+            }
+            assert_eq!(h.posix_locks_deadlock(p(1), p(n)), found, "chain of {n} owners");
+        }
+    }
+
+    #[test]
+    fn file_owners_never_match_process_owners() {
+        let mut h = BlockedHash::default();
+        let w = Waiter::new(OwnerKey::File(FileId(1)));
+        w.set_link(Link::Granted(p(1)));
+        h.insert(&w);
+        assert!(!h.posix_locks_deadlock(p(1), OwnerKey::Process(OwnerId(7))));
+        assert!(h.posix_locks_deadlock(p(1), OwnerKey::File(FileId(1))));
+        h.remove(&w);
+        assert_eq!(h.len(), 0);
+    }
+}

@@ -1,0 +1,1 @@
+//! Kernel runner: replays a lock scenario with real child processes (placeholder).

@@ -1,0 +1,248 @@
+//! Replays a lock scenario against this library: processes and open file descriptions
+//! become [`Process`] and [`OpenFile`] keys, files become [`FileLockContext`]s.
+//!
+//! Waiting calls are [`PendingLock`]s driven from this one thread: after every step the
+//! runner settles, trying again every request that was woken until none is left, which
+//! is what the kernel's woken tasks do on their own before the kernel runner looks.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use super::model::{LockPid, Op, Outcome, Resolved, Scenario, ScenarioError, StepResult, Tracker};
+use crate::{
+    FileId, FileLockContext, Flock, InodeKey, LockManager, LockType, OpenFile, PendingLock, Process, Settings,
+};
+
+/// Replays `scn` with the seeds' designs.
+///
+/// ```
+/// use vfscale_locks::scenario::{library, render_results, Scenario};
+/// let s = Scenario::parse(concat!(
+///     r#"{"op":"open","proc":"p1","file":"a","fd":"d1","mode":"rw"}"#, "\n",
+///     r#"{"op":"open","proc":"p2","file":"a","fd":"d2","mode":"rw"}"#, "\n",
+///     r#"{"op":"fcntl","fd":"d1","cmd":"F_SETLK","type":"F_WRLCK","start":0,"len":10}"#, "\n",
+///     r#"{"op":"fcntl","fd":"d2","cmd":"F_SETLKW","type":"F_WRLCK","start":5,"len":1}"#, "\n",
+///     r#"{"op":"close","fd":"d1"}"#, "\n",
+/// )).unwrap();
+/// let out = render_results(&library::replay(&s).unwrap());
+/// assert!(out.ends_with("{\"step\":4,\"result\":\"ok\",\"completed\":[{\"step\":3,\"result\":\"ok\"}]}\n"));
+/// ```
+pub fn replay(scn: &Scenario) -> Result<Vec<StepResult>, ScenarioError> {
+    replay_with(scn, Settings::default())
+}
+
+/// Replays `scn` with the given experiment settings.
+pub fn replay_with(scn: &Scenario, settings: Settings) -> Result<Vec<StepResult>, ScenarioError> {
+    let mut r = Runner::new(settings);
+    let mut out = Vec::with_capacity(scn.steps.len());
+    for (i, step) in scn.steps.iter().enumerate() {
+        let resolved = r.tracker.resolve(i, step)?;
+        let result = r.step(i, &step.op, resolved);
+        let mut completed = r.settle();
+        let result = match (result, completed.remove(&i)) {
+            (Outcome::Blocked, Some(done)) => done,
+            (res, _) => res,
+        };
+        out.push(StepResult {
+            step: i,
+            result,
+            completed: completed.into_iter().collect(),
+        });
+    }
+    Ok(out)
+}
+
+struct Fd {
+    file: OpenFile,
+    ctx: Arc<FileLockContext>,
+}
+
+struct Runner {
+    mgr: Arc<LockManager>,
+    tracker: Tracker,
+    files: HashMap<String, Arc<FileLockContext>>,
+    procs: HashMap<String, Process>,
+    pid_names: HashMap<i32, String>,
+    fds: HashMap<String, Fd>,
+    /// Descriptors per open file description.
+    ofd_refs: HashMap<FileId, usize>,
+    /// Blocked calls by step, with their process.
+    pending: BTreeMap<usize, (String, PendingLock)>,
+    next_id: u32,
+}
+
+impl Runner {
+    fn new(settings: Settings) -> Runner {
+        Runner {
+            mgr: LockManager::with_settings(settings),
+            tracker: Tracker::new(),
+            files: HashMap::new(),
+            procs: HashMap::new(),
+            pid_names: HashMap::new(),
+            fds: HashMap::new(),
+            ofd_refs: HashMap::new(),
+            pending: BTreeMap::new(),
+            next_id: 1000,
+        }
+    }
+
+    fn fresh_id(&mut self) -> u32 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// Closes one descriptor: the process's POSIX locks on the inode go; the open file
+    /// description's locks go with its last descriptor.
+    fn close(&mut self, proc: &str, fd: &str) {
+        let Some(d) = self.fds.remove(fd) else { return };
+        d.ctx.posix_remove_owner(self.procs[proc]);
+        let refs = self.ofd_refs.get_mut(&d.file.id).expect("open file counted");
+        *refs -= 1;
+        if *refs == 0 {
+            self.ofd_refs.remove(&d.file.id);
+            d.ctx.file_remove(d.file.id);
+        }
+    }
+
+    fn step(&mut self, index: usize, op: &Op, resolved: Resolved) -> Outcome {
+        match resolved {
+            Resolved::Open {
+                proc,
+                file,
+                fd,
+                mode,
+                new_proc,
+            } => {
+                if new_proc {
+                    let id = self.fresh_id();
+                    let p = Process::new(id);
+                    self.procs.insert(proc.clone(), p);
+                    self.pid_names.insert(p.pid.0, proc);
+                }
+                let ino = self.files.len() as u64 + 1;
+                let mgr = self.mgr.clone();
+                let ctx = self
+                    .files
+                    .entry(file)
+                    .or_insert_with(|| {
+                        FileLockContext::new(
+                            &mgr,
+                            InodeKey {
+                                major: 0,
+                                minor: 0,
+                                ino,
+                            },
+                        )
+                    })
+                    .clone();
+                let id = FileId(self.fresh_id() as u64);
+                self.ofd_refs.insert(id, 1);
+                let file = OpenFile {
+                    id,
+                    mode: mode.access(),
+                };
+                self.fds.insert(fd, Fd { file, ctx });
+                Outcome::Ok
+            }
+            Resolved::Dup { fd, new, .. } => {
+                let d = &self.fds[&fd];
+                let (file, ctx) = (d.file, d.ctx.clone());
+                *self.ofd_refs.get_mut(&file.id).expect("open file counted") += 1;
+                self.fds.insert(new, Fd { file, ctx });
+                Outcome::Ok
+            }
+            Resolved::Close { proc, fd, .. } => {
+                self.close(&proc, &fd);
+                Outcome::Ok
+            }
+            Resolved::Exit { proc, fds } => {
+                for fd in fds {
+                    self.close(&proc, &fd);
+                }
+                Outcome::Ok
+            }
+            Resolved::Interrupt { blocked, .. } => {
+                if let Some((_, p)) = blocked.and_then(|s| self.pending.get(&s)) {
+                    p.interrupter().interrupt();
+                }
+                Outcome::Ok
+            }
+            Resolved::Call { proc, fd, .. } => {
+                let who = self.procs[&proc];
+                let d = &self.fds[&fd];
+                let (file, ctx) = (d.file, d.ctx.clone());
+                let started = match op {
+                    Op::Fcntl {
+                        cmd, ty, start, len, ..
+                    } => {
+                        let mut fl = Flock::new(*ty, *start, *len);
+                        let r = ctx.fcntl_lock(who, file, *cmd, &mut fl);
+                        if cmd.is_get() {
+                            return match r {
+                                Err(e) => Outcome::Err(e),
+                                Ok(_) => self.reported(&fl),
+                            };
+                        }
+                        r
+                    }
+                    Op::Flock { how, nb, .. } => ctx.flock_lock(who, file, *how, *nb),
+                    _ => unreachable!("resolved as a call"),
+                };
+                match started {
+                    Err(e) => Outcome::Err(e),
+                    Ok(None) => Outcome::Ok,
+                    Ok(Some(p)) => {
+                        self.tracker.set_blocked(&proc, index);
+                        self.pending.insert(index, (proc, p));
+                        Outcome::Blocked
+                    }
+                }
+            }
+        }
+    }
+
+    /// What `F_GETLK` found, with the owner's pid turned back into its name.
+    fn reported(&self, fl: &Flock) -> Outcome {
+        if fl.l_type == LockType::Unlock {
+            return Outcome::NoLock;
+        }
+        let pid = if fl.l_pid == -1 {
+            LockPid::Ofd
+        } else {
+            LockPid::Proc(
+                self.pid_names
+                    .get(&fl.l_pid)
+                    .cloned()
+                    .unwrap_or_else(|| fl.l_pid.to_string()),
+            )
+        };
+        Outcome::Lock {
+            ty: fl.l_type,
+            start: fl.l_start,
+            len: fl.l_len,
+            pid,
+        }
+    }
+
+    /// Tries every woken request again until none is left; returns the calls that
+    /// finished, by step.
+    fn settle(&mut self) -> BTreeMap<usize, Outcome> {
+        let mut done = BTreeMap::new();
+        loop {
+            let mut progressed = false;
+            let steps: Vec<usize> = self.pending.keys().copied().collect();
+            for s in steps {
+                let (_, p) = self.pending.get_mut(&s).expect("pending");
+                if let Some(r) = p.poll_complete() {
+                    let (proc, _) = self.pending.remove(&s).expect("pending");
+                    self.tracker.clear_blocked(&proc);
+                    done.insert(s, r.map_or_else(Outcome::Err, |()| Outcome::Ok));
+                    progressed = true;
+                }
+            }
+            if !progressed {
+                return done;
+            }
+        }
+    }
+}

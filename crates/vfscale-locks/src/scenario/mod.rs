@@ -1,0 +1,9 @@
+//! Lock scenarios (`shared/specs/lock-scenarios.md`): replayable descriptions of
+//! file-lock activity, run against this library or against the running kernel so the
+//! two result streams can be compared.
+
+pub mod kernel;
+pub mod library;
+mod model;
+
+pub use model::*;

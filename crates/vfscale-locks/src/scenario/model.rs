@@ -1,0 +1,673 @@
+//! The lock-scenario format (`shared/specs/lock-scenarios.md`): steps, results, and the
+//! rules every runner enforces the same way.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+
+use serde_json::{json, Map, Value};
+
+use crate::{Errno, FcntlCmd, FlockOp, LockType};
+
+/// How a scenario opens a file: `r`, `w` or `rw`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpenMode {
+    /// `O_RDONLY`.
+    R,
+    /// `O_WRONLY`.
+    W,
+    /// `O_RDWR`.
+    Rw,
+}
+
+impl OpenMode {
+    /// The scenario's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            OpenMode::R => "r",
+            OpenMode::W => "w",
+            OpenMode::Rw => "rw",
+        }
+    }
+    /// The library's access mode.
+    pub fn access(self) -> crate::AccessMode {
+        match self {
+            OpenMode::R => crate::AccessMode::Read,
+            OpenMode::W => crate::AccessMode::Write,
+            OpenMode::Rw => crate::AccessMode::ReadWrite,
+        }
+    }
+}
+
+/// One operation of a scenario.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// `open`: `proc` opens `file` (created empty if new) as descriptor `fd`.
+    Open {
+        /// Process name.
+        proc: String,
+        /// File name.
+        file: String,
+        /// Descriptor name.
+        fd: String,
+        /// Access mode.
+        mode: OpenMode,
+    },
+    /// `dup`: `new` is a second descriptor for `fd`'s open file description.
+    Dup {
+        /// Existing descriptor.
+        fd: String,
+        /// New descriptor name.
+        new: String,
+    },
+    /// `close`: close one descriptor.
+    Close {
+        /// Descriptor name.
+        fd: String,
+    },
+    /// `exit`: the process ends; all its descriptors close.
+    Exit {
+        /// Process name.
+        proc: String,
+    },
+    /// `fcntl` with a record-lock command.
+    Fcntl {
+        /// Descriptor name.
+        fd: String,
+        /// Command.
+        cmd: FcntlCmd,
+        /// `l_type`.
+        ty: LockType,
+        /// `l_start` (`SEEK_SET`).
+        start: i64,
+        /// `l_len`.
+        len: i64,
+    },
+    /// `flock`.
+    Flock {
+        /// Descriptor name.
+        fd: String,
+        /// Operation.
+        how: FlockOp,
+        /// `LOCK_NB`.
+        nb: bool,
+    },
+    /// `interrupt`: a signal interrupts `proc`'s blocked call.
+    Interrupt {
+        /// Process name.
+        proc: String,
+    },
+}
+
+impl Op {
+    /// Whether this call can wait (`F_SETLKW`, `F_OFD_SETLKW`, `flock` without `LOCK_NB`).
+    pub fn may_block(&self) -> bool {
+        match self {
+            Op::Fcntl { cmd, .. } => cmd.waits(),
+            Op::Flock { nb, .. } => !nb,
+            _ => false,
+        }
+    }
+
+    /// The step as one line of JSON, the inverse of [`Scenario::parse`].
+    pub fn to_json(&self) -> Value {
+        match self {
+            Op::Open { proc, file, fd, mode } => {
+                json!({"op":"open","proc":proc,"file":file,"fd":fd,"mode":mode.name()})
+            }
+            Op::Dup { fd, new } => json!({"op":"dup","fd":fd,"as":new}),
+            Op::Close { fd } => json!({"op":"close","fd":fd}),
+            Op::Exit { proc } => json!({"op":"exit","proc":proc}),
+            Op::Fcntl {
+                fd,
+                cmd,
+                ty,
+                start,
+                len,
+            } => json!({"op":"fcntl","fd":fd,"cmd":cmd.name(),"type":ty.name(),"start":start,"len":len}),
+            Op::Flock { fd, how, nb } => json!({"op":"flock","fd":fd,"how":how.name(),"nb":nb}),
+            Op::Interrupt { proc } => json!({"op":"interrupt","proc":proc}),
+        }
+    }
+}
+
+/// One step: the operation and the line of the file it came from (1-based).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// 1-based line number in the source file.
+    pub line: usize,
+    /// The operation.
+    pub op: Op,
+}
+
+/// A parsed scenario.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Scenario {
+    /// The steps, in order; step `i` is `steps[i]`.
+    pub steps: Vec<Step>,
+}
+
+/// A scenario that cannot be parsed or replayed, with the line it happened on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScenarioError {
+    /// 1-based line number, 0 when the error is not about one line.
+    pub line: usize,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl ScenarioError {
+    /// An error about `line`.
+    pub fn at(line: usize, message: impl Into<String>) -> Self {
+        ScenarioError {
+            line,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ScenarioError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line == 0 {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "line {}: {}", self.line, self.message)
+        }
+    }
+}
+
+impl std::error::Error for ScenarioError {}
+
+fn field_str<'a>(o: &'a Map<String, Value>, line: usize, k: &str) -> Result<&'a str, ScenarioError> {
+    match o.get(k) {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s),
+        Some(Value::String(_)) => Err(ScenarioError::at(line, format!("field `{k}` is empty"))),
+        Some(_) => Err(ScenarioError::at(line, format!("field `{k}` must be a string"))),
+        None => Err(ScenarioError::at(line, format!("missing field `{k}`"))),
+    }
+}
+
+fn field_i64(o: &Map<String, Value>, line: usize, k: &str) -> Result<i64, ScenarioError> {
+    match o.get(k) {
+        Some(v) => v.as_i64().ok_or_else(|| {
+            ScenarioError::at(
+                line,
+                format!("field `{k}` must be a signed 64-bit integer, not {v}"),
+            )
+        }),
+        None => Err(ScenarioError::at(line, format!("missing field `{k}`"))),
+    }
+}
+
+fn field_bool(o: &Map<String, Value>, line: usize, k: &str) -> Result<bool, ScenarioError> {
+    match o.get(k) {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => Err(ScenarioError::at(
+            line,
+            format!("field `{k}` must be true or false, not {v}"),
+        )),
+    }
+}
+
+fn check_fields(
+    o: &Map<String, Value>,
+    line: usize,
+    op: &str,
+    allowed: &[&str],
+) -> Result<(), ScenarioError> {
+    for k in o.keys() {
+        if k != "op" && !allowed.contains(&k.as_str()) {
+            return Err(ScenarioError::at(
+                line,
+                format!("unknown field `{k}` for op `{op}`"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Scenario {
+    /// Parses JSON Lines text. Blank lines and lines starting with `#` or `//` are skipped.
+    ///
+    /// ```
+    /// use vfscale_locks::scenario::{Op, Scenario};
+    /// let s = Scenario::parse(r#"{"op":"open","proc":"p1","file":"a","fd":"d1","mode":"rw"}"#).unwrap();
+    /// assert!(matches!(s.steps[0].op, Op::Open { .. }));
+    /// let e = Scenario::parse(r#"{"op":"close"}"#).unwrap_err();
+    /// assert_eq!(e.to_string(), "line 1: missing field `fd`");
+    /// ```
+    pub fn parse(text: &str) -> Result<Scenario, ScenarioError> {
+        let mut steps = Vec::new();
+        for (i, raw) in text.lines().enumerate() {
+            let line = i + 1;
+            let t = raw.trim();
+            if t.is_empty() || t.starts_with('#') || t.starts_with("//") {
+                continue;
+            }
+            let v: Value = serde_json::from_str(t)
+                .map_err(|e| ScenarioError::at(line, format!("not valid JSON: {e}")))?;
+            let Value::Object(o) = v else {
+                return Err(ScenarioError::at(line, "a step must be a JSON object"));
+            };
+            let op = field_str(&o, line, "op")?;
+            let op = match op {
+                "open" => {
+                    check_fields(&o, line, op, &["proc", "file", "fd", "mode"])?;
+                    let mode = match field_str(&o, line, "mode")? {
+                        "r" => OpenMode::R,
+                        "w" => OpenMode::W,
+                        "rw" => OpenMode::Rw,
+                        m => {
+                            return Err(ScenarioError::at(
+                                line,
+                                format!("field `mode` must be \"r\", \"w\" or \"rw\", not {m:?}"),
+                            ))
+                        }
+                    };
+                    Op::Open {
+                        proc: field_str(&o, line, "proc")?.into(),
+                        file: field_str(&o, line, "file")?.into(),
+                        fd: field_str(&o, line, "fd")?.into(),
+                        mode,
+                    }
+                }
+                "dup" => {
+                    check_fields(&o, line, op, &["fd", "as"])?;
+                    Op::Dup {
+                        fd: field_str(&o, line, "fd")?.into(),
+                        new: field_str(&o, line, "as")?.into(),
+                    }
+                }
+                "close" => {
+                    check_fields(&o, line, op, &["fd"])?;
+                    Op::Close {
+                        fd: field_str(&o, line, "fd")?.into(),
+                    }
+                }
+                "exit" => {
+                    check_fields(&o, line, op, &["proc"])?;
+                    Op::Exit {
+                        proc: field_str(&o, line, "proc")?.into(),
+                    }
+                }
+                "interrupt" => {
+                    check_fields(&o, line, op, &["proc"])?;
+                    Op::Interrupt {
+                        proc: field_str(&o, line, "proc")?.into(),
+                    }
+                }
+                "fcntl" => {
+                    check_fields(&o, line, op, &["fd", "cmd", "type", "start", "len"])?;
+                    let c = field_str(&o, line, "cmd")?;
+                    let cmd = FcntlCmd::from_name(c).ok_or_else(|| {
+                        ScenarioError::at(line, format!("field `cmd`: unknown command {c:?}"))
+                    })?;
+                    let t = field_str(&o, line, "type")?;
+                    let ty = LockType::from_name(t).ok_or_else(|| {
+                        ScenarioError::at(line, format!("field `type`: unknown lock type {t:?}"))
+                    })?;
+                    Op::Fcntl {
+                        fd: field_str(&o, line, "fd")?.into(),
+                        cmd,
+                        ty,
+                        start: field_i64(&o, line, "start")?,
+                        len: field_i64(&o, line, "len")?,
+                    }
+                }
+                "flock" => {
+                    check_fields(&o, line, op, &["fd", "how", "nb"])?;
+                    let h = field_str(&o, line, "how")?;
+                    let how = FlockOp::from_name(h).ok_or_else(|| {
+                        ScenarioError::at(line, format!("field `how`: unknown operation {h:?}"))
+                    })?;
+                    Op::Flock {
+                        fd: field_str(&o, line, "fd")?.into(),
+                        how,
+                        nb: field_bool(&o, line, "nb")?,
+                    }
+                }
+                other => {
+                    return Err(ScenarioError::at(
+                        line,
+                        format!("field `op`: unknown op {other:?}"),
+                    ))
+                }
+            };
+            steps.push(Step { line, op });
+        }
+        Ok(Scenario { steps })
+    }
+
+    /// The scenario as JSON Lines text.
+    pub fn to_jsonl(&self) -> String {
+        let mut s = String::new();
+        for st in &self.steps {
+            s.push_str(&st.op.to_json().to_string());
+            s.push('\n');
+        }
+        s
+    }
+}
+
+/// Who owns a lock that `F_GETLK` reports.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum LockPid {
+    /// A POSIX lock of the named process.
+    Proc(String),
+    /// An OFD lock (`l_pid` -1).
+    Ofd,
+}
+
+/// What a step, or a finished blocked call, resulted in.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// `"ok"`.
+    Ok,
+    /// `"blocked"`: a waiting call that has not finished yet.
+    Blocked,
+    /// An errno name.
+    Err(Errno),
+    /// `F_GETLK`: no conflicting lock (`{"type":"F_UNLCK"}`).
+    NoLock,
+    /// `F_GETLK`: the conflicting lock found.
+    Lock {
+        /// Its type.
+        ty: LockType,
+        /// `l_start`.
+        start: i64,
+        /// `l_len` (0 to end of file).
+        len: i64,
+        /// Its owner.
+        pid: LockPid,
+    },
+}
+
+impl Outcome {
+    /// The `result` value as the spec renders it.
+    pub fn to_json(&self) -> Value {
+        match self {
+            Outcome::Ok => json!("ok"),
+            Outcome::Blocked => json!("blocked"),
+            Outcome::Err(e) => json!(e.name()),
+            Outcome::NoLock => json!({"type":"F_UNLCK"}),
+            Outcome::Lock { ty, start, len, pid } => {
+                let pid = match pid {
+                    LockPid::Proc(p) => json!(p),
+                    LockPid::Ofd => json!(-1),
+                };
+                json!({"type":ty.name(),"start":start,"len":len,"pid":pid})
+            }
+        }
+    }
+}
+
+/// The result line of one step.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct StepResult {
+    /// Step number, from 0.
+    pub step: usize,
+    /// Its result.
+    pub result: Outcome,
+    /// Earlier blocked calls that finished because of this step, sorted by step.
+    pub completed: Vec<(usize, Outcome)>,
+}
+
+impl StepResult {
+    /// The result as one JSON line (without the newline).
+    pub fn to_json_line(&self) -> String {
+        let mut o = Map::new();
+        o.insert("step".into(), json!(self.step));
+        o.insert("result".into(), self.result.to_json());
+        if !self.completed.is_empty() {
+            let c: Vec<Value> = self
+                .completed
+                .iter()
+                .map(|(s, r)| json!({"step": s, "result": r.to_json()}))
+                .collect();
+            o.insert("completed".into(), Value::Array(c));
+        }
+        Value::Object(o).to_string()
+    }
+}
+
+/// Renders results as JSON Lines.
+pub fn render_results(results: &[StepResult]) -> String {
+    let mut s = String::new();
+    for r in results {
+        s.push_str(&r.to_json_line());
+        s.push('\n');
+    }
+    s
+}
+
+/// A step with its names resolved, as a runner executes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resolved {
+    /// Open a new descriptor `fd` in `proc` for `file`.
+    Open {
+        /// Process.
+        proc: String,
+        /// File.
+        file: String,
+        /// New descriptor.
+        fd: String,
+        /// Mode.
+        mode: OpenMode,
+        /// Whether this process is new (first step naming it, or first since its exit).
+        new_proc: bool,
+    },
+    /// Duplicate `fd` (of `proc`) as `new`.
+    Dup {
+        /// Process.
+        proc: String,
+        /// Existing descriptor.
+        fd: String,
+        /// New descriptor.
+        new: String,
+    },
+    /// Close `fd` of `proc`; `last` is true when no other descriptor shares its open
+    /// file description.
+    Close {
+        /// Process.
+        proc: String,
+        /// Descriptor.
+        fd: String,
+        /// File name.
+        file: String,
+        /// The last descriptor of its open file description.
+        last: bool,
+    },
+    /// The process exits, closing `fds` (in opening order).
+    Exit {
+        /// Process.
+        proc: String,
+        /// Its open descriptors.
+        fds: Vec<String>,
+    },
+    /// A lock call on `fd` of `proc`.
+    Call {
+        /// Process.
+        proc: String,
+        /// Descriptor.
+        fd: String,
+        /// File.
+        file: String,
+    },
+    /// Interrupt `proc`; `blocked` names its blocked step if it has one.
+    Interrupt {
+        /// Process.
+        proc: String,
+        /// The blocked step, if any.
+        blocked: Option<usize>,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct FdState {
+    proc: String,
+    file: String,
+    /// Identifies the open file description (the step that opened it).
+    ofd: usize,
+}
+
+/// The bookkeeping every runner shares: which names exist and which processes are
+/// blocked. It enforces the spec's rules, so that the library and the kernel runner
+/// reject the same scenarios with the same messages.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    procs: HashSet<String>,
+    fds: HashMap<String, FdState>,
+    fd_order: Vec<String>,
+    files: HashSet<String>,
+    blocked: BTreeMap<String, usize>,
+}
+
+impl Tracker {
+    /// A tracker for a fresh replay.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn live_fd(&self, line: usize, fd: &str) -> Result<&FdState, ScenarioError> {
+        self.fds
+            .get(fd)
+            .ok_or_else(|| ScenarioError::at(line, format!("unknown descriptor {fd:?}")))
+    }
+
+    fn not_blocked(&self, line: usize, proc: &str) -> Result<(), ScenarioError> {
+        if let Some(s) = self.blocked.get(proc) {
+            return Err(ScenarioError::at(
+                line,
+                format!("process {proc:?} is blocked in step {s}; it can only be interrupted"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn known_proc(&self, line: usize, proc: &str) -> Result<(), ScenarioError> {
+        if !self.procs.contains(proc) {
+            return Err(ScenarioError::at(line, format!("unknown process {proc:?}")));
+        }
+        Ok(())
+    }
+
+    /// Checks step `index` and resolves its names; updates the names it creates or
+    /// ends. Call [`Tracker::outcome`] with the step's result afterwards.
+    pub fn resolve(&mut self, index: usize, step: &Step) -> Result<Resolved, ScenarioError> {
+        let line = step.line;
+        Ok(match &step.op {
+            Op::Open { proc, file, fd, mode } => {
+                if self.fds.contains_key(fd) {
+                    return Err(ScenarioError::at(
+                        line,
+                        format!("descriptor {fd:?} is already open"),
+                    ));
+                }
+                self.not_blocked(line, proc)?;
+                let new_proc = self.procs.insert(proc.clone());
+                self.files.insert(file.clone());
+                self.fds.insert(
+                    fd.clone(),
+                    FdState {
+                        proc: proc.clone(),
+                        file: file.clone(),
+                        ofd: index,
+                    },
+                );
+                self.fd_order.push(fd.clone());
+                Resolved::Open {
+                    proc: proc.clone(),
+                    file: file.clone(),
+                    fd: fd.clone(),
+                    mode: *mode,
+                    new_proc,
+                }
+            }
+            Op::Dup { fd, new } => {
+                let st = self.live_fd(line, fd)?.clone();
+                self.not_blocked(line, &st.proc)?;
+                if self.fds.contains_key(new) {
+                    return Err(ScenarioError::at(
+                        line,
+                        format!("descriptor {new:?} is already open"),
+                    ));
+                }
+                self.fds.insert(new.clone(), st.clone());
+                self.fd_order.push(new.clone());
+                Resolved::Dup {
+                    proc: st.proc,
+                    fd: fd.clone(),
+                    new: new.clone(),
+                }
+            }
+            Op::Close { fd } => {
+                let st = self.live_fd(line, fd)?.clone();
+                self.not_blocked(line, &st.proc)?;
+                self.fds.remove(fd);
+                self.fd_order.retain(|f| f != fd);
+                let last = !self.fds.values().any(|o| o.ofd == st.ofd);
+                Resolved::Close {
+                    proc: st.proc,
+                    fd: fd.clone(),
+                    file: st.file,
+                    last,
+                }
+            }
+            Op::Exit { proc } => {
+                self.known_proc(line, proc)?;
+                self.not_blocked(line, proc)?;
+                let fds: Vec<String> = self
+                    .fd_order
+                    .iter()
+                    .filter(|f| self.fds[*f].proc == *proc)
+                    .cloned()
+                    .collect();
+                for f in &fds {
+                    self.fds.remove(f);
+                }
+                self.fd_order.retain(|f| !fds.contains(f));
+                self.procs.remove(proc);
+                Resolved::Exit {
+                    proc: proc.clone(),
+                    fds,
+                }
+            }
+            Op::Fcntl { fd, .. } | Op::Flock { fd, .. } => {
+                let st = self.live_fd(line, fd)?.clone();
+                self.not_blocked(line, &st.proc)?;
+                Resolved::Call {
+                    proc: st.proc,
+                    fd: fd.clone(),
+                    file: st.file,
+                }
+            }
+            Op::Interrupt { proc } => {
+                self.known_proc(line, proc)?;
+                Resolved::Interrupt {
+                    proc: proc.clone(),
+                    blocked: self.blocked.get(proc).copied(),
+                }
+            }
+        })
+    }
+
+    /// Records that step `index`, a call by `proc`, is now blocked.
+    pub fn set_blocked(&mut self, proc: &str, index: usize) {
+        self.blocked.insert(proc.to_string(), index);
+    }
+
+    /// Records that the blocked call of `proc` finished.
+    pub fn clear_blocked(&mut self, proc: &str) {
+        self.blocked.remove(proc);
+    }
+
+    /// The processes with a blocked call, and the step of each.
+    pub fn blocked(&self) -> impl Iterator<Item = (&str, usize)> {
+        self.blocked.iter().map(|(p, s)| (p.as_str(), *s))
+    }
+
+    /// The process that owns descriptor `fd`, if it is open.
+    pub fn proc_of(&self, fd: &str) -> Option<&str> {
+        self.fds.get(fd).map(|s| s.proc.as_str())
+    }
+}

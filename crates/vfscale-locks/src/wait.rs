@@ -1,0 +1,183 @@
+//! A request that is waiting: block on it, give it a deadline, interrupt it, or await it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use crate::context::{Attempt, FileLockContext, Slot};
+use crate::lock::{FileLock, LockKind};
+use crate::waiter::{WaitOutcome, Waiter};
+use crate::Errno;
+
+/// A lock request that had to wait (`FILE_LOCK_DEFERRED`).
+///
+/// Finish it with [`PendingLock::wait`] (a thread blocks), [`PendingLock::wait_until`]
+/// (with a deadline), by `.await`ing it (any runtime), or by calling
+/// [`PendingLock::poll_complete`] from a driver of your own. Dropping it abandons the
+/// request and leaves no trace, as an interrupted `F_SETLKW` does.
+///
+/// ```
+/// use vfscale_locks::*;
+/// let mgr = LockManager::new();
+/// let inode = FileLockContext::new(&mgr, InodeKey::default());
+/// let (a, b) = (Process::new(1), Process::new(2));
+/// let (fa, fb) = (OpenFile::new(1, AccessMode::ReadWrite), OpenFile::new(2, AccessMode::ReadWrite));
+/// let mut wr = Flock::new(LockType::Write, 0, 0);
+/// inode.fcntl_lock(a, fa, FcntlCmd::SetLk, &mut wr).unwrap();
+/// let mut pending = inode.fcntl_lock(b, fb, FcntlCmd::SetLkW, &mut wr).unwrap().expect("waits");
+/// assert_eq!(pending.poll_complete(), None);
+/// inode.posix_remove_owner(a); // a closes a descriptor: its locks go
+/// assert_eq!(pending.poll_complete(), Some(Ok(())));
+/// ```
+#[must_use = "dropping a pending lock abandons the request"]
+#[derive(Debug)]
+pub struct PendingLock {
+    ctx: Arc<FileLockContext>,
+    req: FileLock,
+    slot: Slot,
+    waiter: crate::sync::Arc<Waiter>,
+}
+
+/// Ends a pending wait with `EINTR` from anywhere (the role of a signal).
+#[derive(Clone, Debug)]
+pub struct Interrupter {
+    waiter: crate::sync::Arc<Waiter>,
+}
+
+impl Interrupter {
+    /// Interrupts the wait: it fails with `EINTR` unless it was already granted.
+    pub fn interrupt(&self) {
+        self.waiter.interrupt();
+    }
+}
+
+impl PendingLock {
+    pub(crate) fn new(ctx: Arc<FileLockContext>, req: FileLock, slot: Slot) -> PendingLock {
+        let id = slot.expect("a pending lock has a record");
+        let waiter = ctx
+            .inner
+            .lock()
+            .node(id)
+            .waiter
+            .clone()
+            .expect("a blocked record");
+        PendingLock {
+            ctx,
+            req,
+            slot,
+            waiter,
+        }
+    }
+
+    /// A handle that interrupts this wait.
+    pub fn interrupter(&self) -> Interrupter {
+        Interrupter {
+            waiter: self.waiter.clone(),
+        }
+    }
+
+    /// Blocks the thread until the lock is granted or refused (`EDEADLK` on a retry,
+    /// `EINTR` if interrupted).
+    pub fn wait(mut self) -> Result<(), Errno> {
+        self.wait_deadline(None)
+    }
+
+    /// As [`PendingLock::wait`], giving up with `ETIMEDOUT` at `deadline`.
+    pub fn wait_until(mut self, deadline: Instant) -> Result<(), Errno> {
+        self.wait_deadline(Some(deadline))
+    }
+
+    fn wait_deadline(&mut self, deadline: Option<Instant>) -> Result<(), Errno> {
+        loop {
+            match self.waiter.wait(deadline) {
+                WaitOutcome::Woken => {
+                    if let Some(r) = self.retry() {
+                        return r;
+                    }
+                }
+                WaitOutcome::Interrupted => return self.abandon(Errno::EINTR),
+                WaitOutcome::TimedOut => return self.abandon(Errno::ETIMEDOUT),
+            }
+        }
+    }
+
+    /// Without blocking: if the request was woken, tries it again; if it was
+    /// interrupted, abandons it. `None` while it still waits.
+    pub fn poll_complete(&mut self) -> Option<Result<(), Errno>> {
+        self.step(None)
+    }
+
+    fn step(&mut self, waker: Option<&std::task::Waker>) -> Option<Result<(), Errno>> {
+        self.slot?;
+        loop {
+            match self.waiter.poll_state(waker)? {
+                WaitOutcome::Woken => {
+                    if let Some(r) = self.retry() {
+                        return Some(r);
+                    }
+                }
+                WaitOutcome::Interrupted | WaitOutcome::TimedOut => return Some(self.abandon(Errno::EINTR)),
+            }
+        }
+    }
+
+    /// Whether the request was woken and must be tried again (a driver's hint).
+    pub fn is_woken(&self) -> bool {
+        self.waiter.is_woken()
+    }
+
+    /// Tries the request again after a wake-up; `None` if it sleeps again.
+    fn retry(&mut self) -> Option<Result<(), Errno>> {
+        let req = self.req;
+        let slot = &mut self.slot;
+        self.ctx.with_locked(|inner, mgr, wl, bg| {
+            let a = if req.kind == LockKind::Flock {
+                inner.flock_lock_inode(mgr, req, slot, true, wl, bg)
+            } else {
+                inner.posix_lock_inode(mgr, req, slot, true, wl, bg, None)
+            };
+            match a {
+                Attempt::Blocked => None,
+                Attempt::Done(r) => {
+                    if let Some(id) = slot.take() {
+                        inner.delete_block(id, wl, bg);
+                    }
+                    Some(r)
+                }
+            }
+        })
+    }
+
+    /// `locks_delete_block` for a request that gives up.
+    fn abandon(&mut self, e: Errno) -> Result<(), Errno> {
+        let slot = &mut self.slot;
+        self.ctx.with_locked(|inner, _, wl, bg| {
+            if let Some(id) = slot.take() {
+                inner.delete_block(id, wl, bg);
+            }
+        });
+        Err(e)
+    }
+}
+
+impl Future for PendingLock {
+    type Output = Result<(), Errno>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match this.step(Some(cx.waker())) {
+            Some(r) => Poll::Ready(r),
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for PendingLock {
+    fn drop(&mut self) {
+        if self.slot.is_some() {
+            let _ = self.abandon(Errno::EINTR);
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! The sleeping side of a blocked request (`flc_wait`), and [`WakeList`], which wakes
+//! waiters after the inode lock is dropped.
+
+use std::task::Waker;
+use std::time::Instant;
+
+use crate::lock::OwnerKey;
+use crate::sync::{Arc, Condvar, Mutex};
+
+/// Where a blocked request hangs in its wait tree, as the deadlock detector sees it.
+///
+/// A mirror of the request's `blocker` link in the inode's tree, kept so the detector can
+/// follow a chain on another inode without that inode's lock (see `manager.rs`).
+#[derive(Clone, Debug)]
+pub(crate) enum Link {
+    /// Not in a tree: just woken, or finished (`flc_blocker == NULL`).
+    Detached,
+    /// Directly under a granted lock of this owner.
+    Granted(OwnerKey),
+    /// Under another blocked request.
+    Waiter(Arc<Waiter>),
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct WaitState {
+    /// The request was taken out of its tree (`list_empty(&flc_blocked_member)`): its
+    /// owner must try again.
+    pub woken: bool,
+    /// Someone asked the wait to end with `EINTR`.
+    pub interrupted: bool,
+    /// The task to wake, for the async API.
+    pub waker: Option<Waker>,
+}
+
+/// One blocked request's wait cell.
+#[derive(Debug)]
+pub(crate) struct Waiter {
+    /// The owner of the request, the key of the blocked hash.
+    pub owner: OwnerKey,
+    /// Protects the wake state; a leaf lock (nothing is taken while it is held).
+    pub state: Mutex<WaitState>,
+    /// Signalled when `state` changes.
+    pub cv: Condvar,
+    /// Protects the detector's mirror of the tree link; a leaf lock. Written with the
+    /// inode lock held, read by the detector with the blocked-hash lock held.
+    pub link: Mutex<Link>,
+}
+
+impl Waiter {
+    pub fn new(owner: OwnerKey) -> Arc<Waiter> {
+        Arc::new(Waiter {
+            owner,
+            state: Mutex::new(WaitState::default()),
+            cv: Condvar::new(),
+            link: Mutex::new(Link::Detached),
+        })
+    }
+
+    pub fn set_link(&self, link: Link) {
+        *self.link.lock() = link;
+    }
+
+    /// Marks the request woken and wakes its owner. Pairs with the check of `woken` in
+    /// [`Waiter::wait`] and in the future's `poll`.
+    fn notify(&self, interrupt: bool) {
+        let waker = {
+            let mut st = self.state.lock();
+            if interrupt {
+                st.interrupted = true;
+            } else {
+                st.woken = true;
+            }
+            self.cv.notify_all();
+            st.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// Ends the wait with `EINTR` (a signal, in kernel terms).
+    pub fn interrupt(&self) {
+        self.notify(true);
+    }
+
+    /// Sleeps until woken or interrupted, or until `deadline`. Returns the state seen.
+    pub fn wait(&self, deadline: Option<Instant>) -> WaitOutcome {
+        let mut st = self.state.lock();
+        loop {
+            if st.woken {
+                return WaitOutcome::Woken;
+            }
+            if st.interrupted {
+                return WaitOutcome::Interrupted;
+            }
+            if !self.cv.wait_until(&mut st, deadline) {
+                return if st.woken {
+                    WaitOutcome::Woken
+                } else {
+                    WaitOutcome::TimedOut
+                };
+            }
+        }
+    }
+
+    /// Non-blocking check, registering `waker` when still waiting.
+    pub fn poll_state(&self, waker: Option<&Waker>) -> Option<WaitOutcome> {
+        let mut st = self.state.lock();
+        if st.woken {
+            return Some(WaitOutcome::Woken);
+        }
+        if st.interrupted {
+            return Some(WaitOutcome::Interrupted);
+        }
+        if let Some(w) = waker {
+            match &st.waker {
+                Some(old) if old.will_wake(w) => {}
+                _ => st.waker = Some(w.clone()),
+            }
+        }
+        None
+    }
+
+    /// Clears `woken` before the request goes back into a tree. Inode lock held.
+    pub fn rearm(&self) {
+        self.state.lock().woken = false;
+    }
+
+    pub fn is_woken(&self) -> bool {
+        self.state.lock().woken
+    }
+}
+
+/// What ended a wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WaitOutcome {
+    /// Taken out of the tree: try the lock again.
+    Woken,
+    /// Interrupted: give up with `EINTR`.
+    Interrupted,
+    /// The deadline passed.
+    TimedOut,
+}
+
+/// Waiters detached from a tree under the inode lock, to be woken once it is dropped,
+/// like tokio's `WakeList`: nobody wakes up only to block on the lock we still hold.
+/// The tree rules keep a batch small: an unlock detaches only the direct children of
+/// what changed, and siblings never conflict.
+#[derive(Default)]
+pub(crate) struct WakeList {
+    waiters: Vec<Arc<Waiter>>,
+}
+
+impl WakeList {
+    pub fn new() -> Self {
+        WakeList { waiters: Vec::new() }
+    }
+
+    pub fn push(&mut self, w: Arc<Waiter>) {
+        self.waiters.push(w);
+    }
+
+    /// Wakes everyone collected, in the order they were detached. Call with no lock held.
+    pub fn wake_all(&mut self) {
+        for w in self.waiters.drain(..) {
+            w.notify(false);
+        }
+    }
+}
+
+impl Drop for WakeList {
+    fn drop(&mut self) {
+        // A list dropped on an early return still wakes what it holds: a detached waiter
+        // that is never notified would sleep forever.
+        self.wake_all();
+    }
+}
