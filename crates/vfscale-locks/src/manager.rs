@@ -6,7 +6,7 @@ use std::sync::{Arc, Weak};
 
 use crate::context::FileLockContext;
 use crate::lock::OwnerKey;
-use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
+use crate::sync::{Arc as SyncArc, AtomicU64, Mutex, MutexGuard, Ordering};
 use crate::waiter::{Link, Waiter};
 
 /// `MAX_DEADLK_ITERATIONS`: how far the deadlock detector follows a chain of owners.
@@ -66,17 +66,17 @@ pub struct ManagerStats {
 /// process-owned POSIX lock, keyed by the request's owner, newest last.
 #[derive(Debug, Default)]
 pub(crate) struct BlockedHash {
-    map: HashMap<OwnerKey, Vec<Arc<Waiter>>>,
+    map: HashMap<OwnerKey, Vec<SyncArc<Waiter>>>,
 }
 
 impl BlockedHash {
-    pub fn insert(&mut self, w: &Arc<Waiter>) {
+    pub fn insert(&mut self, w: &SyncArc<Waiter>) {
         self.map.entry(w.owner).or_default().push(w.clone());
     }
 
-    pub fn remove(&mut self, w: &Arc<Waiter>) {
+    pub fn remove(&mut self, w: &SyncArc<Waiter>) {
         if let Some(v) = self.map.get_mut(&w.owner) {
-            v.retain(|x| !Arc::ptr_eq(x, w));
+            v.retain(|x| !SyncArc::ptr_eq(x, w));
             if v.is_empty() {
                 self.map.remove(&w.owner);
             }

@@ -1,0 +1,304 @@
+//! Library-level checks of what a replay cannot see: which waiters an unlock wakes, how
+//! the wait tree re-forms, what an abandoned wait leaves, and which locks a call takes.
+//! Byte-exact behaviour is compared with the kernel in `kernel_diff.rs`.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use vfscale_locks::*;
+
+fn rw(n: u64) -> OpenFile {
+    OpenFile::new(n, AccessMode::ReadWrite)
+}
+
+fn setup(settings: Settings) -> (Arc<LockManager>, Arc<FileLockContext>) {
+    let mgr = LockManager::with_settings(settings);
+    let ctx = FileLockContext::new(
+        &mgr,
+        InodeKey {
+            major: 0,
+            minor: 0x1b,
+            ino: 42,
+        },
+    );
+    (mgr, ctx)
+}
+
+fn posix(
+    ctx: &Arc<FileLockContext>,
+    p: u32,
+    cmd: FcntlCmd,
+    ty: LockType,
+    start: i64,
+    len: i64,
+) -> Result<Option<PendingLock>, Errno> {
+    ctx.fcntl_lock(
+        Process::new(p),
+        rw(p as u64),
+        cmd,
+        &mut Flock::new(ty, start, len),
+    )
+}
+
+fn wait_on(ctx: &Arc<FileLockContext>, p: u32, start: i64, len: i64) -> PendingLock {
+    posix(ctx, p, FcntlCmd::SetLkW, LockType::Write, start, len)
+        .unwrap()
+        .expect("must wait")
+}
+
+#[test]
+fn an_unlock_wakes_one_exclusive_waiter_with_the_tree_and_all_without() {
+    for (wake, expect) in [(WakeMode::Tree, 1), (WakeMode::All, 50)] {
+        let (_m, ctx) = setup(Settings {
+            wake,
+            ..Settings::default()
+        });
+        posix(&ctx, 1, FcntlCmd::SetLk, LockType::Write, 0, 0).unwrap();
+        let mut waiters: Vec<PendingLock> = (2..52).map(|p| wait_on(&ctx, p, 0, 0)).collect();
+        let before = ctx.stats().wakeups;
+        ctx.posix_remove_owner(Process::new(1));
+        assert_eq!(ctx.stats().wakeups - before, expect, "{wake:?}");
+        let woken = waiters.iter().filter(|w| w.is_woken()).count();
+        assert_eq!(woken as u64, expect, "{wake:?}");
+        // Exactly one of them gets the lock; the others go back to sleep.
+        let granted = waiters
+            .iter_mut()
+            .filter_map(|w| w.poll_complete())
+            .filter(|r| r.is_ok())
+            .count();
+        assert_eq!(granted, 1, "{wake:?}");
+    }
+}
+
+#[test]
+fn readers_waiting_on_a_writer_are_siblings_and_wake_together() {
+    let (_m, ctx) = setup(Settings::default());
+    posix(&ctx, 1, FcntlCmd::SetLk, LockType::Write, 0, 100).unwrap();
+    let mut readers: Vec<PendingLock> = (2..6)
+        .map(|p| {
+            posix(&ctx, p, FcntlCmd::SetLkW, LockType::Read, 0, 100)
+                .unwrap()
+                .unwrap()
+        })
+        .collect();
+    let mut writer = wait_on(&ctx, 9, 50, 1);
+    ctx.posix_remove_owner(Process::new(1));
+    for r in &mut readers {
+        assert_eq!(r.poll_complete(), Some(Ok(())));
+    }
+    // The writer hung below the first reader: it now waits on that reader's lock.
+    assert_eq!(writer.poll_complete(), None);
+}
+
+#[test]
+fn non_conflicting_waiters_split_off_when_the_holder_unlocks() {
+    // Seed 003's case: [0,4) held; [2,4), then [1,3), then [0,2) wait. [1,3) hangs
+    // below [2,4); [0,2) does not conflict with [2,4) and hangs beside it.
+    let (_m, ctx) = setup(Settings::default());
+    posix(&ctx, 1, FcntlCmd::SetLk, LockType::Write, 0, 4).unwrap();
+    let mut p2 = wait_on(&ctx, 2, 2, 2);
+    let mut p3 = wait_on(&ctx, 3, 1, 2);
+    let mut p4 = wait_on(&ctx, 4, 0, 2);
+    let before = ctx.stats().wakeups;
+    ctx.posix_remove_owner(Process::new(1));
+    assert_eq!(ctx.stats().wakeups - before, 2, "only the two siblings wake");
+    assert!(p2.is_woken() && p4.is_woken() && !p3.is_woken());
+    assert_eq!(p2.poll_complete(), Some(Ok(())));
+    assert_eq!(p4.poll_complete(), Some(Ok(())));
+    assert_eq!(
+        p3.poll_complete(),
+        None,
+        "[1,3) conflicts with both granted locks"
+    );
+}
+
+#[test]
+fn a_requeued_waiter_wakes_its_own_waiters() {
+    // p3 [0,6) waits below p2 [5,10), which waits on p1 [0,10). p1 unlocks and, before
+    // p2 runs, takes [8,10): p2 must wait again, on [8,10), which p3 does not conflict
+    // with. Leaving p3 below p2 would make it wait for nothing.
+    let (_m, ctx) = setup(Settings::default());
+    posix(&ctx, 1, FcntlCmd::SetLk, LockType::Write, 0, 10).unwrap();
+    let mut p2 = wait_on(&ctx, 2, 5, 5);
+    let mut p3 = wait_on(&ctx, 3, 0, 6);
+    ctx.posix_remove_owner(Process::new(1));
+    assert!(p2.is_woken() && !p3.is_woken());
+    posix(&ctx, 1, FcntlCmd::SetLk, LockType::Write, 8, 2).unwrap();
+    assert_eq!(p2.poll_complete(), None, "p2 sleeps again, on [8,10)");
+    assert!(p3.is_woken(), "re-queuing p2 woke p3");
+    assert_eq!(p3.poll_complete(), Some(Ok(())));
+}
+
+#[test]
+fn interrupt_and_deadline_leave_no_trace() {
+    let (mgr, ctx) = setup(Settings::default());
+    posix(&ctx, 1, FcntlCmd::SetLk, LockType::Write, 0, 0).unwrap();
+    let p2 = wait_on(&ctx, 2, 0, 10);
+    let mut p3 = wait_on(&ctx, 3, 0, 10); // below p2
+    assert!(mgr.proc_locks().contains("1: -> POSIX"));
+    let int = p2.interrupter();
+    let h = std::thread::spawn(move || p2.wait());
+    std::thread::sleep(Duration::from_millis(20));
+    int.interrupt();
+    assert_eq!(h.join().unwrap(), Err(Errno::EINTR));
+    // p3 was woken when p2 left, and sleeps again directly on p1's lock.
+    assert_eq!(p3.poll_complete(), None);
+    let t = wait_on(&ctx, 4, 20, 1);
+    assert_eq!(
+        t.wait_until(Instant::now() + Duration::from_millis(30)),
+        Err(Errno::ETIMEDOUT)
+    );
+    drop(p3);
+    assert_eq!(mgr.proc_locks(), "1: POSIX  ADVISORY  WRITE 1 00:1b:42 0 EOF\n");
+}
+
+struct ThreadWaker(std::thread::Thread);
+impl Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+fn block_on<F: Future>(f: F) -> F::Output {
+    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut f = pin!(f);
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park_timeout(Duration::from_secs(5));
+    }
+}
+
+#[test]
+fn a_pending_lock_is_a_future() {
+    let (_m, ctx) = setup(Settings::default());
+    let p = Process::new(1);
+    ctx.flock(p, rw(1), FlockOp::Exclusive, true).unwrap();
+    let pending = ctx
+        .flock_lock(Process::new(2), rw(2), FlockOp::Shared, false)
+        .unwrap()
+        .unwrap();
+    let c2 = ctx.clone();
+    let h = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        c2.file_remove(FileId(1));
+    });
+    assert_eq!(block_on(pending), Ok(()));
+    h.join().unwrap();
+}
+
+#[test]
+fn deadlock_is_refused_and_ofd_is_not_checked() {
+    let (mgr, a) = setup(Settings::default());
+    let b = FileLockContext::new(
+        &mgr,
+        InodeKey {
+            major: 0,
+            minor: 0x1b,
+            ino: 43,
+        },
+    );
+    posix(&a, 1, FcntlCmd::SetLk, LockType::Write, 0, 1).unwrap();
+    posix(&b, 2, FcntlCmd::SetLk, LockType::Write, 0, 1).unwrap();
+    let _w = posix(&b, 1, FcntlCmd::SetLkW, LockType::Write, 0, 1)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        posix(&a, 2, FcntlCmd::SetLkW, LockType::Write, 0, 1).unwrap_err(),
+        Errno::EDEADLK
+    );
+    assert_eq!(mgr.stats().deadlocks, 1);
+    // The same wait as an OFD request is not checked: it just waits.
+    let ofd = a.fcntl_lock(
+        Process::new(2),
+        rw(2),
+        FcntlCmd::OfdSetLkW,
+        &mut Flock::new(LockType::Write, 0, 1),
+    );
+    assert!(matches!(ofd, Ok(Some(_))));
+}
+
+#[test]
+fn uncontended_calls_never_take_a_global_lock() {
+    let (mgr, _) = setup(Settings::default());
+    let inodes: Vec<_> = (0..8)
+        .map(|i| {
+            FileLockContext::new(
+                &mgr,
+                InodeKey {
+                    major: 0,
+                    minor: 1,
+                    ino: i,
+                },
+            )
+        })
+        .collect();
+    for (i, ctx) in inodes.iter().enumerate() {
+        for _ in 0..100 {
+            let p = i as u32 + 1;
+            posix(ctx, p, FcntlCmd::SetLk, LockType::Write, 0, 1).unwrap();
+            posix(ctx, p, FcntlCmd::SetLk, LockType::Unlock, 0, 1).unwrap();
+            ctx.flock(Process::new(p), rw(p as u64), FlockOp::Exclusive, true)
+                .unwrap();
+            ctx.flock(Process::new(p), rw(p as u64), FlockOp::Unlock, true)
+                .unwrap();
+        }
+    }
+    assert_eq!(mgr.stats(), ManagerStats::default());
+    // With the pre-seed-000 setting, every call takes the one global lock.
+    let (mgr, ctx) = setup(Settings {
+        context_lock: ContextLock::Global,
+        ..Settings::default()
+    });
+    posix(&ctx, 1, FcntlCmd::SetLk, LockType::Write, 0, 1).unwrap();
+    posix(&ctx, 1, FcntlCmd::SetLk, LockType::Unlock, 0, 1).unwrap();
+    assert_eq!(mgr.stats().global_lock_acquisitions, 2);
+}
+
+#[test]
+fn flock_waiters_never_touch_the_blocked_hash() {
+    let (mgr, ctx) = setup(Settings::default());
+    ctx.flock(Process::new(1), rw(1), FlockOp::Exclusive, true)
+        .unwrap();
+    let mut w: Vec<_> = (2..10)
+        .map(|p| {
+            ctx.flock_lock(Process::new(p), rw(p as u64), FlockOp::Exclusive, false)
+                .unwrap()
+                .unwrap()
+        })
+        .collect();
+    ctx.file_remove(FileId(1));
+    for p in &mut w {
+        let _ = p.poll_complete();
+    }
+    assert_eq!(mgr.stats().blocked_lock_acquisitions, 0);
+}
+
+#[test]
+fn listing_shows_nested_waiters_like_proc_locks() {
+    let (mgr, ctx) = setup(Settings::default());
+    posix(&ctx, 1, FcntlCmd::SetLk, LockType::Write, 0, 0).unwrap();
+    let _a = wait_on(&ctx, 2, 0, 10);
+    let _b = wait_on(&ctx, 3, 5, 1);
+    let _c = ctx
+        .fcntl_lock(
+            Process::new(4),
+            rw(4),
+            FcntlCmd::OfdSetLkW,
+            &mut Flock::new(LockType::Read, 100, 1),
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        mgr.proc_locks(),
+        "1: POSIX  ADVISORY  WRITE 1 00:1b:42 0 EOF\n\
+         1: -> POSIX  ADVISORY  WRITE 2 00:1b:42 0 9\n\
+         1:  -> POSIX  ADVISORY  WRITE 3 00:1b:42 5 5\n\
+         1: -> OFDLCK ADVISORY  READ  -1 00:1b:42 100 100\n"
+    );
+}
