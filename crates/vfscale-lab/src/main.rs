@@ -1,1 +1,24 @@
-fn main() {}
+//! `vfscale`: the lab's command line. Thin: parsing lives in `cli`, each command in its
+//! own module.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+mod cli;
+mod locks_cmd;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    let r = match args.command {
+        cli::Command::Locks(cli::LocksCommand::Replay(a)) => locks_cmd::replay(&a),
+        cli::Command::Locks(cli::LocksCommand::Check(a)) => locks_cmd::check(&a),
+    };
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("vfscale: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

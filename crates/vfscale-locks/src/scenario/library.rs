@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use super::model::{LockPid, Op, Outcome, Resolved, Scenario, ScenarioError, StepResult, Tracker};
+use super::model::{LockPid, Op, Outcome, Resolved, Scenario, ScenarioError, Step, StepResult, Tracker};
 use crate::{
     FileId, FileLockContext, Flock, InodeKey, LockManager, LockType, OpenFile, PendingLock, Process, Settings,
 };
@@ -33,23 +33,53 @@ pub fn replay(scn: &Scenario) -> Result<Vec<StepResult>, ScenarioError> {
 
 /// Replays `scn` with the given experiment settings.
 pub fn replay_with(scn: &Scenario, settings: Settings) -> Result<Vec<StepResult>, ScenarioError> {
-    let mut r = Runner::new(settings);
-    let mut out = Vec::with_capacity(scn.steps.len());
-    for (i, step) in scn.steps.iter().enumerate() {
+    let mut r = LibraryReplay::new(settings);
+    scn.steps.iter().map(|step| r.apply(step)).collect()
+}
+
+/// A replay in progress, one step at a time: for drivers that choose the next step from
+/// the results so far (the random scenario generator does).
+pub struct LibraryReplay {
+    runner: Runner,
+    next: usize,
+}
+
+impl LibraryReplay {
+    /// A fresh replay.
+    pub fn new(settings: Settings) -> LibraryReplay {
+        LibraryReplay {
+            runner: Runner::new(settings),
+            next: 0,
+        }
+    }
+
+    /// Applies the next step and settles.
+    pub fn apply(&mut self, step: &Step) -> Result<StepResult, ScenarioError> {
+        let r = &mut self.runner;
+        let i = self.next;
         let resolved = r.tracker.resolve(i, step)?;
+        self.next += 1;
         let result = r.step(i, &step.op, resolved);
         let mut completed = r.settle();
         let result = match (result, completed.remove(&i)) {
             (Outcome::Blocked, Some(done)) => done,
             (res, _) => res,
         };
-        out.push(StepResult {
+        Ok(StepResult {
             step: i,
             result,
             completed: completed.into_iter().collect(),
-        });
+        })
     }
-    Ok(out)
+
+    /// The processes with a blocked call, and that call's step.
+    pub fn blocked(&self) -> Vec<(String, usize)> {
+        self.runner
+            .tracker
+            .blocked()
+            .map(|(p, s)| (p.to_string(), s))
+            .collect()
+    }
 }
 
 struct Fd {

@@ -6,4 +6,6 @@ pub mod kernel;
 pub mod library;
 mod model;
 
+pub use library::LibraryReplay;
+
 pub use model::*;

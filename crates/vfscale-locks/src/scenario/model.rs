@@ -552,7 +552,8 @@ impl Tracker {
     }
 
     /// Checks step `index` and resolves its names; updates the names it creates or
-    /// ends. Call [`Tracker::outcome`] with the step's result afterwards.
+    /// ends. Runners record blocked calls with [`Tracker::set_blocked`] and
+    /// [`Tracker::clear_blocked`].
     pub fn resolve(&mut self, index: usize, step: &Step) -> Result<Resolved, ScenarioError> {
         let line = step.line;
         Ok(match &step.op {

@@ -1,0 +1,1 @@
+//! Comparing two reports (placeholder, being written).

@@ -1,0 +1,1 @@
+//! Exporters, one file per format (placeholder, being written).

@@ -1,0 +1,10 @@
+//! The vfscale lab: measure → result model → statistics → exporters, as hyperfine splits
+//! it. The `vfscale` binary is a thin front over these modules.
+
+#![warn(missing_docs)]
+
+pub mod compare;
+pub mod export;
+pub mod measure;
+pub mod result;
+pub mod stats;

@@ -1,0 +1,128 @@
+//! The result model: what a measurement produces and every exporter reads.
+//!
+//! One [`Report`] per run: the machine it ran on ([`Meta`]) and one [`Row`] per measured
+//! configuration (workload × target × mode × tasks), each metric summarized over the
+//! repeated runs ([`Summary`]).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::stats;
+
+/// Where a result was measured.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Meta {
+    /// `nproc`: CPUs available to the run.
+    pub nproc: usize,
+    /// The kernel release (`uname -r`).
+    pub kernel: String,
+    /// The vfscale commit (`git rev-parse --short HEAD`, or `unknown`).
+    pub commit: String,
+    /// When the run started, UTC, RFC 3339.
+    pub date: String,
+    /// The command line that produced it.
+    pub command: String,
+}
+
+/// One metric over the repeated runs of a configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// Arithmetic mean (harmonic mean for rates: see [`Metric::is_rate`]).
+    pub mean: f64,
+    /// Sample standard deviation (0 for one sample).
+    pub stddev: f64,
+    /// Number of samples.
+    pub n: usize,
+    /// 95% confidence interval of the mean (Student t), `[low, high]`.
+    pub ci95: [f64; 2],
+    /// Smallest sample.
+    pub min: f64,
+    /// Largest sample.
+    pub max: f64,
+    /// Indices of samples flagged as outliers (modified Z-score > 3.5). Shown, never dropped.
+    pub outliers: Vec<usize>,
+    /// The samples, in run order.
+    pub samples: Vec<f64>,
+}
+
+impl Summary {
+    /// Summarizes `samples` of metric `name`.
+    pub fn of(name: &str, samples: &[f64]) -> Summary {
+        stats::summarize(samples, Metric::is_rate(name))
+    }
+}
+
+/// Metric names and their meaning.
+pub struct Metric;
+
+impl Metric {
+    /// Whether a metric is a rate (per second), averaged with the harmonic mean.
+    pub fn is_rate(name: &str) -> bool {
+        name.ends_with("_per_sec")
+    }
+
+    /// Whether larger is better (rates and counts of work done), for comparisons.
+    pub fn higher_is_better(name: &str) -> bool {
+        name.ends_with("_per_sec") || name.ends_with("_per_worker")
+    }
+
+    /// The unit shown next to a metric's values.
+    pub fn unit(name: &str) -> &'static str {
+        if name.ends_with("_per_sec") {
+            "1/s"
+        } else if name.ends_with("_seconds") {
+            "s"
+        } else if name.ends_with("_ns") {
+            "ns"
+        } else {
+            ""
+        }
+    }
+}
+
+/// One measured configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    /// The workload (`herd`, `posix01`, ...).
+    pub workload: String,
+    /// `kernel`, `library` or `library-prepatch`.
+    pub target: String,
+    /// The lock mode (`flock`, `ofd`, `posix`), or the task kind (`processes`, `threads`).
+    pub mode: String,
+    /// Number of tasks.
+    pub tasks: usize,
+    /// Every metric, by its full name.
+    #[serde(flatten)]
+    pub metrics: BTreeMap<String, Summary>,
+}
+
+impl Row {
+    /// The configuration as one string, for messages and matching rows across reports.
+    pub fn key(&self) -> String {
+        format!("{}/{}/{}/{}", self.workload, self.target, self.mode, self.tasks)
+    }
+}
+
+/// A whole run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// The machine.
+    pub meta: Meta,
+    /// One row per configuration.
+    pub results: Vec<Row>,
+    /// Configurations that could not run here, with why.
+    #[serde(default)]
+    pub skipped: Vec<Skipped>,
+}
+
+/// A configuration that was not measured.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Skipped {
+    /// The workload.
+    pub workload: String,
+    /// The target.
+    pub target: String,
+    /// Why.
+    pub reason: String,
+}

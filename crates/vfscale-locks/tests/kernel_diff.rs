@@ -1,0 +1,99 @@
+//! The corpus under `tests/scenarios/`, replayed against the library and the running
+//! kernel: the two result streams must be identical, and equal to the recorded
+//! `X.expected`. Files under `racy/` depend on which of several woken waiters Linux
+//! lets win; they are replayed on both sides for errors, not compared.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use vfscale_locks::scenario::{kernel, library, render_results, Scenario};
+
+/// Printed straight to stderr so that a skip shows even when the test passes.
+fn say(msg: &str) {
+    let _ = writeln!(std::io::stderr(), "{msg}");
+}
+
+fn scenarios(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn corpus() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios")
+}
+
+fn load(p: &Path) -> Scenario {
+    let text = std::fs::read_to_string(p).unwrap();
+    Scenario::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+#[test]
+fn corpus_library_matches_kernel_and_recording() {
+    let files = scenarios(&corpus());
+    assert!(files.len() >= 40, "the corpus has only {} scenarios", files.len());
+    let kernel_ok = kernel::available();
+    if let Err(why) = &kernel_ok {
+        say(&format!(
+            "SKIP live kernel comparison ({why}); comparing with recordings only"
+        ));
+    }
+    let mut failures = Vec::new();
+    for f in &files {
+        let scn = load(f);
+        let lib = render_results(&library::replay(&scn).unwrap_or_else(|e| panic!("{}: {e}", f.display())));
+        let expected_path = f.with_extension("expected");
+        let expected = std::fs::read_to_string(&expected_path)
+            .unwrap_or_else(|e| panic!("{}: {e}", expected_path.display()));
+        if lib != expected {
+            failures.push(format!(
+                "{}: library differs from the recording\n--- library\n{lib}--- recorded\n{expected}",
+                f.display()
+            ));
+        }
+        if kernel_ok.is_ok() {
+            let ker =
+                render_results(&kernel::replay(&scn).unwrap_or_else(|e| panic!("{}: {e}", f.display())));
+            if lib != ker {
+                failures.push(format!(
+                    "{}: library differs from the kernel\n--- library\n{lib}--- kernel\n{ker}",
+                    f.display()
+                ));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} scenarios differ:\n{}",
+        failures.len(),
+        files.len(),
+        failures.join("\n")
+    );
+    say(&format!(
+        "corpus: {} scenarios, library == recording{}",
+        files.len(),
+        if kernel_ok.is_ok() { " == live kernel" } else { "" }
+    ));
+}
+
+#[test]
+fn racy_corpus_replays_without_error_on_both_sides() {
+    let files = scenarios(&corpus().join("racy"));
+    assert!(!files.is_empty());
+    for f in &files {
+        let scn = load(f);
+        let lib = library::replay(&scn).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        assert_eq!(lib.len(), scn.steps.len());
+        match kernel::available() {
+            Ok(()) => {
+                let ker = kernel::replay(&scn).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+                assert_eq!(ker.len(), scn.steps.len());
+            }
+            Err(why) => say(&format!("SKIP kernel replay of {} ({why})", f.display())),
+        }
+    }
+}
