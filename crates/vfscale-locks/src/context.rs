@@ -117,8 +117,16 @@ impl Inner {
     /// `__locks_wake_up_blocks`: takes every direct waiter of `id` out of the tree and
     /// queues it on `wl`. Their own waiters stay attached to them.
     pub fn wake_up_blocks(&mut self, id: NodeId, wl: &mut WakeList, bg: &mut BlockedGuard<'_>) {
+        for c in self.detach_children(id, bg) {
+            self.wake_detached(c, wl);
+        }
+    }
+
+    /// Takes every direct waiter of `id` out of the tree (and the blocked hash) without
+    /// waking it yet; returns them, oldest first.
+    fn detach_children(&mut self, id: NodeId, bg: &mut BlockedGuard<'_>) -> Vec<NodeId> {
         let children = std::mem::take(&mut self.node_mut(id).children);
-        for c in children {
+        for &c in &children {
             let n = self.node_mut(c);
             n.blocker = None;
             let hashed = std::mem::replace(&mut n.hashed, false);
@@ -127,23 +135,106 @@ impl Inner {
             if hashed {
                 bg.get().remove(&w);
             }
-            self.stats.wakeups += 1;
-            wl.push(w);
+        }
+        children
+    }
+
+    /// Queues a detached request for waking: its owner will try again.
+    fn wake_detached(&mut self, id: NodeId, wl: &mut WakeList) {
+        debug_assert!(self.node(id).blocker.is_none());
+        self.stats.wakeups += 1;
+        wl.push(self.node(id).waiter.clone().expect("a request"));
+    }
+
+    /// Hangs request `wid` directly under `b`, in the tree, the detector's mirror and,
+    /// if `b` is a process-owned POSIX record, the blocked hash.
+    fn link_under(&mut self, b: NodeId, wid: NodeId, bg: &mut BlockedGuard<'_>) {
+        let link = self.link_to(b);
+        let hashed = self.node(b).fl.is_process_posix();
+        self.node_mut(b).children.push(wid);
+        let n = self.node_mut(wid);
+        n.blocker = Some(b);
+        n.hashed = hashed;
+        let w = n.waiter.clone().expect("a blocked record is a request");
+        w.set_link(link);
+        if hashed {
+            bg.get().insert(&w);
+        }
+    }
+
+    /// The records `id` waits on, nearest first, up to the granted lock at the root.
+    fn ancestors(&self, id: NodeId) -> Vec<NodeId> {
+        let mut path = Vec::new();
+        let mut cur = self.node(id).blocker;
+        while let Some(b) = cur {
+            path.push(b);
+            cur = self.node(b).blocker;
+        }
+        path
+    }
+
+    /// Whether request `d`, if it tried again now, would only go back to sleep: it
+    /// conflicts with every record of `path` (which ends at a granted lock), and, for a
+    /// process-owned POSIX request, the deadlock check its retry would run finds none.
+    fn retry_would_sleep(&self, d: NodeId, path: &[NodeId], bg: &mut BlockedGuard<'_>) -> bool {
+        let fl = self.node(d).fl;
+        if !path.iter().all(|&a| family_conflict(&fl, &self.node(a).fl)) {
+            return false;
+        }
+        if !fl.is_process_posix() {
+            return true;
+        }
+        match self
+            .posix
+            .iter()
+            .find(|&&id| posix_locks_conflict(&fl, &self.node(id).fl))
+        {
+            Some(&first) => !bg.get().posix_locks_deadlock(fl.owner, self.node(first).fl.owner),
+            None => false,
+        }
+    }
+
+    /// After request `wid` went back to sleep under a new blocker, decides for each of
+    /// its former waiters (`orphans`, already detached) and their waiters: one whose
+    /// retry would only sleep again stays where it was; any other is woken to retry, as
+    /// Linux wakes them all. The results are Linux's; the cascade of wake-ups, one per
+    /// waiter, is not (seed 003's herd would otherwise wake every waiter in turn).
+    fn readopt(&mut self, wid: NodeId, orphans: Vec<NodeId>, wl: &mut WakeList, bg: &mut BlockedGuard<'_>) {
+        if orphans.is_empty() {
+            return;
+        }
+        let path: Vec<NodeId> = std::iter::once(wid).chain(self.ancestors(wid)).collect();
+        let mut keep = Vec::new();
+        for c in orphans {
+            if self.retry_would_sleep(c, &path, bg) {
+                self.link_under(wid, c, bg);
+                keep.push(c);
+            } else {
+                self.wake_detached(c, wl);
+            }
+        }
+        // Deeper waiters conflict with the records between them and `wid`; check them
+        // against the new records above `wid`.
+        let above = &path[1..];
+        while let Some(n) = keep.pop() {
+            for d in self.node(n).children.clone() {
+                if self.retry_would_sleep(d, above, bg) {
+                    keep.push(d);
+                } else {
+                    self.unlink_from_blocker(d, bg);
+                    self.wake_detached(d, wl);
+                }
+            }
         }
     }
 
     /// `__locks_insert_block`: hangs request `wid` under `blocker`, descending to the
-    /// deepest request it conflicts with, so that siblings never conflict. The request's
-    /// own waiters are woken: they conflict with it, but perhaps not with its new
-    /// blockers ("conflicts with" is not transitive).
-    fn insert_block(
-        &mut self,
-        mode: WakeMode,
-        blocker: NodeId,
-        wid: NodeId,
-        wl: &mut WakeList,
-        bg: &mut BlockedGuard<'_>,
-    ) {
+    /// deepest request it conflicts with, so that siblings never conflict.
+    fn insert_block(&mut self, mode: WakeMode, blocker: NodeId, wid: NodeId, bg: &mut BlockedGuard<'_>) {
+        debug_assert!(
+            self.node(wid).children.is_empty(),
+            "waiters of a request are detached first"
+        );
         let fl = self.node(wid).fl;
         let mut b = blocker;
         if mode == WakeMode::Tree {
@@ -157,19 +248,37 @@ impl Inner {
                 break;
             }
         }
-        let link = self.link_to(b);
-        let hashed = self.node(b).fl.is_process_posix();
-        self.node_mut(b).children.push(wid);
-        let n = self.node_mut(wid);
-        n.blocker = Some(b);
-        n.hashed = hashed;
-        let w = n.waiter.clone().expect("a blocked record is a request");
-        w.set_link(link);
-        if hashed {
-            bg.get().insert(&w);
-        }
+        self.link_under(b, wid, bg);
         self.stats.blocks += 1;
-        self.wake_up_blocks(wid, wl, bg);
+    }
+
+    /// Puts a request to sleep under `blocker`, or back to sleep after a retry. Its own
+    /// waiters conflict with it but perhaps not with its new blocker ("conflicts with"
+    /// is not transitive): they were detached before the deadlock check (so the check
+    /// cannot find a chain through them) and are now re-examined.
+    fn block(
+        &mut self,
+        mgr: &LockManager,
+        blocker: NodeId,
+        req: FileLock,
+        slot: &mut Slot,
+        orphans: Vec<NodeId>,
+        wl: &mut WakeList,
+        bg: &mut BlockedGuard<'_>,
+    ) -> Attempt {
+        let wid = self.blocked_record(req, slot);
+        self.insert_block(mgr.settings().wake, blocker, wid, bg);
+        self.readopt(wid, orphans, wl, bg);
+        tracing::trace!(target: "vfscale_locks::filelock", event = "block", kind = ?req.kind, owner = ?req.owner, start = req.start, end = req.end);
+        Attempt::Blocked
+    }
+
+    /// The retrying request's own waiters, detached (see [`Inner::block`]).
+    fn orphans_of(&mut self, slot: &Slot, bg: &mut BlockedGuard<'_>) -> Vec<NodeId> {
+        match *slot {
+            Some(id) => self.detach_children(id, bg),
+            None => Vec::new(),
+        }
     }
 
     /// `__locks_delete_block` and freeing: request `wid` leaves for good. Its waiters are
@@ -277,10 +386,8 @@ impl Inner {
                     return Attempt::Done(Err(Errno::EAGAIN));
                 }
                 // Requests blocked on this one must not be found by the detector
-                // through it, and may not conflict with its next blocker.
-                if let Some(id) = *slot {
-                    self.wake_up_blocks(id, wl, bg);
-                }
+                // through it (`__locks_wake_up_blocks(request)` in Linux).
+                let orphans = self.orphans_of(slot, bg);
                 // Detection and insertion happen under the same blocked_lock hold.
                 if req.is_process_posix()
                     && bg
@@ -289,12 +396,12 @@ impl Inner {
                 {
                     mgr.count_deadlock();
                     tracing::debug!(target: "vfscale_locks::filelock", event = "deadlock", owner = ?req.owner, start = req.start, end = req.end);
+                    for c in orphans {
+                        self.wake_detached(c, wl);
+                    }
                     return Attempt::Done(Err(Errno::EDEADLK));
                 }
-                let wid = self.blocked_record(req, slot);
-                self.insert_block(mgr.settings().wake, fl_id, wid, wl, bg);
-                tracing::trace!(target: "vfscale_locks::filelock", event = "block", owner = ?req.owner, start = req.start, end = req.end);
-                return Attempt::Blocked;
+                return self.block(mgr, fl_id, req, slot, orphans, wl, bg);
             }
         }
 
@@ -436,13 +543,8 @@ impl Inner {
             if !sleep {
                 return Attempt::Done(Err(Errno::EAGAIN));
             }
-            if let Some(id) = *slot {
-                self.wake_up_blocks(id, wl, bg);
-            }
-            let wid = self.blocked_record(req, slot);
-            self.insert_block(mgr.settings().wake, fl_id, wid, wl, bg);
-            tracing::trace!(target: "vfscale_locks::filelock", event = "block", kind = "flock", file = req.file.0);
-            return Attempt::Blocked;
+            let orphans = self.orphans_of(slot, bg);
+            return self.block(mgr, fl_id, req, slot, orphans, wl, bg);
         }
         let new = self.grant_record(req, slot, bg);
         self.flock.push(new);
