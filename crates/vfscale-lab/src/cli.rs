@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use vfscale_lab::measure::{LockMode, Target, Workload};
 
 /// vfscale: Linux VFS object managers in userspace, and a lab that reproduces the
 /// kernel's scalability experiments.
@@ -17,6 +18,14 @@ pub struct Cli {
 /// Top-level commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run every experiment at the default scale (about three minutes on 2 cores), print
+    /// the tables and write a report directory.
+    Run(RunArgs),
+    /// Measure one workload: `vfscale bench herd --tasks 2,20 --mode flock --runs 3`.
+    Bench(BenchArgs),
+    /// Compare two `--json` results: ratio with its error, Welch's t-test, and a mark on
+    /// changes that are significant and larger than the noise.
+    Compare(CompareArgs),
     /// File locks: replay lock scenarios against the library or the kernel.
     #[command(subcommand)]
     Locks(LocksCommand),
@@ -74,4 +83,85 @@ pub struct CheckArgs {
     /// The library's wake setting.
     #[arg(long, value_enum, default_value_t = Wake::Tree)]
     pub wake: Wake,
+}
+
+fn parse_workload(s: &str) -> Result<Workload, String> {
+    Workload::from_name(s).ok_or_else(|| {
+        let all: Vec<_> = Workload::ALL.iter().map(|w| w.name()).collect();
+        format!("unknown workload {s:?}; expected one of {}", all.join(", "))
+    })
+}
+
+fn parse_target(s: &str) -> Result<Target, String> {
+    Target::from_name(s).ok_or_else(|| format!("unknown target {s:?}; expected kernel, library or library-prepatch"))
+}
+
+fn parse_mode(s: &str) -> Result<LockMode, String> {
+    LockMode::from_name(s).ok_or_else(|| format!("unknown mode {s:?}; expected flock, ofd or posix"))
+}
+
+fn parse_tasks(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=10_000).contains(&n) => Ok(n),
+        _ => Err(format!("{s:?} is not a task count from 1 to 10000")),
+    }
+}
+
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x <= 3600.0 => Ok(x),
+        _ => Err(format!("{s:?} is not a number of seconds in (0, 3600]")),
+    }
+}
+
+/// `vfscale run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Where to write results.json, results.csv, report.md and report.html.
+    #[arg(long, default_value = "vfscale-report")]
+    pub out: std::path::PathBuf,
+    /// Repetitions of each configuration.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub runs: u32,
+    /// A much smaller scale, for a smoke test (seconds, not minutes).
+    #[arg(long)]
+    pub quick: bool,
+}
+
+/// `vfscale bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// posix01, posix02, flock01, flock02, herd, lock1 or lock2.
+    #[arg(value_parser = parse_workload)]
+    pub workload: Workload,
+    /// Targets, comma-separated.
+    #[arg(long, value_delimiter = ',', value_parser = parse_target, default_value = "kernel,library,library-prepatch")]
+    pub target: Vec<Target>,
+    /// Task counts, comma-separated (default: the workload's own).
+    #[arg(long, value_delimiter = ',', value_parser = parse_tasks)]
+    pub tasks: Vec<usize>,
+    /// Lock modes for herd, comma-separated (default: all three).
+    #[arg(long, value_delimiter = ',', value_parser = parse_mode)]
+    pub mode: Vec<LockMode>,
+    /// Repetitions of each configuration.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub runs: u32,
+    /// Measured interval of herd, lock1 and lock2, in seconds.
+    #[arg(long, value_parser = parse_seconds)]
+    pub duration: Option<f64>,
+    /// Lock/unlock pairs per task of the lockperf workloads.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub iterations: Option<u64>,
+    /// Print one JSON document on stdout instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `vfscale compare`.
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// The baseline (`vfscale bench ... --json` or a run's results.json).
+    pub a: std::path::PathBuf,
+    /// The result to compare with it.
+    pub b: std::path::PathBuf,
 }

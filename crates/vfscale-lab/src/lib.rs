@@ -3,8 +3,10 @@
 
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod compare;
 pub mod export;
 pub mod measure;
+pub mod meta;
 pub mod result;
 pub mod stats;

@@ -1,16 +1,20 @@
 //! `vfscale`: the lab's command line. Thin: parsing lives in `cli`, each command in its
-//! own module.
+//! own module, the work in the `vfscale_lab` library.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
 mod cli;
+mod lab_cmd;
 mod locks_cmd;
 
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
     let r = match args.command {
+        cli::Command::Run(a) => lab_cmd::run(&a),
+        cli::Command::Bench(a) => lab_cmd::bench(&a),
+        cli::Command::Compare(a) => lab_cmd::compare(&a),
         cli::Command::Locks(cli::LocksCommand::Replay(a)) => locks_cmd::replay(&a),
         cli::Command::Locks(cli::LocksCommand::Check(a)) => locks_cmd::check(&a),
     };

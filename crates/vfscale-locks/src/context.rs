@@ -143,6 +143,8 @@ impl Inner {
     fn wake_detached(&mut self, id: NodeId, wl: &mut WakeList) {
         debug_assert!(self.node(id).blocker.is_none());
         self.stats.wakeups += 1;
+        let fl = &self.node(id).fl;
+        tracing::trace!(target: "vfscale_locks::filelock", event = "wake", kind = ?fl.kind, owner = ?fl.owner, start = fl.start, end = fl.end);
         wl.push(self.node(id).waiter.clone().expect("a request"));
     }
 
@@ -610,9 +612,13 @@ impl FileLockContext {
         let r = {
             let _big = self.mgr.big_lock();
             let mut inner: MutexGuard<'_, Inner> = self.inner.lock();
+            // Every `Inner` method runs with `flc_lock` held: `&mut Inner` only comes
+            // from this guard.
+            debug_assert!(self.inner.is_locked());
             let mut bg = BlockedGuard::new(&self.mgr);
             let r = f(&mut inner, &self.mgr, &mut wl, &mut bg);
-            if !inner.listed && !(inner.posix.is_empty() && inner.flock.is_empty()) {
+            let holds_locks = !inner.posix.is_empty() || !inner.flock.is_empty();
+            if holds_locks && !inner.listed {
                 inner.listed = true;
                 self.mgr.listing_register(self.me.clone());
             }

@@ -302,3 +302,44 @@ fn listing_shows_nested_waiters_like_proc_locks() {
          1: -> OFDLCK ADVISORY  READ  -1 00:1b:42 100 100\n"
     );
 }
+
+#[test]
+fn a_requeued_waiter_keeps_waiters_whose_retry_would_only_sleep() {
+    // A chain of exclusive waiters under p1's lock. p1 unlocks and takes the lock again
+    // before the first waiter runs: that waiter sleeps again, and the rest of the chain,
+    // which conflicts with p1's new lock too, is not woken.
+    let (_m, ctx) = setup(Settings::default());
+    posix(&ctx, 1, FcntlCmd::SetLk, LockType::Write, 0, 0).unwrap();
+    let mut chain: Vec<PendingLock> = (2..12).map(|p| wait_on(&ctx, p, 0, 0)).collect();
+    ctx.posix_remove_owner(Process::new(1));
+    posix(&ctx, 1, FcntlCmd::SetLk, LockType::Write, 0, 0).unwrap();
+    let before = ctx.stats().wakeups;
+    assert_eq!(chain[0].poll_complete(), None);
+    assert_eq!(ctx.stats().wakeups, before, "no waiter below the first was woken");
+    assert!(chain.iter().all(|w| !w.is_woken()));
+    // They still get the lock in turn.
+    ctx.posix_remove_owner(Process::new(1));
+    for (i, w) in chain.iter_mut().enumerate() {
+        assert_eq!(w.poll_complete(), Some(Ok(())), "waiter {i}");
+        ctx.posix_remove_owner(Process::new(i as u32 + 2));
+    }
+}
+
+#[test]
+fn a_kept_waiter_whose_retry_would_deadlock_is_woken_and_gets_edeadlk() {
+    // File a: p1 holds; p2 waits; p3 waits below p2. p1 unlocks; before p2 runs, p4
+    // takes a, then waits on file b for a lock of p3. When p2 sleeps again under p4's
+    // lock, p3's retry (which Linux would run) finds p3 -> p4 -> p3: EDEADLK.
+    let (mgr, a) = setup(Settings::default());
+    let b = FileLockContext::new(&mgr, InodeKey { major: 0, minor: 0x1b, ino: 43 });
+    posix(&b, 3, FcntlCmd::SetLk, LockType::Write, 0, 1).unwrap();
+    posix(&a, 1, FcntlCmd::SetLk, LockType::Write, 0, 10).unwrap();
+    let mut p2 = wait_on(&a, 2, 0, 10);
+    let mut p3 = wait_on(&a, 3, 0, 10);
+    a.posix_remove_owner(Process::new(1));
+    posix(&a, 4, FcntlCmd::SetLk, LockType::Write, 0, 10).unwrap();
+    let _p4 = posix(&b, 4, FcntlCmd::SetLkW, LockType::Write, 0, 1).unwrap().expect("p4 waits on b");
+    assert_eq!(p2.poll_complete(), None);
+    assert!(p3.is_woken());
+    assert_eq!(p3.poll_complete(), Some(Err(Errno::EDEADLK)));
+}

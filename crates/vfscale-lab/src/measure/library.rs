@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use vfscale_locks::{
     AccessMode, ContextLock, FcntlCmd, FileLockContext, Flock, FlockOp, InodeKey, LockManager, LockType,
@@ -288,6 +288,7 @@ fn will_it_scale(mgr: &Arc<LockManager>, cfg: &Config) -> Result<Sample, Skip> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn cfg(workload: Workload, tasks: usize, mode: LockMode) -> Config {
         Config {
