@@ -94,7 +94,11 @@ pub fn configs(w: Workload, scale: &Scale) -> Vec<Config> {
 /// Runs the plan, showing progress on stderr unless `quiet`.
 pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
     let total = (plan.configs.len() * plan.targets.len() * plan.runs) as u64;
-    let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::new(total) };
+    let bar = if quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(total)
+    };
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
             .expect("a valid template")
@@ -105,10 +109,22 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
     let kernel_ok = measure::kernel::available();
     for cfg in &plan.configs {
         for &target in &plan.targets {
-            bar.set_message(format!("{} {} {} x{}", cfg.workload.name(), target.name(), cfg.mode_label(), cfg.tasks));
+            bar.set_message(format!(
+                "{} {} {} x{}",
+                cfg.workload.name(),
+                target.name(),
+                cfg.mode_label(),
+                cfg.tasks
+            ));
             let skip = |reason: String, skipped: &mut Vec<Skipped>| {
-                if !skipped.iter().any(|s| s.workload == cfg.workload.name() && s.target == target.name() && s.reason == reason) {
-                    skipped.push(Skipped { workload: cfg.workload.name().into(), target: target.name().into(), reason });
+                if !skipped.iter().any(|s| {
+                    s.workload == cfg.workload.name() && s.target == target.name() && s.reason == reason
+                }) {
+                    skipped.push(Skipped {
+                        workload: cfg.workload.name().into(),
+                        target: target.name().into(),
+                        reason,
+                    });
                 }
             };
             if let (Target::Kernel, Err(why)) = (target, &kernel_ok) {
@@ -136,10 +152,17 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
                 target: target.name().into(),
                 mode: cfg.mode_label().into(),
                 tasks: cfg.tasks,
-                metrics: samples.iter().map(|(k, v)| (k.clone(), Summary::of(k, v))).collect(),
+                metrics: samples
+                    .iter()
+                    .map(|(k, v)| (k.clone(), Summary::of(k, v)))
+                    .collect(),
             });
         }
     }
     bar.finish_and_clear();
-    Report { meta, results, skipped }
+    Report {
+        meta,
+        results,
+        skipped,
+    }
 }

@@ -93,7 +93,8 @@ fn parse_workload(s: &str) -> Result<Workload, String> {
 }
 
 fn parse_target(s: &str) -> Result<Target, String> {
-    Target::from_name(s).ok_or_else(|| format!("unknown target {s:?}; expected kernel, library or library-prepatch"))
+    Target::from_name(s)
+        .ok_or_else(|| format!("unknown target {s:?}; expected kernel, library or library-prepatch"))
 }
 
 fn parse_mode(s: &str) -> Result<LockMode, String> {
@@ -147,7 +148,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub runs: u32,
     /// Measured interval of herd, lock1 and lock2, in seconds.
-    #[arg(long, value_parser = parse_seconds)]
+    #[arg(long, value_parser = parse_seconds, allow_negative_numbers = true)]
     pub duration: Option<f64>,
     /// Lock/unlock pairs per task of the lockperf workloads.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]

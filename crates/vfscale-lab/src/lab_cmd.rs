@@ -22,7 +22,9 @@ fn run_plan(runs: usize, quick: bool) -> Plan {
         let mut s = Scale::default_for(w);
         match w {
             Workload::Herd => s.duration = Duration::from_millis(if quick { 100 } else { 500 }),
-            Workload::Lock1 | Workload::Lock2 => s.duration = Duration::from_millis(if quick { 50 } else { 250 }),
+            Workload::Lock1 | Workload::Lock2 => {
+                s.duration = Duration::from_millis(if quick { 50 } else { 250 })
+            }
             Workload::Posix01 | Workload::Flock01 => {
                 s.tasks = vec![1, 2, 128];
                 s.iterations = Some(if quick { 100 } else { 2_000 });
@@ -37,7 +39,11 @@ fn run_plan(runs: usize, quick: bool) -> Plan {
         }
         configs.extend(bench::configs(w, &s));
     }
-    Plan { configs, targets: Target::ALL.to_vec(), runs }
+    Plan {
+        configs,
+        targets: Target::ALL.to_vec(),
+        runs,
+    }
 }
 
 /// Prints the tables of a report on stdout.
@@ -63,7 +69,10 @@ pub fn bench(a: &BenchArgs) -> Result<ExitCode, String> {
     }
     if !a.mode.is_empty() {
         if a.workload != Workload::Herd {
-            return Err(format!("--mode applies to herd only; {} has its own", a.workload.name()));
+            return Err(format!(
+                "--mode applies to herd only; {} has its own",
+                a.workload.name()
+            ));
         }
         s.modes = a.mode.clone();
     }
@@ -72,11 +81,18 @@ pub fn bench(a: &BenchArgs) -> Result<ExitCode, String> {
     }
     if a.iterations.is_some() {
         if a.workload.lockperf().is_none() {
-            return Err(format!("--iterations applies to posix01/02 and flock01/02, not {}", a.workload.name()));
+            return Err(format!(
+                "--iterations applies to posix01/02 and flock01/02, not {}",
+                a.workload.name()
+            ));
         }
         s.iterations = a.iterations;
     }
-    let plan = Plan { configs: bench::configs(a.workload, &s), targets: dedup(&a.target), runs: a.runs as usize };
+    let plan = Plan {
+        configs: bench::configs(a.workload, &s),
+        targets: dedup(&a.target),
+        runs: a.runs as usize,
+    };
     let report = bench::execute(&plan, meta::collect(&command_line()), a.json);
     if a.json {
         println!("{}", export::json::to_string(&report));
@@ -100,4 +116,3 @@ pub fn compare(a: &CompareArgs) -> Result<ExitCode, String> {
     print!("{}", cmp::render_comparison(&cmp::compare(&ra, &rb)));
     Ok(ExitCode::SUCCESS)
 }
-

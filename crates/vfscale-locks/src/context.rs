@@ -1,6 +1,7 @@
 //! `struct file_lock_context`: one inode's locks and wait trees, under that inode's lock.
 
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use crate::lock::{
     family_conflict, lock_is_unlock, posix_locks_conflict, posix_same_owner, posix_test_locks_conflict,
@@ -40,6 +41,8 @@ pub struct ContextStats {
     pub wakeups: u64,
     /// Requests that went to sleep (first block and every re-block).
     pub blocks: u64,
+    /// Requests finished on a starved owner's behalf (fair hand-offs).
+    pub handoffs: u64,
 }
 
 /// Everything `flc_lock` protects.
@@ -55,7 +58,17 @@ pub(crate) struct Inner {
     /// This context is on a listing shard.
     listed: bool,
     pub stats: ContextStats,
+    /// A woken request to finish on its owner's behalf before the lock is dropped.
+    handoff: Option<NodeId>,
+    /// When the last hand-off happened.
+    last_handoff: Option<Instant>,
 }
+
+/// A waiter that has slept this long may be handed the lock ...
+const HANDOFF_STARVED: Duration = Duration::from_millis(2);
+/// ... but an inode hands off at most once per this interval, so throughput stays with
+/// the running owners (barging) and fairness costs one context switch per interval.
+const HANDOFF_EVERY: Duration = Duration::from_millis(1);
 
 /// A request's own record while it waits: `Some` from its first block until it is
 /// granted, fails or is cancelled.
@@ -143,6 +156,7 @@ impl Inner {
     fn wake_detached(&mut self, id: NodeId, wl: &mut WakeList) {
         debug_assert!(self.node(id).blocker.is_none());
         self.stats.wakeups += 1;
+        self.consider_handoff(id);
         let fl = &self.node(id).fl;
         tracing::trace!(target: "vfscale_locks::filelock", event = "wake", kind = ?fl.kind, owner = ?fl.owner, start = fl.start, end = fl.end);
         wl.push(self.node(id).waiter.clone().expect("a request"));
@@ -350,6 +364,59 @@ impl Inner {
         };
         self.wake_up_blocks(id, wl, bg);
         self.release(id);
+    }
+
+    /// Picks a woken request for a hand-off if its owner has starved and this inode has
+    /// not handed off recently.
+    fn consider_handoff(&mut self, id: NodeId) {
+        if self.handoff.is_some() {
+            return;
+        }
+        let now = Instant::now();
+        if self
+            .last_handoff
+            .is_some_and(|t| now.duration_since(t) < HANDOFF_EVERY)
+        {
+            return;
+        }
+        let w = self.node(id).waiter.as_ref().expect("a request");
+        if w.wants_handoff(now, HANDOFF_STARVED) {
+            self.handoff = Some(id);
+            self.last_handoff = Some(now);
+        }
+    }
+
+    /// Finishes the chosen hand-off: tries the starved request again now, on its
+    /// owner's behalf, exactly as the owner's own retry would (one of the schedules
+    /// Linux allows, where the woken task runs first). Linux leaves open which of the
+    /// waiters and running owners wins; this bounds how long one waiter can lose.
+    /// Called last, with `flc_lock` held.
+    pub(crate) fn run_handoff(&mut self, mgr: &LockManager, wl: &mut WakeList, bg: &mut BlockedGuard<'_>) {
+        let Some(id) = self.handoff.take() else { return };
+        let Some(n) = self.nodes.get(id).and_then(|n| n.as_ref()) else {
+            return;
+        };
+        let (Some(w), None) = (n.waiter.clone(), n.blocker) else {
+            return;
+        };
+        let req = n.fl;
+        let mut slot = Some(id);
+        let a = if req.kind == LockKind::Flock {
+            self.flock_lock_inode(mgr, req, &mut slot, true, wl, bg)
+        } else {
+            self.posix_lock_inode(mgr, req, &mut slot, true, wl, bg, None)
+        };
+        match a {
+            Attempt::Done(r) => {
+                if let Some(id) = slot.take() {
+                    self.delete_block(id, wl, bg);
+                }
+                w.finish(r);
+                self.stats.handoffs += 1;
+            }
+            // Asleep again: no need to wake it.
+            Attempt::Blocked => wl.remove(&w),
+        }
     }
 
     /// `posix_test_lock`: the first lock in list order that `req` conflicts with.
@@ -617,6 +684,7 @@ impl FileLockContext {
             debug_assert!(self.inner.is_locked());
             let mut bg = BlockedGuard::new(&self.mgr);
             let r = f(&mut inner, &self.mgr, &mut wl, &mut bg);
+            inner.run_handoff(&self.mgr, &mut wl, &mut bg);
             let holds_locks = !inner.posix.is_empty() || !inner.flock.is_empty();
             if holds_locks && !inner.listed {
                 inner.listed = true;

@@ -93,6 +93,11 @@ impl PendingLock {
         loop {
             match self.waiter.wait(deadline) {
                 WaitOutcome::Woken => {
+                    if let Some(r) = self.waiter.take_done() {
+                        // Finished on our behalf; the record is no longer ours.
+                        self.slot = None;
+                        return r;
+                    }
                     if let Some(r) = self.retry() {
                         return r;
                     }
@@ -150,15 +155,21 @@ impl PendingLock {
         })
     }
 
-    /// `locks_delete_block` for a request that gives up.
+    /// `locks_delete_block` for a request that gives up. If it was finished on its
+    /// behalf first (a hand-off), that result stands.
     fn abandon(&mut self, e: Errno) -> Result<(), Errno> {
         let slot = &mut self.slot;
+        let waiter = &self.waiter;
         self.ctx.with_locked(|inner, _, wl, bg| {
+            if let Some(r) = waiter.take_done() {
+                *slot = None;
+                return r;
+            }
             if let Some(id) = slot.take() {
                 inner.delete_block(id, wl, bg);
             }
-        });
-        Err(e)
+            Err(e)
+        })
     }
 }
 

@@ -28,6 +28,12 @@ pub(crate) struct WaitState {
     pub woken: bool,
     /// Someone asked the wait to end with `EINTR`.
     pub interrupted: bool,
+    /// The request was finished on its owner's behalf (a fair hand-off): the owner
+    /// returns this without trying again. Set under the inode lock.
+    pub done: Option<Result<(), crate::Errno>>,
+    /// The owner is blocked in [`Waiter::wait`], so a hand-off cannot be lost to a
+    /// dropped request.
+    pub blocking: bool,
     /// The task to wake, for the async API.
     pub waker: Option<Waker>,
 }
@@ -44,6 +50,8 @@ pub(crate) struct Waiter {
     /// Protects the detector's mirror of the tree link; a leaf lock. Written with the
     /// inode lock held, read by the detector with the blocked-hash lock held.
     pub link: Mutex<Link>,
+    /// When the request first went to sleep.
+    pub since: Instant,
 }
 
 impl Waiter {
@@ -53,6 +61,7 @@ impl Waiter {
             state: Mutex::new(WaitState::default()),
             cv: Condvar::new(),
             link: Mutex::new(Link::Detached),
+            since: Instant::now(),
         })
     }
 
@@ -84,8 +93,20 @@ impl Waiter {
     }
 
     /// Sleeps until woken or interrupted, or until `deadline`. Returns the state seen.
+    /// While it sleeps, the request may be finished on its behalf ([`WaitState::done`]).
     pub fn wait(&self, deadline: Option<Instant>) -> WaitOutcome {
         let mut st = self.state.lock();
+        st.blocking = true;
+        let out = self.wait_locked(&mut st, deadline);
+        st.blocking = false;
+        out
+    }
+
+    fn wait_locked(
+        &self,
+        st: &mut crate::sync::MutexGuard<'_, WaitState>,
+        deadline: Option<Instant>,
+    ) -> WaitOutcome {
         loop {
             if st.woken {
                 return WaitOutcome::Woken;
@@ -93,7 +114,7 @@ impl Waiter {
             if st.interrupted {
                 return WaitOutcome::Interrupted;
             }
-            if !self.cv.wait_until(&mut st, deadline) {
+            if !self.cv.wait_until(st, deadline) {
                 return if st.woken {
                     WaitOutcome::Woken
                 } else {
@@ -124,6 +145,22 @@ impl Waiter {
     /// Clears `woken` before the request goes back into a tree. Inode lock held.
     pub fn rearm(&self) {
         self.state.lock().woken = false;
+    }
+
+    /// Whether the request may be finished on its owner's behalf: the owner waits in
+    /// [`Waiter::wait`] and has waited at least `starved` already.
+    pub fn wants_handoff(&self, now: Instant, starved: std::time::Duration) -> bool {
+        self.state.lock().blocking && now.duration_since(self.since) >= starved
+    }
+
+    /// Records the result of a hand-off. Inode lock held; the waiter is woken later.
+    pub fn finish(&self, r: Result<(), crate::Errno>) {
+        self.state.lock().done = Some(r);
+    }
+
+    /// The result of a hand-off, if there was one. Inode lock held, or after a wake-up.
+    pub fn take_done(&self) -> Option<Result<(), crate::Errno>> {
+        self.state.lock().done.take()
     }
 
     pub fn is_woken(&self) -> bool {
@@ -158,6 +195,11 @@ impl WakeList {
 
     pub fn push(&mut self, w: Arc<Waiter>) {
         self.waiters.push(w);
+    }
+
+    /// Takes `w` off the list (it went back to sleep before anyone woke it).
+    pub fn remove(&mut self, w: &Arc<Waiter>) {
+        self.waiters.retain(|x| !Arc::ptr_eq(x, w));
     }
 
     /// Wakes everyone collected, in the order they were detached. Call with no lock held.

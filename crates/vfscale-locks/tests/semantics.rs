@@ -331,15 +331,106 @@ fn a_kept_waiter_whose_retry_would_deadlock_is_woken_and_gets_edeadlk() {
     // takes a, then waits on file b for a lock of p3. When p2 sleeps again under p4's
     // lock, p3's retry (which Linux would run) finds p3 -> p4 -> p3: EDEADLK.
     let (mgr, a) = setup(Settings::default());
-    let b = FileLockContext::new(&mgr, InodeKey { major: 0, minor: 0x1b, ino: 43 });
+    let b = FileLockContext::new(
+        &mgr,
+        InodeKey {
+            major: 0,
+            minor: 0x1b,
+            ino: 43,
+        },
+    );
     posix(&b, 3, FcntlCmd::SetLk, LockType::Write, 0, 1).unwrap();
     posix(&a, 1, FcntlCmd::SetLk, LockType::Write, 0, 10).unwrap();
     let mut p2 = wait_on(&a, 2, 0, 10);
     let mut p3 = wait_on(&a, 3, 0, 10);
     a.posix_remove_owner(Process::new(1));
     posix(&a, 4, FcntlCmd::SetLk, LockType::Write, 0, 10).unwrap();
-    let _p4 = posix(&b, 4, FcntlCmd::SetLkW, LockType::Write, 0, 1).unwrap().expect("p4 waits on b");
+    let _p4 = posix(&b, 4, FcntlCmd::SetLkW, LockType::Write, 0, 1)
+        .unwrap()
+        .expect("p4 waits on b");
     assert_eq!(p2.poll_complete(), None);
     assert!(p3.is_woken());
     assert_eq!(p3.poll_complete(), Some(Err(Errno::EDEADLK)));
+}
+
+#[test]
+fn a_starved_blocking_waiter_is_handed_the_lock() {
+    // One owner relocks in a tight loop (barging); a second owner waits in a blocking
+    // call. After it has starved for a couple of milliseconds an unlock finishes its
+    // request on its behalf, and it returns with the lock.
+    let (_m, ctx) = setup(Settings::default());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (c, s) = (ctx.clone(), stop.clone());
+    let barger = std::thread::spawn(move || {
+        let (p, f) = (Process::new(1), rw(1));
+        while !s.load(std::sync::atomic::Ordering::Relaxed) {
+            c.flock(p, f, FlockOp::Exclusive, false).unwrap();
+            c.flock(p, f, FlockOp::Unlock, true).unwrap();
+        }
+    });
+    std::thread::sleep(Duration::from_millis(5));
+    let t = Instant::now();
+    ctx.flock(Process::new(2), rw(2), FlockOp::Exclusive, false)
+        .unwrap();
+    let waited = t.elapsed();
+    ctx.flock(Process::new(2), rw(2), FlockOp::Unlock, true).unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    barger.join().unwrap();
+    assert!(waited < Duration::from_secs(5), "waited {waited:?}");
+}
+
+#[test]
+fn a_hand_off_happens_only_for_owners_blocked_in_wait() {
+    // A pending request driven by poll_complete (or a future) is never finished on its
+    // behalf: dropping it must never leave a lock behind.
+    let (mgr, ctx) = setup(Settings::default());
+    ctx.flock(Process::new(1), rw(1), FlockOp::Exclusive, true)
+        .unwrap();
+    let mut p = ctx
+        .flock_lock(Process::new(2), rw(2), FlockOp::Exclusive, false)
+        .unwrap()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    ctx.flock(Process::new(1), rw(1), FlockOp::Unlock, true).unwrap();
+    ctx.flock(Process::new(1), rw(1), FlockOp::Exclusive, true)
+        .unwrap();
+    assert_eq!(ctx.stats().handoffs, 0);
+    assert_eq!(
+        p.poll_complete(),
+        None,
+        "it lost to the barging owner, as Linux allows"
+    );
+    drop(p);
+    ctx.flock(Process::new(1), rw(1), FlockOp::Unlock, true).unwrap();
+    assert_eq!(mgr.locks_listing(), vec![]);
+}
+
+#[test]
+fn hand_offs_engage_under_a_barging_herd() {
+    let (_m, ctx) = setup(Settings::default());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers: Vec<_> = (1..=8u32)
+        .map(|i| {
+            let (c, s) = (ctx.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let (p, f) = (Process::new(i), rw(i as u64));
+                let mut n = 0u64;
+                while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                    c.flock(p, f, FlockOp::Exclusive, false).unwrap();
+                    n += 1;
+                    c.flock(p, f, FlockOp::Unlock, true).unwrap();
+                }
+                n
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let counts: Vec<u64> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    let s = ctx.stats();
+    assert!(
+        counts.iter().all(|&n| n > 0),
+        "every worker got the lock: {counts:?}"
+    );
+    assert!(s.handoffs > 0, "no hand-off in 300 ms of barging: {s:?}");
 }
