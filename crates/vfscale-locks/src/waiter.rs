@@ -150,7 +150,7 @@ impl Waiter {
     /// Whether the request may be finished on its owner's behalf: the owner waits in
     /// [`Waiter::wait`] and has waited at least `starved` already.
     pub fn wants_handoff(&self, now: Instant, starved: std::time::Duration) -> bool {
-        self.state.lock().blocking && now.duration_since(self.since) >= starved
+        self.state.lock().blocking && (starved.is_zero() || now.duration_since(self.since) >= starved)
     }
 
     /// Records the result of a hand-off. Inode lock held; the waiter is woken later.
@@ -204,6 +204,9 @@ impl WakeList {
 
     /// Wakes everyone collected, in the order they were detached. Call with no lock held.
     pub fn wake_all(&mut self) {
+        if self.waiters.is_empty() {
+            return;
+        }
         for w in self.waiters.drain(..) {
             w.notify(false);
         }

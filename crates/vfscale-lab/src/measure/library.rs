@@ -129,18 +129,20 @@ fn lockperf(mgr: &Arc<LockManager>, cfg: &Config) -> Result<Sample, Skip> {
             whole_file(ctx, mode, who, f, true);
             whole_file(ctx, mode, who, f, false);
         }
-        (t.elapsed(), Instant::now())
+        (t, Instant::now())
     })?;
     go.wait();
-    let start = Instant::now();
     let done = join_all(hs);
-    let last = done.iter().map(|d| d.1).max().unwrap_or(start);
-    let total: f64 = done.iter().map(|d| d.0.as_secs_f64()).sum();
+    // The interval runs from the first task's start to the last task's end, each stamped
+    // by the task itself.
+    let first = done.iter().map(|d| d.0).min().expect("at least one task");
+    let last = done.iter().map(|d| d.1).max().expect("at least one task");
+    let total: f64 = done.iter().map(|d| (d.1 - d.0).as_secs_f64()).sum();
     let ops = (cfg.tasks as u64 * iterations) as f64;
     let mut s = Sample::new();
     s.insert("total_lock_seconds".into(), total);
     s.insert("lock_unlock_ns".into(), total / ops * 1e9);
-    s.insert("ops_per_sec".into(), ops / (last - start).as_secs_f64().max(1e-9));
+    s.insert("ops_per_sec".into(), ops / (last - first).as_secs_f64().max(1e-9));
     s.insert(
         "global_lock_acquisitions_per_op".into(),
         shared_lock_acquisitions(mgr) as f64 / ops,
