@@ -92,6 +92,21 @@ pub(crate) enum Attempt {
 }
 
 impl Inner {
+    /// Empty lists whose buffers each span at least two cache lines. The hot entries sit
+    /// at the front of each buffer, so a neighbouring heap block (another inode's) never
+    /// shares a line with them: no false sharing between inodes locked by different
+    /// threads.
+    fn with_line_sized_buffers() -> Inner {
+        const IDS: usize = 128 / std::mem::size_of::<NodeId>();
+        Inner {
+            nodes: Vec::with_capacity(4),
+            free: Vec::with_capacity(IDS),
+            flock: Vec::with_capacity(IDS),
+            posix: Vec::with_capacity(IDS),
+            ..Inner::default()
+        }
+    }
+
     pub fn node(&self, id: NodeId) -> &Node {
         self.nodes[id].as_ref().expect("live node")
     }
@@ -675,7 +690,7 @@ impl FileLockContext {
             mgr: mgr.clone(),
             key,
             me: me.clone(),
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(Inner::with_line_sized_buffers()),
         })
     }
 
