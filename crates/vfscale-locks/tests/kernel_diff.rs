@@ -6,7 +6,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use vfscale_locks::scenario::{kernel, library, render_results, Scenario};
+use vfscale_locks::scenario::{kernel, library, render_results, KernelOptions, Scenario};
+use vfscale_locks::Settings;
 
 /// Printed straight to stderr so that a skip shows even when the test passes.
 fn say(msg: &str) {
@@ -43,9 +44,12 @@ fn corpus_library_matches_kernel_and_recording() {
         ));
     }
     let mut failures = Vec::new();
+    let (mut listed, mut waiting) = (0, 0);
     for f in &files {
         let scn = load(f);
-        let lib = render_results(&library::replay(&scn).unwrap_or_else(|e| panic!("{}: {e}", f.display())));
+        let (lib_results, lib_listing) = library::replay_with_listing(&scn, Settings::default())
+            .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let lib = render_results(&lib_results);
         let expected_path = f.with_extension("expected");
         let expected = std::fs::read_to_string(&expected_path)
             .unwrap_or_else(|e| panic!("{}: {e}", expected_path.display()));
@@ -56,14 +60,23 @@ fn corpus_library_matches_kernel_and_recording() {
             ));
         }
         if kernel_ok.is_ok() {
-            let ker =
-                render_results(&kernel::replay(&scn).unwrap_or_else(|e| panic!("{}: {e}", f.display())));
+            let (ker_results, ker_listing) = kernel::replay_with_listing(&scn, &KernelOptions::default())
+                .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            let ker = render_results(&ker_results);
             if lib != ker {
                 failures.push(format!(
                     "{}: library differs from the kernel\n--- library\n{lib}--- kernel\n{ker}",
                     f.display()
                 ));
             }
+            if lib_listing != ker_listing {
+                failures.push(format!(
+                    "{}: the lock listing differs from /proc/locks\n--- library\n{lib_listing:#?}\n--- kernel\n{ker_listing:#?}",
+                    f.display()
+                ));
+            }
+            listed += ker_listing.len();
+            waiting += ker_listing.iter().map(|g| g.waiters.len()).sum::<usize>();
         }
     }
     assert!(
@@ -74,7 +87,7 @@ fn corpus_library_matches_kernel_and_recording() {
         failures.join("\n")
     );
     say(&format!(
-        "corpus: {} scenarios, library == recording{}",
+        "corpus: {} scenarios, library == recording{}; /proc/locks lists {listed} locks and {waiting} waiters alike",
         files.len(),
         if kernel_ok.is_ok() { " == live kernel" } else { "" }
     ));

@@ -10,7 +10,7 @@ use std::io::Write;
 
 use proptest::prelude::*;
 use vfscale_locks::scenario::{
-    kernel, library, render_results, LibraryReplay, Op, OpenMode, Outcome, Scenario, Step,
+    kernel, library, render_results, KernelOptions, LibraryReplay, Op, OpenMode, Outcome, Scenario, Step,
 };
 use vfscale_locks::{FcntlCmd, FlockOp, LockType, Settings};
 
@@ -263,9 +263,11 @@ proptest! {
             return Ok(());
         }
         let scn = generate(&words);
-        let lib = render_results(&library::replay(&scn).unwrap());
-        let ker = render_results(&kernel::replay(&scn).map_err(|e| TestCaseError::fail(e.to_string()))?);
-        prop_assert_eq!(&lib, &ker, "scenario:\n{}", scn.to_jsonl());
+        let (lib, lib_listing) = library::replay_with_listing(&scn, Settings::default()).unwrap();
+        let (ker, ker_listing) = kernel::replay_with_listing(&scn, &KernelOptions::default())
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(render_results(&lib), render_results(&ker), "scenario:\n{}", scn.to_jsonl());
+        prop_assert_eq!(lib_listing, ker_listing, "listing after scenario:\n{}", scn.to_jsonl());
     }
 }
 

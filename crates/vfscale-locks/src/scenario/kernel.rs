@@ -38,7 +38,8 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use super::model::{
-    LockPid, Op, OpenMode, Outcome, Resolved, Scenario, ScenarioError, Step, StepResult, Tracker,
+    canonical_listing, LockPid, NamedListing, Op, OpenMode, Outcome, Resolved, Scenario, ScenarioError, Step,
+    StepResult, Tracker,
 };
 use crate::{Errno, FcntlCmd, FlockOp, LockType};
 
@@ -110,13 +111,82 @@ pub fn replay(scn: &Scenario) -> Result<Vec<StepResult>, ReplayError> {
 /// All children are killed and reaped, and the scratch directory removed, whatever the
 /// outcome.
 pub fn replay_with(scn: &Scenario, opts: &KernelOptions) -> Result<Vec<StepResult>, ReplayError> {
+    replay_with_listing(scn, opts).map(|(r, _)| r)
+}
+
+/// Replays `scn` and returns, with the results, the kernel's lock listing (`/proc/locks`)
+/// of the scenario's files after the last step has settled, with scenario names.
+pub fn replay_with_listing(
+    scn: &Scenario,
+    opts: &KernelOptions,
+) -> Result<(Vec<StepResult>, Vec<NamedListing>), ReplayError> {
     let parent = opts.dir.as_deref().unwrap_or(Path::new(DEFAULT_DIR));
     let mut runner = Runner::new(scn, opts, parent).map_err(ReplayError::Kernel)?;
-    scn.steps
+    let results = scn
+        .steps
         .iter()
         .enumerate()
         .map(|(index, step)| runner.step(index, step))
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    let listing = runner.listing().map_err(ReplayError::Kernel)?;
+    Ok((results, listing))
+}
+
+/// Parses `/proc/locks`, keeping the records of the inodes in `files` (`(major, minor,
+/// ino)` → name) and naming owners through `pids`.
+fn parse_proc_locks(
+    text: &str,
+    files: &HashMap<(u32, u32, u64), String>,
+    pids: &HashMap<i32, String>,
+) -> Vec<NamedListing> {
+    let mut out: Vec<NamedListing> = Vec::new();
+    // The id of the group being filled, when it is one of ours.
+    let mut current: Option<&str> = None;
+    for line in text.lines() {
+        let Some((id, rest)) = line.split_once(": ") else {
+            continue;
+        };
+        let trimmed = rest.trim_start_matches(' ');
+        let (depth, body) = match trimmed.strip_prefix("-> ") {
+            Some(b) => (rest.len() - trimmed.len() + 1, b),
+            None => (0, rest),
+        };
+        let t: Vec<&str> = body.split_whitespace().collect();
+        let [kind, _advisory, ty, pid, devino, start, end] = t[..] else {
+            continue;
+        };
+        let mut dev = devino.splitn(3, ':');
+        let key = (|| {
+            let major = u32::from_str_radix(dev.next()?, 16).ok()?;
+            let minor = u32::from_str_radix(dev.next()?, 16).ok()?;
+            let ino = dev.next()?.parse().ok()?;
+            Some((major, minor, ino))
+        })();
+        let Some(file) = key.and_then(|k| files.get(&k)) else {
+            if depth == 0 {
+                current = None;
+            }
+            continue;
+        };
+        let owner = match pid.parse::<i32>() {
+            Ok(-1) => "-1".to_string(),
+            Ok(p) => pids.get(&p).cloned().unwrap_or_else(|| p.to_string()),
+            Err(_) => pid.to_string(),
+        };
+        let named = NamedListing::line(kind, ty, &owner, file, start, end);
+        if depth == 0 {
+            current = Some(id);
+            out.push(NamedListing {
+                lock: named,
+                waiters: Vec::new(),
+            });
+        } else if current == Some(id) {
+            if let Some(g) = out.last_mut() {
+                g.waiters.push(NamedListing::waiter_prefix(depth) + &named);
+            }
+        }
+    }
+    canonical_listing(out)
 }
 
 /// Whether the kernel target can run here; `Err` says why not (no tmpfs at `/dev/shm`,
@@ -852,6 +922,26 @@ struct Runner<'a> {
 }
 
 impl<'a> Runner<'a> {
+    /// The kernel's lock listing of this replay's files, with scenario names.
+    fn listing(&self) -> Result<Vec<NamedListing>, String> {
+        use std::os::unix::fs::MetadataExt as _;
+        let mut files = HashMap::new();
+        for (name, n) in &self.files {
+            let path = self.dir.path.join(format!("f{n}"));
+            let m = std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let dev = m.dev();
+            files.insert((libc::major(dev), libc::minor(dev), m.ino()), name.clone());
+        }
+        let pids = self
+            .children
+            .values()
+            .filter(|c| !c.reaped)
+            .map(|c| (c.pid.as_raw(), c.name.clone()))
+            .collect();
+        let text = std::fs::read_to_string("/proc/locks").map_err(|e| format!("/proc/locks: {e}"))?;
+        Ok(parse_proc_locks(&text, &files, &pids))
+    }
+
     fn new(scn: &'a Scenario, opts: &'a KernelOptions, parent: &Path) -> Result<Self, String> {
         Ok(Runner {
             scn,

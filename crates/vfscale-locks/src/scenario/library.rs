@@ -8,10 +8,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use super::model::{LockPid, Op, Outcome, Resolved, Scenario, ScenarioError, Step, StepResult, Tracker};
+use super::model::{
+    canonical_listing, LockPid, NamedListing, Op, Outcome, Resolved, Scenario, ScenarioError, Step,
+    StepResult, Tracker,
+};
 use crate::{
     FileId, FileLockContext, Flock, InodeKey, LockManager, LockType, OpenFile, PendingLock, Process, Settings,
 };
+use crate::{LockKind, LockRecord};
 
 /// Replays `scn` with the seeds' designs.
 ///
@@ -33,8 +37,21 @@ pub fn replay(scn: &Scenario) -> Result<Vec<StepResult>, ScenarioError> {
 
 /// Replays `scn` with the given experiment settings.
 pub fn replay_with(scn: &Scenario, settings: Settings) -> Result<Vec<StepResult>, ScenarioError> {
+    replay_with_listing(scn, settings).map(|(r, _)| r)
+}
+
+/// Replays `scn` and returns, with the results, the lock listing after the last step.
+pub fn replay_with_listing(
+    scn: &Scenario,
+    settings: Settings,
+) -> Result<(Vec<StepResult>, Vec<NamedListing>), ScenarioError> {
     let mut r = LibraryReplay::new(settings);
-    scn.steps.iter().map(|step| r.apply(step)).collect()
+    let results = scn
+        .steps
+        .iter()
+        .map(|step| r.apply(step))
+        .collect::<Result<_, _>>()?;
+    Ok((results, r.listing()))
 }
 
 /// A replay in progress, one step at a time: for drivers that choose the next step from
@@ -70,6 +87,55 @@ impl LibraryReplay {
             result,
             completed: completed.into_iter().collect(),
         })
+    }
+
+    /// The lock listing now, with scenario names (see [`NamedListing`]).
+    pub fn listing(&self) -> Vec<NamedListing> {
+        let r = &self.runner;
+        let files: HashMap<u64, &str> = r
+            .files
+            .iter()
+            .map(|(name, c)| (c.key().ino, name.as_str()))
+            .collect();
+        let named = |rec: &LockRecord| {
+            let kind = match rec.kind {
+                LockKind::Posix => "POSIX",
+                LockKind::Ofd => "OFDLCK",
+                LockKind::Flock => "FLOCK",
+            };
+            let ty = if rec.ty == LockType::Write {
+                "WRITE"
+            } else {
+                "READ"
+            };
+            let owner = match rec.pid {
+                -1 => "-1".to_string(),
+                p => r.pid_names.get(&p).cloned().unwrap_or_else(|| p.to_string()),
+            };
+            let file = files.get(&rec.inode.ino).copied().unwrap_or("?");
+            let (start, end) = if rec.kind == LockKind::Flock {
+                ("0".to_string(), "EOF".to_string())
+            } else if rec.end == crate::OFFSET_MAX {
+                (rec.start.to_string(), "EOF".to_string())
+            } else {
+                (rec.start.to_string(), rec.end.to_string())
+            };
+            NamedListing::line(kind, ty, &owner, file, &start, &end)
+        };
+        let l = r
+            .mgr
+            .locks_listing()
+            .iter()
+            .map(|l| NamedListing {
+                lock: named(&l.lock),
+                waiters: l
+                    .waiters
+                    .iter()
+                    .map(|(d, w)| NamedListing::waiter_prefix(*d) + &named(w))
+                    .collect(),
+            })
+            .collect();
+        canonical_listing(l)
     }
 
     /// The processes with a blocked call, and that call's step.

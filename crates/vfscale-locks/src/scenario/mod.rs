@@ -6,6 +6,7 @@ pub mod kernel;
 pub mod library;
 mod model;
 
+pub use kernel::KernelOptions;
 pub use library::LibraryReplay;
 
 pub use model::*;

@@ -672,3 +672,36 @@ impl Tracker {
         self.fds.get(fd).map(|s| s.proc.as_str())
     }
 }
+
+/// One held lock and its waiters as the lock listing (`/proc/locks`) shows them, with
+/// pids and inodes replaced by the scenario's names, so a kernel listing and a library
+/// listing can be compared. Each line is `KIND TYPE OWNER FILE START END` (`OWNER` is
+/// `-1` for an OFD lock; `END` is `EOF` to end of file); a waiter's line starts with its
+/// depth's `->` prefix as `/proc/locks` indents it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct NamedListing {
+    /// The held lock.
+    pub lock: String,
+    /// Its waiters, depth first.
+    pub waiters: Vec<String>,
+}
+
+impl NamedListing {
+    /// Normalizes one `/proc/locks` record (without the `id: ` prefix and the waiter
+    /// arrow): `kind` is `POSIX`, `OFDLCK` or `FLOCK`, `ty` `READ` or `WRITE`.
+    pub fn line(kind: &str, ty: &str, owner: &str, file: &str, start: &str, end: &str) -> String {
+        format!("{kind} {ty} {owner} {file} {start} {end}")
+    }
+
+    /// The waiter prefix for `depth` (1 for a direct waiter), as `/proc/locks` writes it.
+    pub fn waiter_prefix(depth: usize) -> String {
+        format!("{}-> ", " ".repeat(depth.saturating_sub(1)))
+    }
+}
+
+/// A listing in a canonical order (the kernel lists per CPU, newest first; the order of
+/// held locks carries no meaning), one group per line block.
+pub fn canonical_listing(mut l: Vec<NamedListing>) -> Vec<NamedListing> {
+    l.sort();
+    l
+}
