@@ -132,6 +132,25 @@ pub fn replay_with_listing(
     Ok((results, listing))
 }
 
+/// Reads `/proc/locks` in one `read(2)`. The kernel walks its lock lists under its
+/// listing locks for the length of one call; several smaller reads each restart at a
+/// position index, so locks that other processes take or drop in between (cargo's build
+/// locks, say) would shift the entries and duplicate or skip some of ours.
+fn read_proc_locks() -> Result<String, String> {
+    use std::io::Read as _;
+    let mut size = 1 << 20;
+    loop {
+        let mut f = std::fs::File::open("/proc/locks").map_err(|e| format!("/proc/locks: {e}"))?;
+        let mut buf = vec![0u8; size];
+        let n = f.read(&mut buf).map_err(|e| format!("/proc/locks: {e}"))?;
+        if n < size {
+            buf.truncate(n);
+            return String::from_utf8(buf).map_err(|e| format!("/proc/locks: {e}"));
+        }
+        size *= 4;
+    }
+}
+
 /// Parses `/proc/locks`, keeping the records of the inodes in `files` (`(major, minor,
 /// ino)` → name) and naming owners through `pids`.
 fn parse_proc_locks(
@@ -938,8 +957,7 @@ impl<'a> Runner<'a> {
             .filter(|c| !c.reaped)
             .map(|c| (c.pid.as_raw(), c.name.clone()))
             .collect();
-        let text = std::fs::read_to_string("/proc/locks").map_err(|e| format!("/proc/locks: {e}"))?;
-        Ok(parse_proc_locks(&text, &files, &pids))
+        Ok(parse_proc_locks(&read_proc_locks()?, &files, &pids))
     }
 
     fn new(scn: &'a Scenario, opts: &'a KernelOptions, parent: &Path) -> Result<Self, String> {
