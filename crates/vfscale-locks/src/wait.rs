@@ -137,7 +137,13 @@ impl PendingLock {
     fn retry(&mut self) -> Option<Result<(), Errno>> {
         let req = self.req;
         let slot = &mut self.slot;
+        let waiter = &self.waiter;
         self.ctx.with_locked(|inner, mgr, wl, bg| {
+            // A hand-off sets its result under this lock: seen here, the record is gone.
+            if let Some(r) = waiter.take_done() {
+                *slot = None;
+                return Some(r);
+            }
             let a = if req.kind == LockKind::Flock {
                 inner.flock_lock_inode(mgr, req, slot, true, wl, bg)
             } else {
