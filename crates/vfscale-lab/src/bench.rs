@@ -24,11 +24,11 @@ pub struct Plan {
 pub struct Scale {
     /// Task counts.
     pub tasks: Vec<usize>,
-    /// Lock modes (herd).
+    /// Lock modes (herd; the descriptor-table workloads ignore theirs).
     pub modes: Vec<LockMode>,
     /// Lock/unlock pairs per task (lockperf).
     pub iterations: Option<u64>,
-    /// Measured interval (herd, lock1, lock2).
+    /// Measured interval (herd, lock1, lock2, pipebench, opensock, dup1).
     pub duration: Duration,
 }
 
@@ -47,6 +47,13 @@ impl Scale {
                 modes: vec![LockMode::Posix],
                 iterations: None,
                 duration: Duration::from_millis(500),
+            },
+            // Seed 001 ran 16 threads for 10 s; 1 s per run is enough for a stable rate.
+            Workload::Pipebench | Workload::Opensock | Workload::Dup1 => Scale {
+                tasks: vec![1, 2, 4, 16],
+                modes: vec![LockMode::Posix],
+                iterations: None,
+                duration: Duration::from_secs(1),
             },
             _ => Scale {
                 tasks: vec![128],
@@ -68,6 +75,7 @@ pub fn configs(w: Workload, scale: &Scale) -> Vec<Config> {
     let mut out = Vec::new();
     let kinds: &[TaskKind] = match w {
         Workload::Lock1 | Workload::Lock2 => &[TaskKind::Processes, TaskKind::Threads],
+        Workload::Pipebench | Workload::Opensock | Workload::Dup1 => &[TaskKind::Threads],
         _ => &[TaskKind::Processes],
     };
     let modes: Vec<LockMode> = match w.lockperf() {

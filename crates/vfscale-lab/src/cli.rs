@@ -29,6 +29,9 @@ pub enum Command {
     /// File locks: replay lock scenarios against the library or the kernel.
     #[command(subcommand)]
     Locks(LocksCommand),
+    /// Descriptor tables: replay descriptor scenarios against the library or the kernel.
+    #[command(subcommand)]
+    Fd(FdCommand),
 }
 
 /// `vfscale locks ...`.
@@ -39,6 +42,40 @@ pub enum LocksCommand {
     /// Replay every `*.jsonl` scenario under a directory against both the library and
     /// the kernel and report the ones whose results differ.
     Check(CheckArgs),
+}
+
+/// `vfscale fd ...`.
+#[derive(Debug, Subcommand)]
+pub enum FdCommand {
+    /// Replay one descriptor scenario (JSON Lines) and print one result line per step.
+    Replay(FdReplayArgs),
+    /// Replay every `*.jsonl` scenario under a directory against both the library and the
+    /// kernel and report the ones whose results differ.
+    Check(FdCheckArgs),
+}
+
+/// `vfscale fd replay`.
+#[derive(Debug, Args)]
+pub struct FdReplayArgs {
+    /// The scenario file.
+    pub file: PathBuf,
+    /// Replay against the library, the kernel, or both.
+    #[arg(long, value_enum, default_value_t = Against::Library)]
+    pub against: Against,
+    /// The kernel runner's helper program (default: `vfscale-fd-child` next to `vfscale`).
+    #[arg(long)]
+    pub child: Option<PathBuf>,
+}
+
+/// `vfscale fd check`.
+#[derive(Debug, Args)]
+pub struct FdCheckArgs {
+    /// A directory of scenarios (searched recursively) or scenario files.
+    #[arg(required = true)]
+    pub paths: Vec<PathBuf>,
+    /// The kernel runner's helper program (default: `vfscale-fd-child` next to `vfscale`).
+    #[arg(long)]
+    pub child: Option<PathBuf>,
 }
 
 /// Where a scenario is replayed.

@@ -31,6 +31,10 @@ fn run_plan(runs: usize, quick: bool) -> Plan {
             Workload::Lock1 | Workload::Lock2 => {
                 s.duration = Duration::from_millis(if quick { 50 } else { 250 })
             }
+            // 3 workloads x 4 thread counts x 3 targets x 3 runs x 0.2 s: about 25 s.
+            Workload::Pipebench | Workload::Opensock | Workload::Dup1 => {
+                s.duration = Duration::from_millis(if quick { 30 } else { 200 })
+            }
             _ => {
                 for tasks in [1, 2, 128] {
                     let mut one = s.clone();

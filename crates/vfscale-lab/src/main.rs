@@ -7,7 +7,7 @@ use clap::Parser;
 
 mod cli;
 mod lab_cmd;
-mod locks_cmd;
+mod replay_cmd;
 
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
@@ -15,8 +15,10 @@ fn main() -> ExitCode {
         cli::Command::Run(a) => lab_cmd::run(&a),
         cli::Command::Bench(a) => lab_cmd::bench(&a),
         cli::Command::Compare(a) => lab_cmd::compare(&a),
-        cli::Command::Locks(cli::LocksCommand::Replay(a)) => locks_cmd::replay(&a),
-        cli::Command::Locks(cli::LocksCommand::Check(a)) => locks_cmd::check(&a),
+        cli::Command::Locks(cli::LocksCommand::Replay(a)) => replay_cmd::locks_replay(&a),
+        cli::Command::Locks(cli::LocksCommand::Check(a)) => replay_cmd::locks_check(&a),
+        cli::Command::Fd(cli::FdCommand::Replay(a)) => replay_cmd::fd_replay(&a),
+        cli::Command::Fd(cli::FdCommand::Check(a)) => replay_cmd::fd_check(&a),
     };
     match r {
         Ok(code) => code,

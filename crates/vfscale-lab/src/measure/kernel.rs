@@ -85,6 +85,7 @@ pub fn run(cfg: &Config) -> Result<Sample, Skip> {
             TaskKind::Threads => will_it_scale_threads(cfg),
         },
         Workload::Posix01 | Workload::Posix02 | Workload::Flock01 | Workload::Flock02 => lockperf(cfg),
+        Workload::Pipebench | Workload::Opensock | Workload::Dup1 => super::fd_kernel::run(cfg),
     }
 }
 

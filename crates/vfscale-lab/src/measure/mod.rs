@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+pub mod fd_kernel;
+pub mod fd_library;
 pub mod kernel;
 pub mod library;
 
@@ -109,11 +111,18 @@ pub enum Workload {
     Lock1,
     /// will-it-scale lock2: all tasks 1-byte write locks on one file, each its own byte.
     Lock2,
+    /// Seed 001, Mateusz Guzik's pipebench: each thread creates a pipe and closes both ends.
+    Pipebench,
+    /// Seed 001, Eric Dumazet's opensock: each thread closes one of its own random
+    /// descriptors and creates a socket.
+    Opensock,
+    /// will-it-scale dup1: each thread `dup`s one shared descriptor and closes the copy.
+    Dup1,
 }
 
 impl Workload {
     /// All workloads, in report order.
-    pub const ALL: [Workload; 7] = [
+    pub const ALL: [Workload; 10] = [
         Workload::Posix01,
         Workload::Posix02,
         Workload::Flock01,
@@ -121,6 +130,9 @@ impl Workload {
         Workload::Herd,
         Workload::Lock1,
         Workload::Lock2,
+        Workload::Pipebench,
+        Workload::Opensock,
+        Workload::Dup1,
     ];
 
     /// The name used on the command line and in results.
@@ -133,6 +145,9 @@ impl Workload {
             Workload::Herd => "herd",
             Workload::Lock1 => "lock1",
             Workload::Lock2 => "lock2",
+            Workload::Pipebench => "pipebench",
+            Workload::Opensock => "opensock",
+            Workload::Dup1 => "dup1",
         }
     }
 
@@ -151,6 +166,11 @@ impl Workload {
             _ => None,
         }
     }
+
+    /// Whether the workload exercises the descriptor table (seed 001) rather than locks.
+    pub fn is_fd_table(self) -> bool {
+        matches!(self, Workload::Pipebench | Workload::Opensock | Workload::Dup1)
+    }
 }
 
 /// One configuration to measure once.
@@ -162,11 +182,11 @@ pub struct Config {
     pub tasks: usize,
     /// Lock family (herd), or the lockperf workload's own.
     pub mode: LockMode,
-    /// Processes or threads (lock1, lock2).
+    /// Processes or threads (lock1, lock2); always threads for pipebench, opensock, dup1.
     pub kind: TaskKind,
     /// Lock/unlock pairs per task (lockperf workloads).
     pub iterations: u64,
-    /// How long a timed workload runs (herd, lock1, lock2).
+    /// How long a timed workload runs (herd, lock1, lock2, pipebench, opensock, dup1).
     pub duration: Duration,
 }
 
@@ -175,6 +195,7 @@ impl Config {
     pub fn mode_label(&self) -> &'static str {
         match self.workload {
             Workload::Lock1 | Workload::Lock2 => self.kind.name(),
+            w if w.is_fd_table() => self.kind.name(),
             _ => self.mode.name(),
         }
     }
@@ -192,6 +213,13 @@ impl fmt::Display for Skip {
 
 /// Measures `cfg` once on `target`.
 pub fn run_once(target: Target, cfg: &Config) -> Result<Sample, Skip> {
+    if cfg.workload.is_fd_table() {
+        return match target {
+            Target::Kernel => fd_kernel::run(cfg),
+            Target::Library => fd_library::run(cfg, false),
+            Target::LibraryPrepatch => fd_library::run(cfg, true),
+        };
+    }
     match target {
         Target::Kernel => kernel::run(cfg),
         Target::Library => library::run(cfg, false),

@@ -1,0 +1,107 @@
+//! Loom models: install racing a resize; lookup racing close and resize.
+//! Run: `RUSTFLAGS="--cfg vfscale_loom" CARGO_TARGET_DIR=target/loom cargo test -p vfscale-fdtable --release --test loom`
+//! (tables start at 2 slots under loom, so reserving fd 2 forces a resize).
+#![cfg(vfscale_loom)]
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use loom::thread;
+use vfscale_fdtable::{Fd, FdTable, InstallMode, Settings};
+
+struct File {
+    id: u32,
+    alive: AtomicBool,
+    drops: Arc<AtomicUsize>,
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        assert!(self.alive.swap(false, Ordering::SeqCst), "double drop");
+        self.drops.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn file(id: u32, drops: &Arc<AtomicUsize>) -> Arc<File> {
+    Arc::new(File {
+        id,
+        alive: AtomicBool::new(true),
+        drops: drops.clone(),
+    })
+}
+
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(f);
+}
+
+#[test]
+fn install_races_resize() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let t: Arc<FdTable<File>> = Arc::new(FdTable::new(Settings::default()));
+        let a = t.reserve(Fd(0), false).unwrap();
+        let b = t.reserve(Fd(0), false).unwrap();
+        assert_eq!((a, b), (Fd(0), Fd(1)));
+        let t1 = t.clone();
+        let f1 = file(1, &drops);
+        let h = thread::spawn(move || t1.install(b, f1));
+        // resize 2 -> 4 slots while the install runs
+        assert_eq!(t.reserve(Fd(2), false), Ok(Fd(2)));
+        h.join().unwrap();
+        assert_eq!(t.get(b).map(|f| f.id), Some(1), "lost install");
+        assert!(t.get(a).is_none());
+        assert_eq!(t.stats().resizes, 1);
+        drop(t);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+    });
+}
+
+#[test]
+fn install_races_resize_under_lock() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let t: Arc<FdTable<File>> = Arc::new(FdTable::new(Settings {
+            install: InstallMode::UnderLock,
+            ..Settings::default()
+        }));
+        let b = t.reserve(Fd(1), false).unwrap();
+        let t1 = t.clone();
+        let f1 = file(1, &drops);
+        let h = thread::spawn(move || t1.install(b, f1));
+        assert_eq!(t.reserve(Fd(2), false), Ok(Fd(2)));
+        h.join().unwrap();
+        assert_eq!(t.get(b).map(|f| f.id), Some(1));
+        drop(t);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+    });
+}
+
+#[test]
+fn lookup_races_close_and_resize() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let t: Arc<FdTable<File>> = Arc::new(FdTable::new(Settings::default()));
+        let fd = t.open(file(7, &drops), false).unwrap();
+        let t1 = t.clone();
+        let reader = thread::spawn(move || {
+            if let Some(f) = t1.get(fd) {
+                assert!(f.alive.load(Ordering::SeqCst), "use after free");
+                assert_eq!(f.id, 7);
+            }
+            t1.with(fd, |f| assert!(f.alive.load(Ordering::SeqCst), "use after free"));
+        });
+        let t2 = t.clone();
+        let closer = thread::spawn(move || {
+            t2.close(fd).unwrap();
+        });
+        // resize concurrently with both
+        assert_eq!(t.reserve(Fd(2), false), Ok(Fd(2)));
+        reader.join().unwrap();
+        closer.join().unwrap();
+        assert!(t.get(fd).is_none());
+        drop(t);
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "dropped exactly once");
+    });
+}

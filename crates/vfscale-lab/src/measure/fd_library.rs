@@ -1,0 +1,568 @@
+//! The library target of the descriptor-table workloads (seed 001): `vfscale_fdtable`'s
+//! [`FdTable`] shared by `tasks` threads, as threads of one process share
+//! `files_struct`. Also the timed-thread harness the kernel target of these workloads
+//! uses (`drive`).
+//!
+//! `prepatch` selects the seed's base, `InstallMode::UnderLock` (install takes the table
+//! lock again, so allocating a descriptor takes it twice); otherwise `Settings::default()`
+//! (lockless install, lowest-fd policy). The table's `RLIMIT_NOFILE` is raised to
+//! [`RLIMIT_NOFILE`] so that no configuration runs out of descriptors.
+//!
+//! # What each workload does (one op)
+//!
+//! * **pipebench**: `reserve` two descriptors, `install` a new file object in each (as
+//!   `do_pipe2` does: two `get_unused_fd_flags`, then two `fd_install`), `close` both.
+//! * **opensock**: each thread first opens [`OPENSOCK_FDS_PER_THREAD`] files (before the
+//!   measured interval); an op `close`s one of the thread's own descriptors, chosen at
+//!   random, and `open`s a new file (reserve + install), which becomes the thread's own.
+//! * **dup1**: `dup` of one descriptor opened before the run, then `close` of the copy.
+//!
+//! # Metrics
+//!
+//! * `ops_per_sec`: ops counted by the workers when the measured interval ended, over
+//!   that interval (from opening the start gate to the snapshot).
+//! * `table_lock_acquisitions_per_install`: the table's `lock_acquisitions` counter
+//!   (`TableStats`) is read just before the gate opens and after every worker stopped, so
+//!   the delta covers exactly the ops the workers did (`n_ops`, not only those inside the
+//!   interval). Each op makes `i` descriptors (allocate + install: 2 in pipebench, 1
+//!   otherwise) and closes `c` (2, 1, 1). Closes also take the lock, and `TableStats` has
+//!   no separate counter for them, so their share is subtracted using a per-close cost
+//!   *measured* after the run (the lock delta over closing 256 descriptors, divided by
+//!   256; it is 1): `(delta - n_ops * c * close_cost) / (n_ops * i)`. In dup1 this also
+//!   includes dup's own lookup of the source descriptor (which takes no lock). Expected:
+//!   1 with lockless install (`alloc_fd` only), 2 prepatch (`alloc_fd` + `fd_install`).
+//! * `table_lock_acquisitions_per_lookup`: after the run, the lock delta over
+//!   [`LOOKUPS`] calls of `get` (`fget`) on an open descriptor from one thread, divided
+//!   by [`LOOKUPS`]. dup's own lookup is not separable from its allocation in the
+//!   counters, so lookups are measured on their own. Expected: 0.
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use vfscale_fdtable::{Fd, FdTable, InstallMode, Settings, DEFAULT_NR_OPEN};
+
+use super::{Config, Sample, Skip, Workload};
+
+/// The library table's `RLIMIT_NOFILE`: far above what any configuration holds open.
+pub const RLIMIT_NOFILE: u32 = 1 << 16;
+/// Descriptors each opensock thread keeps open (both targets).
+pub const OPENSOCK_FDS_PER_THREAD: usize = 64;
+/// `get` calls of the lookup measurement.
+pub const LOOKUPS: u64 = 4096;
+/// Descriptors closed to measure the lock cost of one close.
+const CLOSE_PROBES: u64 = 256;
+/// Worker stack size.
+const STACK: usize = 256 * 1024;
+/// How long all workers may take to set up and reach the start gate.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What the library table holds: stands for a `struct file`, one allocation per open.
+#[derive(Debug)]
+struct File {
+    id: u64,
+}
+
+fn file(id: u64) -> Arc<File> {
+    Arc::new(File { id })
+}
+
+/// The table settings: the seed's base (`UnderLock`) if `prepatch`, else the default.
+pub fn settings(prepatch: bool) -> Settings {
+    if prepatch {
+        Settings {
+            install: InstallMode::UnderLock,
+            ..Settings::default()
+        }
+    } else {
+        Settings::default()
+    }
+}
+
+/// Measures `cfg` (pipebench, opensock or dup1) once against the library.
+pub fn run(cfg: &Config, prepatch: bool) -> Result<Sample, Skip> {
+    check(cfg)?;
+    let table: Arc<FdTable<File>> = Arc::new(FdTable::with_limits(
+        settings(prepatch),
+        RLIMIT_NOFILE,
+        DEFAULT_NR_OPEN,
+    ));
+    let t = &*table;
+    let lock_count = || t.stats().lock_acquisitions;
+    // (descriptors installed, descriptors closed) per op.
+    let (per_op, out) = match cfg.workload {
+        Workload::Pipebench => (
+            (2, 2),
+            drive(
+                cfg.tasks,
+                cfg.duration,
+                |i| Ok(Worker::new(i)),
+                |_: &mut Worker| {
+                    let a = t.reserve(Fd(0), false).map_err(|e| format!("reserve: {e:?}"))?;
+                    let b = t.reserve(Fd(0), false).map_err(|e| format!("reserve: {e:?}"))?;
+                    t.install(a, file(0));
+                    t.install(b, file(1));
+                    t.close(a).map_err(|e| format!("close: {e:?}"))?;
+                    t.close(b).map_err(|e| format!("close: {e:?}"))
+                },
+                lock_count,
+                |w| close_all(t, &w.own),
+            )?,
+        ),
+        Workload::Opensock => (
+            (1, 1),
+            drive(
+                cfg.tasks,
+                cfg.duration,
+                |i| {
+                    let mut w = Worker::new(i);
+                    for _ in 0..OPENSOCK_FDS_PER_THREAD {
+                        match t.open(file(i as u64), false) {
+                            Ok(fd) => w.own.push(fd),
+                            Err(e) => {
+                                close_all(t, &w.own);
+                                return Err(format!("open: {e:?}"));
+                            }
+                        }
+                    }
+                    Ok(w)
+                },
+                |w: &mut Worker| {
+                    let k = w.rng.below(w.own.len());
+                    t.close(w.own[k])
+                        .map_err(|e| format!("close({}): {e:?}", w.own[k]))?;
+                    w.own[k] = t.open(file(0), false).map_err(|e| format!("open: {e:?}"))?;
+                    Ok(())
+                },
+                lock_count,
+                |w| close_all(t, &w.own),
+            )?,
+        ),
+        Workload::Dup1 => {
+            let shared = t.open(file(0), false).map_err(|e| Skip(format!("open: {e:?}")))?;
+            (
+                (1, 1),
+                drive(
+                    cfg.tasks,
+                    cfg.duration,
+                    |i| Ok(Worker::new(i)),
+                    |_: &mut Worker| {
+                        let nfd = t.dup(shared).map_err(|e| format!("dup: {e:?}"))?;
+                        t.close(nfd).map_err(|e| format!("close: {e:?}"))
+                    },
+                    lock_count,
+                    |w| close_all(t, &w.own),
+                )?,
+            )
+        }
+        w => return Err(Skip(format!("{} is not a descriptor-table workload", w.name()))),
+    };
+    let locks = lock_count() - out.before_go;
+    for w in &out.states {
+        close_all(t, &w.own);
+    }
+    let close_cost = close_cost(t)?;
+    let lookup_cost = lookup_cost(t)?;
+    let (installs, closes) = (out.ops_total * per_op.0, out.ops_total * per_op.1);
+    let mut s = out.rate_sample()?;
+    s.insert(
+        "table_lock_acquisitions_per_install".into(),
+        (locks as f64 - closes as f64 * close_cost) / installs as f64,
+    );
+    s.insert("table_lock_acquisitions_per_lookup".into(), lookup_cost);
+    Ok(s)
+}
+
+/// A library worker's state.
+struct Worker {
+    /// opensock's choice of descriptor.
+    rng: Rng,
+    /// The descriptors the worker holds open between ops (opensock's own).
+    own: Vec<Fd>,
+}
+
+impl Worker {
+    fn new(i: usize) -> Worker {
+        Worker {
+            rng: Rng::new(i),
+            own: Vec::new(),
+        }
+    }
+}
+
+fn close_all(t: &FdTable<File>, fds: &[Fd]) {
+    for &fd in fds {
+        let _ = t.close(fd);
+    }
+}
+
+/// Table-lock acquisitions of one `close`, measured on [`CLOSE_PROBES`] descriptors.
+fn close_cost(t: &FdTable<File>) -> Result<f64, Skip> {
+    let fds = (0..CLOSE_PROBES)
+        .map(|i| t.open(file(i), false))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| Skip(format!("open: {e:?}")))?;
+    let before = t.stats().lock_acquisitions;
+    for &fd in &fds {
+        t.close(fd).map_err(|e| Skip(format!("close: {e:?}")))?;
+    }
+    Ok((t.stats().lock_acquisitions - before) as f64 / CLOSE_PROBES as f64)
+}
+
+/// Table-lock acquisitions of one `get` (`fget`), measured over [`LOOKUPS`] calls.
+fn lookup_cost(t: &FdTable<File>) -> Result<f64, Skip> {
+    let fd = t.open(file(7), false).map_err(|e| Skip(format!("open: {e:?}")))?;
+    let before = t.stats().lock_acquisitions;
+    for _ in 0..LOOKUPS {
+        let f = t.get(fd).ok_or_else(|| Skip(format!("get({fd}): not open")))?;
+        black_box(f.id);
+    }
+    let locks = t.stats().lock_acquisitions - before;
+    let _ = t.close(fd);
+    Ok(locks as f64 / LOOKUPS as f64)
+}
+
+/// Rejects configurations a timed workload cannot run.
+pub(super) fn check(cfg: &Config) -> Result<(), Skip> {
+    if cfg.tasks == 0 {
+        return Err(Skip("no tasks: tasks must be at least 1".into()));
+    }
+    if cfg.duration.is_zero() {
+        return Err(Skip(
+            "no duration: a timed workload needs a duration above 0".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A small per-thread xorshift generator (opensock's random descriptor).
+#[derive(Clone, Debug)]
+pub(super) struct Rng(u64);
+
+impl Rng {
+    /// Seeded from the worker index (never 0).
+    pub(super) fn new(i: usize) -> Rng {
+        Rng((i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    /// A value in `0..n` (`n > 0`).
+    pub(super) fn below(&mut self, n: usize) -> usize {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        (x % n as u64) as usize
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The timed-thread harness (both targets of the descriptor-table workloads).
+// ---------------------------------------------------------------------------------------
+
+/// One counter per worker on its own cache lines.
+#[repr(align(128))]
+#[derive(Default)]
+struct Padded(AtomicU64);
+
+/// The result of [`drive`].
+pub(super) struct Outcome<S, B> {
+    /// Each worker's state after it stopped, for the caller to clean up.
+    pub states: Vec<S>,
+    /// What `before_go` returned (taken after every worker set up, before the gate opened).
+    pub before_go: B,
+    /// Ops counted when the measured interval ended.
+    pub ops_in_interval: u64,
+    /// Ops done in all, once every worker stopped.
+    pub ops_total: u64,
+    /// The measured interval.
+    pub interval: Duration,
+}
+
+impl<S, B> Outcome<S, B> {
+    /// `ops_per_sec` from the measured interval.
+    pub fn rate_sample(&self) -> Result<Sample, Skip> {
+        let secs = self.interval.as_secs_f64();
+        if self.ops_in_interval == 0 || secs <= 0.0 {
+            return Err(Skip(format!("no operations in the measured interval ({secs} s)")));
+        }
+        let mut s = Sample::new();
+        s.insert("ops_per_sec".into(), self.ops_in_interval as f64 / secs);
+        Ok(s)
+    }
+}
+
+/// Runs `tasks` worker threads: each calls `setup(i)`, waits at a start gate, then
+/// repeats `step` (one op), counting ops in its own cache-line-padded slot, until the
+/// stop flag. The caller's thread waits until every worker is at the gate, calls
+/// `before_go`, opens the gate, sleeps `duration`, snapshots the counters and sets the
+/// flag. A setup or step error, a thread that cannot be started or a start timeout is a
+/// [`Skip`]; then `cleanup` runs on every state there is. On success the states are
+/// returned, not cleaned up, so the caller can read counters before cleaning up.
+pub(super) fn drive<S: Send, B>(
+    tasks: usize,
+    duration: Duration,
+    setup: impl Fn(usize) -> Result<S, String> + Sync,
+    step: impl Fn(&mut S) -> Result<(), String> + Sync,
+    before_go: impl FnOnce() -> B,
+    cleanup: impl Fn(S),
+) -> Result<Outcome<S, B>, Skip> {
+    let counts: Vec<Padded> = (0..tasks).map(|_| Padded::default()).collect();
+    let stop = AtomicBool::new(false);
+    let failure: Mutex<Option<String>> = Mutex::new(None);
+    let fail = |why: String| {
+        let mut f = failure.lock().unwrap_or_else(|e| e.into_inner());
+        f.get_or_insert(why);
+    };
+    let gate = Gate::default();
+    let (results, measured) = std::thread::scope(|s| {
+        let mut handles = Vec::with_capacity(tasks);
+        for (i, count) in counts.iter().enumerate() {
+            let (setup, step, stop, fail, gate) = (&setup, &step, &stop, &fail, &gate);
+            let spawned = std::thread::Builder::new()
+                .stack_size(STACK)
+                .spawn_scoped(s, move || {
+                    let mut st = setup(i).map_err(|e| fail(format!("worker {i}: {e}"))).ok();
+                    if !gate.arrive_and_wait() {
+                        return (st, 0);
+                    }
+                    let Some(state) = st.as_mut() else {
+                        return (st, 0);
+                    };
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Err(e) = step(state) {
+                            fail(format!("worker {i}: {e}"));
+                            stop.store(true, Ordering::Relaxed);
+                            break;
+                        }
+                        n += 1;
+                        count.0.store(n, Ordering::Relaxed);
+                    }
+                    (st, n)
+                });
+            match spawned {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    fail(format!("cannot start thread {i} of {tasks}: {e}"));
+                    break;
+                }
+            }
+        }
+        let mut measured = None;
+        if handles.len() == tasks {
+            match gate.wait_ready(tasks, START_TIMEOUT) {
+                Err(why) => fail(why),
+                Ok(()) if failure.lock().unwrap_or_else(|e| e.into_inner()).is_none() => {
+                    let b = before_go();
+                    let t0 = Instant::now();
+                    gate.set(GateState::Open);
+                    std::thread::sleep(duration);
+                    let ops: u64 = counts.iter().map(|c| c.0.load(Ordering::Relaxed)).sum();
+                    measured = Some((b, ops, t0.elapsed()));
+                }
+                Ok(()) => {}
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        gate.set(GateState::Aborted);
+        let results: Vec<(Option<S>, u64)> = handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect();
+        (results, measured)
+    });
+    let ops_total = results.iter().map(|r| r.1).sum();
+    let states: Vec<S> = results.into_iter().filter_map(|r| r.0).collect();
+    let failed = failure.into_inner().unwrap_or_else(|e| e.into_inner());
+    match (failed, measured) {
+        (None, Some((before_go, ops_in_interval, interval))) => Ok(Outcome {
+            states,
+            before_go,
+            ops_in_interval,
+            ops_total,
+            interval,
+        }),
+        (why, _) => {
+            states.into_iter().for_each(cleanup);
+            Err(Skip(why.unwrap_or_else(|| "the workers did not start".into())))
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+enum GateState {
+    #[default]
+    Closed,
+    Open,
+    Aborted,
+}
+
+/// A start gate the driver opens, or aborts (workers then return without working).
+#[derive(Default)]
+struct Gate {
+    state: Mutex<(usize, GateState)>,
+    changed: Condvar,
+}
+
+impl Gate {
+    /// Counts the caller as arrived and waits; `true` if opened, `false` if aborted.
+    fn arrive_and_wait(&self) -> bool {
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        g.0 += 1;
+        self.changed.notify_all();
+        while g.1 == GateState::Closed {
+            g = self.changed.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+        g.1 == GateState::Open
+    }
+
+    /// Waits until `n` threads arrived.
+    fn wait_ready(&self, n: usize, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        while g.0 < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!(
+                    "threads did not start within {timeout:?} ({} of {n})",
+                    g.0
+                ));
+            }
+            g = self
+                .changed
+                .wait_timeout(g, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    /// Opens or aborts the gate if it is still closed.
+    fn set(&self, to: GateState) {
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if g.1 == GateState::Closed {
+            g.1 = to;
+        }
+        self.changed.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::{LockMode, TaskKind};
+
+    fn cfg(workload: Workload, tasks: usize) -> Config {
+        Config {
+            workload,
+            tasks,
+            mode: LockMode::Posix,
+            kind: TaskKind::Threads,
+            iterations: 0,
+            duration: Duration::from_millis(30),
+        }
+    }
+
+    #[test]
+    fn lock_counts_per_install_and_lookup() {
+        for w in [Workload::Pipebench, Workload::Opensock, Workload::Dup1] {
+            for tasks in [1, 2, 3] {
+                for prepatch in [false, true] {
+                    let what = format!("{} x{tasks} prepatch={prepatch}", w.name());
+                    let s = run(&cfg(w, tasks), prepatch).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let keys: Vec<&str> = s.keys().map(String::as_str).collect();
+                    assert_eq!(
+                        keys,
+                        [
+                            "ops_per_sec",
+                            "table_lock_acquisitions_per_install",
+                            "table_lock_acquisitions_per_lookup"
+                        ],
+                        "{what}"
+                    );
+                    assert!(
+                        s["ops_per_sec"].is_finite() && s["ops_per_sec"] > 0.0,
+                        "{what}: {s:?}"
+                    );
+                    // Lockless install: alloc_fd only; the base: alloc_fd + fd_install.
+                    let want = if prepatch { 2.0 } else { 1.0 };
+                    assert_eq!(s["table_lock_acquisitions_per_install"], want, "{what}: {s:?}");
+                    assert_eq!(s["table_lock_acquisitions_per_lookup"], 0.0, "{what}: {s:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn close_takes_the_lock_once_and_get_never() {
+        // The per-install metric subtracts closes at the cost measured here.
+        for prepatch in [false, true] {
+            let t: FdTable<File> = FdTable::with_limits(settings(prepatch), RLIMIT_NOFILE, DEFAULT_NR_OPEN);
+            assert_eq!(close_cost(&t).unwrap(), 1.0);
+            assert_eq!(lookup_cost(&t).unwrap(), 0.0);
+        }
+    }
+
+    #[test]
+    fn nothing_is_left_open_after_a_run() {
+        // Run opensock by hand with the harness and check the states hold the threads'
+        // descriptors, which the run closes.
+        let t: FdTable<File> = FdTable::new(Settings::default());
+        let out = drive(
+            3,
+            Duration::from_millis(10),
+            |i| {
+                let mut w = Worker::new(i);
+                w.own.push(t.open(file(0), false).map_err(|e| format!("{e:?}"))?);
+                Ok(w)
+            },
+            |w: &mut Worker| {
+                t.close(w.own[0]).map_err(|e| format!("{e:?}"))?;
+                w.own[0] = t.open(file(1), false).map_err(|e| format!("{e:?}"))?;
+                Ok(())
+            },
+            || (),
+            |_| {},
+        )
+        .unwrap();
+        assert_eq!(out.states.len(), 3);
+        for w in &out.states {
+            close_all(&t, &w.own);
+        }
+        assert!(t.iter().is_empty());
+    }
+
+    #[test]
+    fn failures_are_skips_and_states_are_cleaned_up() {
+        let cleaned = AtomicU64::new(0);
+        let r = drive(
+            4,
+            Duration::from_millis(10),
+            |i| if i == 2 { Err("no".into()) } else { Ok(i) },
+            |_| Ok(()),
+            || (),
+            |_| {
+                cleaned.fetch_add(1, Ordering::Relaxed);
+            },
+        );
+        let why = r.err().expect("setup failed");
+        assert!(why.0.contains("worker 2: no"), "{why}");
+        assert_eq!(cleaned.load(Ordering::Relaxed), 3);
+        let r = drive(
+            2,
+            Duration::from_millis(10),
+            |_| Ok(()),
+            |_| Err("bad step".into()),
+            || (),
+            |_| {},
+        );
+        assert!(r.err().expect("step failed").0.contains("bad step"));
+        let mut c = cfg(Workload::Pipebench, 0);
+        assert!(run(&c, false).is_err());
+        c.tasks = 1;
+        c.duration = Duration::ZERO;
+        assert!(run(&c, false).is_err());
+    }
+}
