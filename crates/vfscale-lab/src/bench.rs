@@ -114,7 +114,9 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
     );
     let mut results = Vec::new();
     let mut skipped: Vec<Skipped> = Vec::new();
-    let kernel_ok = measure::kernel::available();
+    // Each family's kernel target has its own check, made once.
+    let lock_kernel = measure::kernel::available();
+    let fd_kernel = measure::fd_kernel::available();
     for cfg in &plan.configs {
         for &target in &plan.targets {
             bar.set_message(format!(
@@ -135,7 +137,12 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
                     });
                 }
             };
-            if let (Target::Kernel, Err(why)) = (target, &kernel_ok) {
+            let kernel_ok = if cfg.workload.is_fd_table() {
+                &fd_kernel
+            } else {
+                &lock_kernel
+            };
+            if let (Target::Kernel, Err(why)) = (target, kernel_ok) {
                 skip(why.to_string(), &mut skipped);
                 bar.inc(plan.runs as u64);
                 continue;

@@ -169,7 +169,7 @@ pub struct RunArgs {
 /// `vfscale bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// posix01, posix02, flock01, flock02, herd, lock1 or lock2.
+    /// posix01, posix02, flock01, flock02, herd, lock1, lock2, pipebench, opensock or dup1.
     #[arg(value_parser = parse_workload)]
     pub workload: Workload,
     /// Targets, comma-separated.
@@ -184,7 +184,7 @@ pub struct BenchArgs {
     /// Repetitions of each configuration.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub runs: u32,
-    /// Measured interval of herd, lock1 and lock2, in seconds.
+    /// Measured interval of herd, lock1, lock2, pipebench, opensock and dup1, in seconds.
     #[arg(long, value_parser = parse_seconds, allow_negative_numbers = true)]
     pub duration: Option<f64>,
     /// Lock/unlock pairs per task of the lockperf workloads.
