@@ -346,8 +346,10 @@ impl<F: Send + Sync + 'static> FdTable<F> {
 
     /// `alloc_fd(start, end, flags)` under `file_lock`.
     fn alloc_fd(&self, start: u32, end: u32, cloexec: bool) -> Result<Fd, Errno> {
-        let mut inner = self.lock();
+        // Pin first: an outermost pin may run deferred drops (user code), never under
+        // `file_lock`.
         let g = self.domain.pin();
+        let mut inner = self.lock();
         let mut fd = start.max(inner.next_fd);
         if fd < inner.max_fds {
             fd = inner.find_next_fd(fd);
@@ -382,8 +384,10 @@ impl<F: Send + Sync + 'static> FdTable<F> {
             }
         }
         let chunk = {
-            let mut inner = self.lock();
+            // Pin first: an outermost pin may run deferred drops (user code), never under
+            // `file_lock`.
             let g = self.domain.pin();
+            let mut inner = self.lock();
             let top = limit.min(self.nr_open) as usize;
             let words = top.div_ceil(BITS);
             let free = (0..words).find(|&w| {
@@ -469,35 +473,49 @@ impl<F: Send + Sync + 'static> FdTable<F> {
             }
             // The table was sealed by a resize: retry under the lock, which the resizer
             // holds until the new table is published.
-            let mut inner = self.lock();
-            inner.install_fallbacks += 1;
-            self.install_locked(&g, fd, p);
+            let stored = {
+                let mut inner = self.lock();
+                inner.install_fallbacks += 1;
+                self.install_locked(&g, fd, p)
+            };
+            if !stored {
+                bad_install(fd, p);
+            }
             return;
         }
-        let mut inner = self.lock();
-        if self.settings.install == InstallMode::Lockless {
-            inner.install_fallbacks += 1;
-        }
+        // Pin first: an outermost pin may run deferred drops (user code), never under
+        // `file_lock`.
         let g = self.domain.pin();
-        self.install_locked(&g, fd, p);
+        let stored = {
+            let mut inner = self.lock();
+            if self.settings.install == InstallMode::Lockless {
+                inner.install_fallbacks += 1;
+            }
+            self.install_locked(&g, fd, p)
+        };
+        if !stored {
+            bad_install(fd, p);
+        }
     }
 
     /// Install with `file_lock` held: the current table cannot be sealed under us.
-    fn install_locked(&self, g: &Guard<'_>, fd: Fd, p: *mut F) {
+    /// Returns false, storing nothing, if `fd` is not a reserved slot; the caller panics
+    /// once the lock is released (the panic drops the caller's file).
+    fn install_locked(&self, g: &Guard<'_>, fd: Fd, p: *mut F) -> bool {
         let t = self.fdt.load(g);
-        let slot = t.fd.get(fd.0 as usize).unwrap_or_else(|| bad_install(fd, p));
-        if slot
-            .compare_exchange(ptr::null_mut(), p, Ordering::Release, Ordering::Relaxed)
-            .is_err()
-        {
-            bad_install(fd, p)
-        }
+        let Some(slot) = t.fd.get(fd.0 as usize) else {
+            return false;
+        };
+        slot.compare_exchange(ptr::null_mut(), p, Ordering::Release, Ordering::Relaxed)
+            .is_ok()
     }
 
     /// `put_unused_fd`: gives back a reserved, never-installed descriptor.
     pub fn unreserve(&self, fd: Fd) {
-        let mut inner = self.lock();
+        // Pin first: an outermost pin may run deferred drops (user code), never under
+        // `file_lock`.
         let g = self.domain.pin();
+        let mut inner = self.lock();
         let t = self.fdt.load(&g);
         let empty =
             t.fd.get(fd.0 as usize)
@@ -571,15 +589,25 @@ impl<F: Send + Sync + 'static> FdTable<F> {
         if files.is_empty() {
             return;
         }
-        let g = self.domain.pin();
-        for (fd, p) in files {
-            // SAFETY: the slot held the table's reference and was emptied under the lock
-            // by our caller, so that reference is ours to drop (once, here).
-            let file = unsafe { Arc::from_raw(p as *const F) };
-            if let Some(h) = hook.as_ref() {
-                h(fd, &file);
+        // First hand every table reference to the epoch, keeping a clone for the hook:
+        // whatever a hook does (panic included), no file is freed before the lookups
+        // that could still see it are done, and none is leaked.
+        let mut closed = Vec::with_capacity(files.len());
+        {
+            let g = self.domain.pin();
+            for (fd, p) in files {
+                // SAFETY: the slot held the table's reference and was emptied under the
+                // lock by our caller, so that reference is ours to drop (once, here).
+                let file = unsafe { Arc::from_raw(p as *const F) };
+                closed.push((fd, file.clone()));
+                g.defer_drop(file);
             }
-            g.defer_drop(file);
+        }
+        // Then the hooks, unpinned, so a slow hook does not hold back reclamation.
+        if let Some(h) = hook.as_ref() {
+            for (fd, file) in &closed {
+                h(*fd, file);
+            }
         }
     }
 
@@ -602,8 +630,10 @@ impl<F: Send + Sync + 'static> FdTable<F> {
     /// `close(2)`: `EBADF` unless `fd` is installed (a reserved slot is not).
     pub fn close(&self, fd: Fd) -> Result<(), Errno> {
         let (hook, p) = {
-            let mut inner = self.lock();
+            // Pin first: an outermost pin may run deferred drops (user code), never under
+            // `file_lock`.
             let g = self.domain.pin();
+            let mut inner = self.lock();
             let p = self.pick_file(&mut inner, &g, fd.0);
             (inner.hook.clone(), p)
         };
@@ -651,8 +681,10 @@ impl<F: Send + Sync + 'static> FdTable<F> {
             return Err(Errno::EBADF);
         }
         let (hook, tofree) = {
-            let mut inner = self.lock();
+            // Pin first: an outermost pin may run deferred drops (user code), never under
+            // `file_lock`.
             let g = self.domain.pin();
+            let mut inner = self.lock();
             let err = self.expand(&mut inner, new.0, &g);
             let t = self.fdt.load(&g);
             let file =
@@ -702,8 +734,10 @@ impl<F: Send + Sync + 'static> FdTable<F> {
 
     /// `fcntl(F_GETFD) & FD_CLOEXEC`.
     pub fn get_cloexec(&self, fd: Fd) -> Result<bool, Errno> {
-        let inner = self.lock();
+        // Pin first: an outermost pin may run deferred drops (user code), never under
+        // `file_lock`.
         let g = self.domain.pin();
+        let inner = self.lock();
         if self.lookup_raw(&g, fd).is_null() {
             return Err(Errno::EBADF);
         }
@@ -712,8 +746,10 @@ impl<F: Send + Sync + 'static> FdTable<F> {
 
     /// `fcntl(F_SETFD, on ? FD_CLOEXEC : 0)`.
     pub fn set_cloexec(&self, fd: Fd, on: bool) -> Result<(), Errno> {
-        let mut inner = self.lock();
+        // Pin first: an outermost pin may run deferred drops (user code), never under
+        // `file_lock`.
         let g = self.domain.pin();
+        let mut inner = self.lock();
         if self.lookup_raw(&g, fd).is_null() {
             return Err(Errno::EBADF);
         }
@@ -757,8 +793,10 @@ impl<F: Send + Sync + 'static> FdTable<F> {
 
     /// `__range_cloexec` / `__range_close`.
     fn range_op(&self, first: u32, last: u32, cloexec: bool) {
-        let mut inner = self.lock();
+        // Pin first: an outermost pin may run deferred drops (user code), never under
+        // `file_lock`.
         let g = self.domain.pin();
+        let mut inner = self.lock();
         if inner.max_fds == 0 || first > inner.max_fds - 1 {
             return;
         }
@@ -789,8 +827,10 @@ impl<F: Send + Sync + 'static> FdTable<F> {
     /// `do_close_on_exec`: closes every installed close-on-exec descriptor and clears
     /// the close-on-exec bits.
     pub fn exec(&self) {
-        let mut inner = self.lock();
+        // Pin first: an outermost pin may run deferred drops (user code), never under
+        // `file_lock`.
         let g = self.domain.pin();
+        let mut inner = self.lock();
         let mut files = Vec::new();
         for w in 0..inner.close_on_exec.len() {
             let set = match inner.chunks[w].as_ref() {
@@ -822,8 +862,10 @@ impl<F: Send + Sync + 'static> FdTable<F> {
 
     /// `dup_fd(oldf, max_fds)`: copies descriptors below `below`.
     fn dup_fd(&self, below: u32) -> FdTable<F> {
-        let inner = self.lock();
+        // Pin first: an outermost pin may run deferred drops (user code), never under
+        // `file_lock`.
         let g = self.domain.pin();
+        let inner = self.lock();
         let t = self.fdt.load(&g);
         let mut child = FdTable::with_limits(self.settings, self.rlimit_nofile(), self.nr_open);
         let n = inner.max_fds;
@@ -853,8 +895,10 @@ impl<F: Send + Sync + 'static> FdTable<F> {
 
     /// Every installed descriptor in fd order, with its file and close-on-exec flag.
     pub fn iter(&self) -> Vec<(Fd, Arc<F>, bool)> {
-        let inner = self.lock();
+        // Pin first: an outermost pin may run deferred drops (user code), never under
+        // `file_lock`.
         let g = self.domain.pin();
+        let inner = self.lock();
         let t = self.fdt.load(&g);
         let mut out = Vec::new();
         for (i, s) in t.fd.iter().enumerate() {
@@ -875,7 +919,9 @@ impl<F: Send + Sync + 'static> FdTable<F> {
     /// close_range, exec, and the table's drop): what `filp_close` runs in Linux
     /// (e.g. dropping POSIX locks). It runs without the table lock held.
     pub fn set_close_hook(&self, hook: impl Fn(Fd, &Arc<F>) + Send + Sync + 'static) {
-        self.lock().hook = Some(Arc::new(hook));
+        // The old hook (and what it captured) is dropped after the lock is released.
+        let old = self.lock().hook.replace(Arc::new(hook));
+        drop(old);
     }
 
     /// The table's counters. Reading them takes the lock but is not counted.

@@ -24,7 +24,12 @@ impl Drop for File {
     }
 }
 
+/// The drop-counting tests share crossbeam-epoch's one global collector: a test whose
+/// threads stay pinned would hold back the others' reclamation. They run one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn stress(settings: Settings) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     const THREADS: usize = 8;
     const OPS: usize = 20_000;
     let drops = Arc::new(AtomicUsize::new(0));
@@ -33,9 +38,10 @@ fn stress(settings: Settings) {
     {
         let t: FdTable<File> = FdTable::with_limits(settings, 1 << 16, 1 << 16);
         std::thread::scope(|s| {
+            let mut workers = Vec::new();
             for th in 0..THREADS {
                 let (t, drops, made) = (&t, &drops, &made);
-                s.spawn(move || {
+                workers.push(s.spawn(move || {
                     let mut mine: Vec<(Fd, usize)> = Vec::new();
                     for i in 0..OPS {
                         if Instant::now() > deadline {
@@ -75,20 +81,28 @@ fn stress(settings: Settings) {
                     for (fd, _) in mine {
                         t.close(fd).unwrap();
                     }
-                });
+                }));
+            }
+            // Joining waits for each worker's thread-local destructors too, which hand
+            // its last deferred drops to the global queue (the end of `scope` does not).
+            for w in workers {
+                w.join().expect("worker panicked");
             }
         });
         assert!(t.iter().is_empty());
         assert!(t.stats().resizes >= 1);
     }
+    // Wait for reclamation while it makes progress: fail on a double drop at once, and
+    // on a missing one only when no drop has happened for 20 s.
     let want = made.load(Ordering::SeqCst);
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while std::time::Instant::now() < until {
-        // other tests pinned on other threads can hold the epoch back for a while
+    let (mut seen, mut last_progress) = (drops.load(Ordering::SeqCst), Instant::now());
+    while seen < want && last_progress.elapsed() < Duration::from_secs(20) {
         vfscale_fdtable::flush_deferred();
-        std::thread::sleep(std::time::Duration::from_millis(1));
-        if drops.load(Ordering::SeqCst) == want {
-            break;
+        std::thread::sleep(Duration::from_millis(1));
+        let now = drops.load(Ordering::SeqCst);
+        assert!(now <= want, "more drops ({now}) than files ({want})");
+        if now > seen {
+            (seen, last_progress) = (now, Instant::now());
         }
     }
     assert_eq!(

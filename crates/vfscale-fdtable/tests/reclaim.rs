@@ -1,0 +1,108 @@
+//! Regression tests for how closed files are reclaimed: user code (a file's `Drop`, the
+//! close hook) never runs under `file_lock`, and a panicking hook neither frees a file a
+//! lookup still borrows nor leaks the rest of a batch.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::{mpsc, Arc, Barrier, OnceLock};
+use std::time::Duration;
+
+use vfscale_fdtable::{CloseRangeFlags, FdTable, Settings};
+
+/// A file whose drop calls back into the table that held it, as a file object that
+/// unregisters itself might: under `file_lock` it would deadlock on the table's own lock.
+struct ReentrantFile;
+
+static TABLE: OnceLock<FdTable<ReentrantFile>> = OnceLock::new();
+static REENTRANT_DROPS: AtomicUsize = AtomicUsize::new(0);
+
+impl Drop for ReentrantFile {
+    fn drop(&mut self) {
+        let _ = TABLE.get().expect("table set").stats();
+        REENTRANT_DROPS.fetch_add(1, SeqCst);
+    }
+}
+
+#[test]
+fn deferred_drops_never_run_under_the_table_lock() {
+    let _ = TABLE.set(FdTable::new(Settings::default()));
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let t = TABLE.get().expect("table set");
+        // crossbeam-epoch collects garbage on every 128th outermost pin: enough rounds
+        // to run many deferred drops from inside table operations.
+        for _ in 0..20_000 {
+            let fd = t.open(Arc::new(ReentrantFile), false).unwrap();
+            t.close(fd).unwrap();
+        }
+        tx.send(()).unwrap();
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("deadlock after {} drops", REENTRANT_DROPS.load(SeqCst)));
+    assert!(
+        REENTRANT_DROPS.load(SeqCst) > 0,
+        "no deferred drop ran during the loop"
+    );
+}
+
+static BORROWED_DROPPED: AtomicBool = AtomicBool::new(false);
+
+struct Watched;
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        BORROWED_DROPPED.store(true, SeqCst);
+    }
+}
+
+#[test]
+fn a_panicking_close_hook_does_not_free_a_borrowed_file() {
+    let t: FdTable<Watched> = FdTable::new(Settings::default());
+    let fd = t.open(Arc::new(Watched), false).unwrap();
+    t.set_close_hook(|_, _| panic!("hook"));
+    let (inside, closed) = (Barrier::new(2), Barrier::new(2));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            t.with(fd, |_file| {
+                inside.wait();
+                closed.wait();
+                assert!(
+                    !BORROWED_DROPPED.load(SeqCst),
+                    "file freed while borrowed by `with`"
+                );
+            })
+        });
+        inside.wait();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.close(fd)));
+        assert!(r.is_err(), "the hook panicked");
+        closed.wait();
+    });
+}
+
+#[test]
+fn a_panicking_close_hook_leaks_nothing_of_a_batch() {
+    static DROPS: AtomicUsize = AtomicUsize::new(0);
+    struct Counted;
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            DROPS.fetch_add(1, SeqCst);
+        }
+    }
+    let t: FdTable<Counted> = FdTable::new(Settings::default());
+    for _ in 0..10 {
+        t.open(Arc::new(Counted), false).unwrap();
+    }
+    t.set_close_hook(|_, _| panic!("hook"));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        t.close_range(0, u32::MAX, CloseRangeFlags::default())
+    }));
+    assert!(r.is_err(), "the hook panicked");
+    drop(t);
+    for _ in 0..10_000 {
+        if DROPS.load(SeqCst) == 10 {
+            break;
+        }
+        vfscale_fdtable::flush_deferred();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(DROPS.load(SeqCst), 10, "every closed file is dropped");
+}
