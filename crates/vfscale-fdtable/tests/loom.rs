@@ -105,3 +105,74 @@ fn lookup_races_close_and_resize() {
         assert_eq!(drops.load(Ordering::SeqCst), 1, "dropped exactly once");
     });
 }
+
+/// A file whose contents loom tracks: written by the thread that creates it, read by
+/// lookups in other threads. A read not ordered after the write by the install's
+/// Release and the lookup's Acquire is a causality violation loom reports.
+struct Published {
+    value: loom::cell::UnsafeCell<u32>,
+}
+
+// SAFETY: `value` is written once, by the creating thread before the file is installed,
+// and only read afterwards; loom checks that every read happens after that write.
+unsafe impl Sync for Published {}
+
+impl Published {
+    fn read(&self) -> u32 {
+        // SAFETY: shared reads only; loom checks them against the one write.
+        self.value.with(|v| unsafe { *v })
+    }
+}
+
+#[test]
+fn install_publishes_the_file_to_lookups() {
+    model(|| {
+        let t: Arc<FdTable<Published>> = Arc::new(FdTable::new(Settings::default()));
+        let fd = t.reserve(Fd(0), false).unwrap();
+        let t1 = t.clone();
+        let installer = thread::spawn(move || {
+            let f = Published {
+                value: loom::cell::UnsafeCell::new(0),
+            };
+            // SAFETY: not shared yet.
+            f.value.with_mut(|v| unsafe { *v = 42 });
+            t1.install(fd, Arc::new(f));
+        });
+        // A lookup racing the install sees nothing or the whole file.
+        if let Some(f) = t.get(fd) {
+            assert_eq!(f.read(), 42);
+        }
+        if let Some(v) = t.with(fd, |f| f.read()) {
+            assert_eq!(v, 42);
+        }
+        installer.join().unwrap();
+        assert_eq!(t.with(fd, |f| f.read()), Some(42));
+    });
+}
+
+#[test]
+fn dup2_replacing_a_file_races_lookups() {
+    model(|| {
+        let t: Arc<FdTable<Published>> = Arc::new(FdTable::new(Settings::default()));
+        let new = |v: u32| {
+            let f = Published {
+                value: loom::cell::UnsafeCell::new(0),
+            };
+            // SAFETY: not shared yet.
+            f.value.with_mut(|p| unsafe { *p = v });
+            Arc::new(f)
+        };
+        let a = t.open(new(1), false).unwrap();
+        let t1 = t.clone();
+        let replacer = thread::spawn(move || {
+            let b = t1.open(new(2), false).unwrap();
+            // dup2 onto an open descriptor replaces its file atomically.
+            assert_eq!(t1.dup2(b, a), Ok(a));
+        });
+        if let Some(v) = t.with(a, |f| f.read()) {
+            assert!(v == 1 || v == 2, "saw {v}");
+        }
+        replacer.join().unwrap();
+        assert_eq!(t.with(a, |f| f.read()), Some(2));
+    });
+}
