@@ -1,6 +1,7 @@
 //! Random lock scenarios replayed against the library and the running kernel: the
-//! results must be identical. Scenarios are kept deterministic: at most one waiting call
-//! per file at any time, so Linux never has to pick a winner among waiters.
+//! results must be identical. Scenarios are kept deterministic, so that no step wakes two
+//! waiters whose retries could race: at most one waiting call per file at any time, and
+//! no `exit` (the one step that touches several files) while two calls wait.
 //!
 //! `VFSCALE_RANDOM_CASES` sets the number of scenarios (default 64; 10,000 were run
 //! before the lock issue was resolved: see docs/benchmarks.md).
@@ -166,7 +167,10 @@ impl Gen {
                 let fd = p.of(&free_fds).0.clone();
                 self.push(Op::Close { fd });
             }
-            35..=37 if !free_fds.is_empty() => {
+            // An exit closes descriptors of several files at once: with two calls
+            // blocked it could wake both, and their retries could race through the
+            // deadlock check (which one gets EDEADLK is up to the scheduler).
+            35..=37 if !free_fds.is_empty() && blocked.len() < 2 => {
                 let proc = p.of(&free_fds).1.clone();
                 self.push(Op::Exit { proc });
             }
@@ -295,4 +299,15 @@ fn the_generator_makes_blocking_and_deadlock_scenarios() {
     eprintln!("generator: {blocked} blocked calls, {deadlocks} EDEADLK in 300 scenarios");
     assert!(blocked > 100, "only {blocked} blocked calls");
     assert!(deadlocks > 0, "no EDEADLK in 300 scenarios");
+}
+
+/// Prints the scenario for the words in `$VFSCALE_WORDS` (a failing proptest input).
+#[test]
+#[ignore]
+fn print_scenario_for_words() {
+    let Ok(w) = std::env::var("VFSCALE_WORDS") else {
+        return;
+    };
+    let words: Vec<u64> = w.split_whitespace().map(|x| x.parse().unwrap()).collect();
+    print!("{}", generate(&words).to_jsonl());
 }
