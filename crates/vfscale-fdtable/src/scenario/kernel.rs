@@ -62,9 +62,7 @@ use std::time::{Duration, Instant};
 
 use libc::{c_char, c_int, c_long};
 
-use super::model::{
-    ErrName, Listed, Op, Outcome, Scenario, ScenarioError, Step, StepResult, Tracker, STD_NAMES,
-};
+use super::model::{ErrName, Listed, Op, Outcome, Scenario, Step, StepResult, Tracker, STD_NAMES};
 
 /// Where the scratch directory is made.
 const SCRATCH_PARENT: &str = "/dev/shm";
@@ -72,40 +70,7 @@ const SCRATCH_PARENT: &str = "/dev/shm";
 /// How long a process may take to answer a command (or to start, exec or exit).
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Why a kernel replay failed.
-#[derive(Debug)]
-pub enum ReplayError {
-    /// The scenario is malformed or breaks a rule of the format.
-    Scenario(ScenarioError),
-    /// The kernel target failed: a system call of the runner itself failed, a process
-    /// died or did not answer, or the kernel answered something the format cannot say.
-    /// The message names the step and its line.
-    Kernel(String),
-}
-
-impl fmt::Display for ReplayError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ReplayError::Scenario(e) => write!(f, "{e}"),
-            ReplayError::Kernel(m) => write!(f, "kernel replay: {m}"),
-        }
-    }
-}
-
-impl std::error::Error for ReplayError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            ReplayError::Scenario(e) => Some(e),
-            ReplayError::Kernel(_) => None,
-        }
-    }
-}
-
-impl From<ScenarioError> for ReplayError {
-    fn from(e: ScenarioError) -> Self {
-        ReplayError::Scenario(e)
-    }
-}
+pub use vfscale_scenario::ReplayError;
 
 /// Whether the kernel target can run here with the child program `child_exe`; `Err`
 /// says why not (no tmpfs at `/dev/shm`, no System V shared memory, no pidfds, the

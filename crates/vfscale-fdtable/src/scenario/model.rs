@@ -2,9 +2,9 @@
 //! the rules every runner enforces the same way.
 
 use std::collections::HashMap;
-use std::fmt;
 
 use serde_json::{json, Map, Value};
+use vfscale_scenario::{field, parse_lines, Object};
 
 /// The `RLIMIT_NOFILE` every process starts with (soft and hard).
 pub const INITIAL_NOFILE: u64 = 1024;
@@ -245,106 +245,15 @@ pub struct Scenario {
     pub steps: Vec<Step>,
 }
 
-/// A scenario that cannot be parsed or replayed, with the line it happened on.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ScenarioError {
-    /// 1-based line number, 0 when the error is not about one line.
-    pub line: usize,
-    /// What is wrong.
-    pub message: String,
+pub use vfscale_scenario::ScenarioError;
+
+fn field_fd(o: &Object, line: usize, k: &str) -> Result<i32, ScenarioError> {
+    field::int(o, line, k, "a descriptor number (a 32-bit signed integer)")
 }
 
-impl ScenarioError {
-    /// An error about `line`.
-    pub fn at(line: usize, message: impl Into<String>) -> Self {
-        ScenarioError {
-            line,
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for ScenarioError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.line == 0 {
-            write!(f, "{}", self.message)
-        } else {
-            write!(f, "line {}: {}", self.line, self.message)
-        }
-    }
-}
-
-impl std::error::Error for ScenarioError {}
-
-fn field_str<'a>(o: &'a Map<String, Value>, line: usize, k: &str) -> Result<&'a str, ScenarioError> {
-    match o.get(k) {
-        Some(Value::String(s)) if !s.is_empty() => Ok(s),
-        Some(Value::String(_)) => Err(ScenarioError::at(line, format!("field `{k}` is empty"))),
-        Some(_) => Err(ScenarioError::at(line, format!("field `{k}` must be a string"))),
-        None => Err(ScenarioError::at(line, format!("missing field `{k}`"))),
-    }
-}
-
-fn field_int<T: TryFrom<i64> + TryFrom<u64>>(
-    o: &Map<String, Value>,
-    line: usize,
-    k: &str,
-    what: &str,
-) -> Result<T, ScenarioError> {
-    let bad = |v: &Value| ScenarioError::at(line, format!("field `{k}` must be {what}, not {v}"));
-    match o.get(k) {
-        Some(v) => {
-            if let Some(i) = v.as_i64() {
-                T::try_from(i).map_err(|_| bad(v))
-            } else if let Some(u) = v.as_u64() {
-                T::try_from(u).map_err(|_| bad(v))
-            } else {
-                Err(bad(v))
-            }
-        }
-        None => Err(ScenarioError::at(line, format!("missing field `{k}`"))),
-    }
-}
-
-fn field_fd(o: &Map<String, Value>, line: usize, k: &str) -> Result<i32, ScenarioError> {
-    field_int(o, line, k, "a descriptor number (a 32-bit signed integer)")
-}
-
-/// An optional boolean, `false` when absent.
-fn field_bool(o: &Map<String, Value>, line: usize, k: &str) -> Result<bool, ScenarioError> {
-    match o.get(k) {
-        None => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(v) => Err(ScenarioError::at(
-            line,
-            format!("field `{k}` must be true or false, not {v}"),
-        )),
-    }
-}
-
-/// A required boolean.
-fn field_bool_req(o: &Map<String, Value>, line: usize, k: &str) -> Result<bool, ScenarioError> {
-    if !o.contains_key(k) {
-        return Err(ScenarioError::at(line, format!("missing field `{k}`")));
-    }
-    field_bool(o, line, k)
-}
-
-fn check_fields(
-    o: &Map<String, Value>,
-    line: usize,
-    op: &str,
-    allowed: &[&str],
-) -> Result<(), ScenarioError> {
-    for k in o.keys() {
-        if k != "op" && k != "proc" && !allowed.contains(&k.as_str()) {
-            return Err(ScenarioError::at(
-                line,
-                format!("unknown field `{k}` for op `{op}`"),
-            ));
-        }
-    }
-    Ok(())
+/// Rejects unknown fields; every op names its process, so `proc` is always allowed.
+fn check_fields(o: &Object, line: usize, op: &str, allowed: &[&str]) -> Result<(), ScenarioError> {
+    field::only(o, line, op, &[&["proc"], allowed].concat())
 }
 
 impl Scenario {
@@ -360,24 +269,10 @@ impl Scenario {
     /// assert_eq!(e.to_string(), "line 2: missing field `fd`");
     /// ```
     pub fn parse(text: &str) -> Result<Scenario, ScenarioError> {
-        let mut steps = Vec::new();
-        for (i, raw) in text.lines().enumerate() {
-            let line = i + 1;
-            let t = raw.trim();
-            if t.is_empty() || t.starts_with('#') {
-                continue;
-            }
-            let v: Value = serde_json::from_str(t)
-                .map_err(|e| ScenarioError::at(line, format!("not valid JSON: {e}")))?;
-            let Value::Object(o) = v else {
-                return Err(ScenarioError::at(line, "a step must be a JSON object"));
-            };
-            steps.push(Step {
-                line,
-                op: parse_op(&o, line)?,
-            });
-        }
-        Ok(Scenario { steps })
+        let steps = parse_lines(text, parse_op)?;
+        Ok(Scenario {
+            steps: steps.into_iter().map(|(line, op)| Step { line, op }).collect(),
+        })
     }
 
     /// The scenario as JSON Lines text.
@@ -391,8 +286,8 @@ impl Scenario {
     }
 }
 
-fn parse_op(o: &Map<String, Value>, line: usize) -> Result<Op, ScenarioError> {
-    let op = field_str(o, line, "op")?;
+fn parse_op(o: &Object, line: usize) -> Result<Op, ScenarioError> {
+    let op = field::str(o, line, "op")?;
     let fields: &[&str] = match op {
         "spawn" | "exec" | "list" | "exit" => &[],
         "open" => &["name", "cloexec"],
@@ -412,7 +307,7 @@ fn parse_op(o: &Map<String, Value>, line: usize) -> Result<Op, ScenarioError> {
         }
     };
     check_fields(o, line, op, fields)?;
-    let proc = field_str(o, line, "proc")?.to_string();
+    let proc = field::str(o, line, "proc")?.to_string();
     Ok(match op {
         "spawn" => Op::Spawn { proc },
         "exec" => Op::Exec { proc },
@@ -420,8 +315,8 @@ fn parse_op(o: &Map<String, Value>, line: usize) -> Result<Op, ScenarioError> {
         "exit" => Op::Exit { proc },
         "open" => Op::Open {
             proc,
-            name: field_str(o, line, "name")?.into(),
-            cloexec: field_bool(o, line, "cloexec")?,
+            name: field::str(o, line, "name")?.into(),
+            cloexec: field::bool(o, line, "cloexec")?,
         },
         "dup" => Op::Dup {
             proc,
@@ -444,18 +339,18 @@ fn parse_op(o: &Map<String, Value>, line: usize) -> Result<Op, ScenarioError> {
             proc,
             fd: field_fd(o, line, "fd")?,
             newfd: field_fd(o, line, "newfd")?,
-            cloexec: field_bool(o, line, "cloexec")?,
+            cloexec: field::bool(o, line, "cloexec")?,
         },
         "fcntl_dupfd" => Op::FcntlDupfd {
             proc,
             fd: field_fd(o, line, "fd")?,
             min: field_fd(o, line, "min")?,
-            cloexec: field_bool(o, line, "cloexec")?,
+            cloexec: field::bool(o, line, "cloexec")?,
         },
         "setfd" => Op::Setfd {
             proc,
             fd: field_fd(o, line, "fd")?,
-            cloexec: field_bool_req(o, line, "cloexec")?,
+            cloexec: field::bool_required(o, line, "cloexec")?,
         },
         "close_range" => {
             let bound = "an unsigned 32-bit integer";
@@ -485,19 +380,19 @@ fn parse_op(o: &Map<String, Value>, line: usize) -> Result<Op, ScenarioError> {
             }
             Op::CloseRange {
                 proc,
-                first: field_int(o, line, "first", bound)?,
-                last: field_int(o, line, "last", bound)?,
+                first: field::int(o, line, "first", bound)?,
+                last: field::int(o, line, "last", bound)?,
                 cloexec,
                 unshare,
             }
         }
         "fork" => Op::Fork {
             proc,
-            child: field_str(o, line, "child")?.into(),
+            child: field::str(o, line, "child")?.into(),
         },
         "setrlimit" => Op::Setrlimit {
             proc,
-            nofile: field_int(o, line, "nofile", "an unsigned 64-bit integer")?,
+            nofile: field::int(o, line, "nofile", "an unsigned 64-bit integer")?,
         },
         _ => unreachable!("checked above"),
     })

@@ -38,8 +38,8 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use super::model::{
-    canonical_listing, LockPid, NamedListing, Op, OpenMode, Outcome, Resolved, Scenario, ScenarioError, Step,
-    StepResult, Tracker,
+    canonical_listing, LockPid, NamedListing, Op, OpenMode, Outcome, Resolved, Scenario, Step, StepResult,
+    Tracker,
 };
 use crate::{Errno, FcntlCmd, FlockOp, LockType};
 
@@ -67,39 +67,7 @@ impl Default for KernelOptions {
     }
 }
 
-/// Why a kernel replay failed.
-#[derive(Debug)]
-pub enum ReplayError {
-    /// The scenario is malformed or breaks a rule of the format.
-    Scenario(ScenarioError),
-    /// The kernel target failed: a system call of the runner itself failed, a child died,
-    /// or the system did not settle in time. The message names the step.
-    Kernel(String),
-}
-
-impl fmt::Display for ReplayError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ReplayError::Scenario(e) => write!(f, "{e}"),
-            ReplayError::Kernel(m) => write!(f, "kernel replay: {m}"),
-        }
-    }
-}
-
-impl std::error::Error for ReplayError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            ReplayError::Scenario(e) => Some(e),
-            ReplayError::Kernel(_) => None,
-        }
-    }
-}
-
-impl From<ScenarioError> for ReplayError {
-    fn from(e: ScenarioError) -> Self {
-        ReplayError::Scenario(e)
-    }
-}
+pub use vfscale_scenario::ReplayError;
 
 /// Replays `scn` against the running kernel with default options.
 pub fn replay(scn: &Scenario) -> Result<Vec<StepResult>, ReplayError> {

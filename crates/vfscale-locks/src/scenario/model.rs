@@ -2,9 +2,9 @@
 //! rules every runner enforces the same way.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fmt;
 
 use serde_json::{json, Map, Value};
+use vfscale_scenario::{field, parse_lines, Object};
 
 use crate::{Errno, FcntlCmd, FlockOp, LockType};
 
@@ -146,85 +146,7 @@ pub struct Scenario {
     pub steps: Vec<Step>,
 }
 
-/// A scenario that cannot be parsed or replayed, with the line it happened on.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ScenarioError {
-    /// 1-based line number, 0 when the error is not about one line.
-    pub line: usize,
-    /// What is wrong.
-    pub message: String,
-}
-
-impl ScenarioError {
-    /// An error about `line`.
-    pub fn at(line: usize, message: impl Into<String>) -> Self {
-        ScenarioError {
-            line,
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for ScenarioError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.line == 0 {
-            write!(f, "{}", self.message)
-        } else {
-            write!(f, "line {}: {}", self.line, self.message)
-        }
-    }
-}
-
-impl std::error::Error for ScenarioError {}
-
-fn field_str<'a>(o: &'a Map<String, Value>, line: usize, k: &str) -> Result<&'a str, ScenarioError> {
-    match o.get(k) {
-        Some(Value::String(s)) if !s.is_empty() => Ok(s),
-        Some(Value::String(_)) => Err(ScenarioError::at(line, format!("field `{k}` is empty"))),
-        Some(_) => Err(ScenarioError::at(line, format!("field `{k}` must be a string"))),
-        None => Err(ScenarioError::at(line, format!("missing field `{k}`"))),
-    }
-}
-
-fn field_i64(o: &Map<String, Value>, line: usize, k: &str) -> Result<i64, ScenarioError> {
-    match o.get(k) {
-        Some(v) => v.as_i64().ok_or_else(|| {
-            ScenarioError::at(
-                line,
-                format!("field `{k}` must be a signed 64-bit integer, not {v}"),
-            )
-        }),
-        None => Err(ScenarioError::at(line, format!("missing field `{k}`"))),
-    }
-}
-
-fn field_bool(o: &Map<String, Value>, line: usize, k: &str) -> Result<bool, ScenarioError> {
-    match o.get(k) {
-        None => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(v) => Err(ScenarioError::at(
-            line,
-            format!("field `{k}` must be true or false, not {v}"),
-        )),
-    }
-}
-
-fn check_fields(
-    o: &Map<String, Value>,
-    line: usize,
-    op: &str,
-    allowed: &[&str],
-) -> Result<(), ScenarioError> {
-    for k in o.keys() {
-        if k != "op" && !allowed.contains(&k.as_str()) {
-            return Err(ScenarioError::at(
-                line,
-                format!("unknown field `{k}` for op `{op}`"),
-            ));
-        }
-    }
-    Ok(())
-}
+pub use vfscale_scenario::ScenarioError;
 
 impl Scenario {
     /// Parses JSON Lines text. Blank lines and lines starting with `#` or `//` are skipped.
@@ -237,105 +159,10 @@ impl Scenario {
     /// assert_eq!(e.to_string(), "line 1: missing field `fd`");
     /// ```
     pub fn parse(text: &str) -> Result<Scenario, ScenarioError> {
-        let mut steps = Vec::new();
-        for (i, raw) in text.lines().enumerate() {
-            let line = i + 1;
-            let t = raw.trim();
-            if t.is_empty() || t.starts_with('#') || t.starts_with("//") {
-                continue;
-            }
-            let v: Value = serde_json::from_str(t)
-                .map_err(|e| ScenarioError::at(line, format!("not valid JSON: {e}")))?;
-            let Value::Object(o) = v else {
-                return Err(ScenarioError::at(line, "a step must be a JSON object"));
-            };
-            let op = field_str(&o, line, "op")?;
-            let op = match op {
-                "open" => {
-                    check_fields(&o, line, op, &["proc", "file", "fd", "mode"])?;
-                    let mode = match field_str(&o, line, "mode")? {
-                        "r" => OpenMode::R,
-                        "w" => OpenMode::W,
-                        "rw" => OpenMode::Rw,
-                        m => {
-                            return Err(ScenarioError::at(
-                                line,
-                                format!("field `mode` must be \"r\", \"w\" or \"rw\", not {m:?}"),
-                            ))
-                        }
-                    };
-                    Op::Open {
-                        proc: field_str(&o, line, "proc")?.into(),
-                        file: field_str(&o, line, "file")?.into(),
-                        fd: field_str(&o, line, "fd")?.into(),
-                        mode,
-                    }
-                }
-                "dup" => {
-                    check_fields(&o, line, op, &["fd", "as"])?;
-                    Op::Dup {
-                        fd: field_str(&o, line, "fd")?.into(),
-                        new: field_str(&o, line, "as")?.into(),
-                    }
-                }
-                "close" => {
-                    check_fields(&o, line, op, &["fd"])?;
-                    Op::Close {
-                        fd: field_str(&o, line, "fd")?.into(),
-                    }
-                }
-                "exit" => {
-                    check_fields(&o, line, op, &["proc"])?;
-                    Op::Exit {
-                        proc: field_str(&o, line, "proc")?.into(),
-                    }
-                }
-                "interrupt" => {
-                    check_fields(&o, line, op, &["proc"])?;
-                    Op::Interrupt {
-                        proc: field_str(&o, line, "proc")?.into(),
-                    }
-                }
-                "fcntl" => {
-                    check_fields(&o, line, op, &["fd", "cmd", "type", "start", "len"])?;
-                    let c = field_str(&o, line, "cmd")?;
-                    let cmd = FcntlCmd::from_name(c).ok_or_else(|| {
-                        ScenarioError::at(line, format!("field `cmd`: unknown command {c:?}"))
-                    })?;
-                    let t = field_str(&o, line, "type")?;
-                    let ty = LockType::from_name(t).ok_or_else(|| {
-                        ScenarioError::at(line, format!("field `type`: unknown lock type {t:?}"))
-                    })?;
-                    Op::Fcntl {
-                        fd: field_str(&o, line, "fd")?.into(),
-                        cmd,
-                        ty,
-                        start: field_i64(&o, line, "start")?,
-                        len: field_i64(&o, line, "len")?,
-                    }
-                }
-                "flock" => {
-                    check_fields(&o, line, op, &["fd", "how", "nb"])?;
-                    let h = field_str(&o, line, "how")?;
-                    let how = FlockOp::from_name(h).ok_or_else(|| {
-                        ScenarioError::at(line, format!("field `how`: unknown operation {h:?}"))
-                    })?;
-                    Op::Flock {
-                        fd: field_str(&o, line, "fd")?.into(),
-                        how,
-                        nb: field_bool(&o, line, "nb")?,
-                    }
-                }
-                other => {
-                    return Err(ScenarioError::at(
-                        line,
-                        format!("field `op`: unknown op {other:?}"),
-                    ))
-                }
-            };
-            steps.push(Step { line, op });
-        }
-        Ok(Scenario { steps })
+        let steps = parse_lines(text, parse_op)?;
+        Ok(Scenario {
+            steps: steps.into_iter().map(|(line, op)| Step { line, op }).collect(),
+        })
     }
 
     /// The scenario as JSON Lines text.
@@ -347,6 +174,91 @@ impl Scenario {
         }
         s
     }
+}
+
+/// One step's operation.
+fn parse_op(o: &Object, line: usize) -> Result<Op, ScenarioError> {
+    let op = field::str(o, line, "op")?;
+    Ok(match op {
+        "open" => {
+            field::only(o, line, op, &["proc", "file", "fd", "mode"])?;
+            let mode = match field::str(o, line, "mode")? {
+                "r" => OpenMode::R,
+                "w" => OpenMode::W,
+                "rw" => OpenMode::Rw,
+                m => {
+                    return Err(ScenarioError::at(
+                        line,
+                        format!("field `mode` must be \"r\", \"w\" or \"rw\", not {m:?}"),
+                    ))
+                }
+            };
+            Op::Open {
+                proc: field::str(o, line, "proc")?.into(),
+                file: field::str(o, line, "file")?.into(),
+                fd: field::str(o, line, "fd")?.into(),
+                mode,
+            }
+        }
+        "dup" => {
+            field::only(o, line, op, &["fd", "as"])?;
+            Op::Dup {
+                fd: field::str(o, line, "fd")?.into(),
+                new: field::str(o, line, "as")?.into(),
+            }
+        }
+        "close" => {
+            field::only(o, line, op, &["fd"])?;
+            Op::Close {
+                fd: field::str(o, line, "fd")?.into(),
+            }
+        }
+        "exit" => {
+            field::only(o, line, op, &["proc"])?;
+            Op::Exit {
+                proc: field::str(o, line, "proc")?.into(),
+            }
+        }
+        "interrupt" => {
+            field::only(o, line, op, &["proc"])?;
+            Op::Interrupt {
+                proc: field::str(o, line, "proc")?.into(),
+            }
+        }
+        "fcntl" => {
+            field::only(o, line, op, &["fd", "cmd", "type", "start", "len"])?;
+            let c = field::str(o, line, "cmd")?;
+            let cmd = FcntlCmd::from_name(c)
+                .ok_or_else(|| ScenarioError::at(line, format!("field `cmd`: unknown command {c:?}")))?;
+            let t = field::str(o, line, "type")?;
+            let ty = LockType::from_name(t)
+                .ok_or_else(|| ScenarioError::at(line, format!("field `type`: unknown lock type {t:?}")))?;
+            Op::Fcntl {
+                fd: field::str(o, line, "fd")?.into(),
+                cmd,
+                ty,
+                start: field::int::<i64>(o, line, "start", "a signed 64-bit integer")?,
+                len: field::int::<i64>(o, line, "len", "a signed 64-bit integer")?,
+            }
+        }
+        "flock" => {
+            field::only(o, line, op, &["fd", "how", "nb"])?;
+            let h = field::str(o, line, "how")?;
+            let how = FlockOp::from_name(h)
+                .ok_or_else(|| ScenarioError::at(line, format!("field `how`: unknown operation {h:?}")))?;
+            Op::Flock {
+                fd: field::str(o, line, "fd")?.into(),
+                how,
+                nb: field::bool(o, line, "nb")?,
+            }
+        }
+        other => {
+            return Err(ScenarioError::at(
+                line,
+                format!("field `op`: unknown op {other:?}"),
+            ))
+        }
+    })
 }
 
 /// Who owns a lock that `F_GETLK` reports.

@@ -1,0 +1,182 @@
+//! What vfscale's replayable scenario formats share (lock scenarios in `vfscale-locks`,
+//! descriptor scenarios in `vfscale-fdtable`): reading JSON Lines one step per line,
+//! errors that name the line and the field, and the errors of a replay.
+//!
+//! ```
+//! use vfscale_scenario::{field, parse_lines};
+//! let text = "# a comment\n{\"op\":\"close\",\"fd\":\"d1\"}\n{\"op\":\"close\"}\n";
+//! let err = parse_lines(text, |o, line| field::str(o, line, "fd").map(str::to_string)).unwrap_err();
+//! assert_eq!(err.to_string(), "line 3: missing field `fd`");
+//! ```
+
+#![warn(missing_docs)]
+
+use std::fmt;
+
+use serde_json::{Map, Value};
+
+/// One step's JSON object.
+pub type Object = Map<String, Value>;
+
+/// A scenario that cannot be parsed or replayed, with the line it happened on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScenarioError {
+    /// 1-based line number, 0 when the error is not about one line.
+    pub line: usize,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl ScenarioError {
+    /// An error about `line`.
+    pub fn at(line: usize, message: impl Into<String>) -> Self {
+        ScenarioError {
+            line,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ScenarioError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line == 0 {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "line {}: {}", self.line, self.message)
+        }
+    }
+}
+
+impl std::error::Error for ScenarioError {}
+
+/// Why a kernel replay failed.
+#[derive(Debug)]
+pub enum ReplayError {
+    /// The scenario is malformed or breaks a rule of the format.
+    Scenario(ScenarioError),
+    /// The kernel target failed: a system call of the runner itself failed, a process
+    /// died or did not answer, or the system did not settle in time. The message names
+    /// the step and its line.
+    Kernel(String),
+}
+
+impl fmt::Display for ReplayError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReplayError::Scenario(e) => write!(f, "{e}"),
+            ReplayError::Kernel(m) => write!(f, "kernel replay: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for ReplayError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ReplayError::Scenario(e) => Some(e),
+            ReplayError::Kernel(_) => None,
+        }
+    }
+}
+
+impl From<ScenarioError> for ReplayError {
+    fn from(e: ScenarioError) -> Self {
+        ReplayError::Scenario(e)
+    }
+}
+
+/// Reads JSON Lines text: each line that is not blank and does not start with `#` or
+/// `//` must be a JSON object, which `step` turns into a step. Returns the steps with
+/// their 1-based line numbers.
+pub fn parse_lines<T>(
+    text: &str,
+    mut step: impl FnMut(&Object, usize) -> Result<T, ScenarioError>,
+) -> Result<Vec<(usize, T)>, ScenarioError> {
+    let mut out = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = i + 1;
+        let t = raw.trim();
+        if t.is_empty() || t.starts_with('#') || t.starts_with("//") {
+            continue;
+        }
+        let v: Value =
+            serde_json::from_str(t).map_err(|e| ScenarioError::at(line, format!("not valid JSON: {e}")))?;
+        let Value::Object(o) = v else {
+            return Err(ScenarioError::at(line, "a step must be a JSON object"));
+        };
+        out.push((line, step(&o, line)?));
+    }
+    Ok(out)
+}
+
+/// Typed reads of a step's fields; every error names the line and the field.
+pub mod field {
+    use super::{Object, ScenarioError};
+    use serde_json::Value;
+
+    fn missing(line: usize, k: &str) -> ScenarioError {
+        ScenarioError::at(line, format!("missing field `{k}`"))
+    }
+
+    /// A required, non-empty string.
+    pub fn str<'a>(o: &'a Object, line: usize, k: &str) -> Result<&'a str, ScenarioError> {
+        match o.get(k) {
+            Some(Value::String(s)) if !s.is_empty() => Ok(s),
+            Some(Value::String(_)) => Err(ScenarioError::at(line, format!("field `{k}` is empty"))),
+            Some(_) => Err(ScenarioError::at(line, format!("field `{k}` must be a string"))),
+            None => Err(missing(line, k)),
+        }
+    }
+
+    /// A required integer that fits `T`; `what` describes `T` in the message.
+    pub fn int<T: TryFrom<i64> + TryFrom<u64>>(
+        o: &Object,
+        line: usize,
+        k: &str,
+        what: &str,
+    ) -> Result<T, ScenarioError> {
+        let bad = |v: &Value| ScenarioError::at(line, format!("field `{k}` must be {what}, not {v}"));
+        match o.get(k) {
+            Some(v) => {
+                if let Some(i) = v.as_i64() {
+                    T::try_from(i).map_err(|_| bad(v))
+                } else if let Some(u) = v.as_u64() {
+                    T::try_from(u).map_err(|_| bad(v))
+                } else {
+                    Err(bad(v))
+                }
+            }
+            None => Err(missing(line, k)),
+        }
+    }
+
+    /// An optional boolean, `false` when absent.
+    pub fn bool(o: &Object, line: usize, k: &str) -> Result<bool, ScenarioError> {
+        match o.get(k) {
+            None => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(v) => Err(ScenarioError::at(
+                line,
+                format!("field `{k}` must be true or false, not {v}"),
+            )),
+        }
+    }
+
+    /// A required boolean.
+    pub fn bool_required(o: &Object, line: usize, k: &str) -> Result<bool, ScenarioError> {
+        if !o.contains_key(k) {
+            return Err(missing(line, k));
+        }
+        bool(o, line, k)
+    }
+
+    /// Rejects any field but `op` and those in `allowed`.
+    pub fn only(o: &Object, line: usize, op: &str, allowed: &[&str]) -> Result<(), ScenarioError> {
+        match o.keys().find(|k| *k != "op" && !allowed.contains(&k.as_str())) {
+            Some(k) => Err(ScenarioError::at(
+                line,
+                format!("unknown field `{k}` for op `{op}`"),
+            )),
+            None => Ok(()),
+        }
+    }
+}
