@@ -180,3 +180,53 @@ pub mod field {
         }
     }
 }
+
+/// An operation of a scenario format: read from one line's object, written back as one.
+pub trait StepOp: Sized {
+    /// Parses one step's object (the errors name `line` and the field).
+    fn parse(o: &Object, line: usize) -> Result<Self, ScenarioError>;
+    /// The step as a JSON object, the inverse of [`StepOp::parse`].
+    fn to_json(&self) -> Value;
+}
+
+/// One step: the operation and the line of the file it came from (1-based).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step<Op> {
+    /// 1-based line number in the source file.
+    pub line: usize,
+    /// The operation.
+    pub op: Op,
+}
+
+/// A parsed scenario.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scenario<Op> {
+    /// The steps, in order; step `i` is `steps[i]`.
+    pub steps: Vec<Step<Op>>,
+}
+
+impl<Op> Default for Scenario<Op> {
+    fn default() -> Self {
+        Scenario { steps: Vec::new() }
+    }
+}
+
+impl<Op: StepOp> Scenario<Op> {
+    /// Parses JSON Lines text (see [`parse_lines`]).
+    pub fn parse(text: &str) -> Result<Self, ScenarioError> {
+        let steps = parse_lines(text, Op::parse)?;
+        Ok(Scenario {
+            steps: steps.into_iter().map(|(line, op)| Step { line, op }).collect(),
+        })
+    }
+
+    /// The scenario as JSON Lines text.
+    pub fn to_jsonl(&self) -> String {
+        let mut s = String::new();
+        for st in &self.steps {
+            s.push_str(&st.op.to_json().to_string());
+            s.push('\n');
+        }
+        s
+    }
+}

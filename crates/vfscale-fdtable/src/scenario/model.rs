@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use serde_json::{json, Map, Value};
-use vfscale_scenario::{field, parse_lines, Object};
+use vfscale_scenario::{field, Object, StepOp};
 
 /// The `RLIMIT_NOFILE` every process starts with (soft and hard).
 pub const INITIAL_NOFILE: u64 = 1024;
@@ -229,21 +229,11 @@ impl Op {
     }
 }
 
-/// One step: the operation and the line of the file it came from (1-based).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Step {
-    /// 1-based line number in the source file.
-    pub line: usize,
-    /// The operation.
-    pub op: Op,
-}
+/// One step of a scenario.
+pub type Step = vfscale_scenario::Step<Op>;
 
 /// A parsed scenario.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub struct Scenario {
-    /// The steps, in order; step `i` is `steps[i]`.
-    pub steps: Vec<Step>,
-}
+pub type Scenario = vfscale_scenario::Scenario<Op>;
 
 pub use vfscale_scenario::ScenarioError;
 
@@ -256,7 +246,7 @@ fn check_fields(o: &Object, line: usize, op: &str, allowed: &[&str]) -> Result<(
     field::only(o, line, op, &[&["proc"], allowed].concat())
 }
 
-impl Scenario {
+impl StepOp for Op {
     /// Parses JSON Lines text. Blank lines and lines starting with `#` are skipped.
     /// Every step must name its `proc`; unknown fields are rejected; `cloexec` is
     /// optional (false) except for `setfd`, and `flags` is optional (none).
@@ -268,21 +258,12 @@ impl Scenario {
     /// let e = Scenario::parse("# header\n{\"op\":\"close\",\"proc\":\"p1\"}").unwrap_err();
     /// assert_eq!(e.to_string(), "line 2: missing field `fd`");
     /// ```
-    pub fn parse(text: &str) -> Result<Scenario, ScenarioError> {
-        let steps = parse_lines(text, parse_op)?;
-        Ok(Scenario {
-            steps: steps.into_iter().map(|(line, op)| Step { line, op }).collect(),
-        })
+    fn parse(o: &Object, line: usize) -> Result<Op, ScenarioError> {
+        parse_op(o, line)
     }
 
-    /// The scenario as JSON Lines text.
-    pub fn to_jsonl(&self) -> String {
-        let mut s = String::new();
-        for st in &self.steps {
-            s.push_str(&st.op.to_json().to_string());
-            s.push('\n');
-        }
-        s
+    fn to_json(&self) -> Value {
+        Op::to_json(self)
     }
 }
 
