@@ -37,12 +37,13 @@
 //!   counters, so lookups are measured on their own. Expected: 0.
 
 use std::hint::black_box;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vfscale_fdtable::{Fd, FdTable, InstallMode, Settings, DEFAULT_NR_OPEN};
 
+use super::gate::{Gate, GateState, Padded};
 use super::{Config, Sample, Skip, Workload};
 
 /// The library table's `RLIMIT_NOFILE`: far above what any configuration holds open.
@@ -261,11 +262,6 @@ impl Rng {
 // The timed-thread harness (both targets of the descriptor-table workloads).
 // ---------------------------------------------------------------------------------------
 
-/// One counter per worker on its own cache lines.
-#[repr(align(128))]
-#[derive(Default)]
-struct Padded(AtomicU64);
-
 /// The result of [`drive`].
 pub(super) struct Outcome<S, B> {
     /// Each worker's state after it stopped, for the caller to clean up.
@@ -391,68 +387,11 @@ pub(super) fn drive<S: Send, B>(
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Default)]
-enum GateState {
-    #[default]
-    Closed,
-    Open,
-    Aborted,
-}
-
-/// A start gate the driver opens, or aborts (workers then return without working).
-#[derive(Default)]
-struct Gate {
-    state: Mutex<(usize, GateState)>,
-    changed: Condvar,
-}
-
-impl Gate {
-    /// Counts the caller as arrived and waits; `true` if opened, `false` if aborted.
-    fn arrive_and_wait(&self) -> bool {
-        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        g.0 += 1;
-        self.changed.notify_all();
-        while g.1 == GateState::Closed {
-            g = self.changed.wait(g).unwrap_or_else(|e| e.into_inner());
-        }
-        g.1 == GateState::Open
-    }
-
-    /// Waits until `n` threads arrived.
-    fn wait_ready(&self, n: usize, timeout: Duration) -> Result<(), String> {
-        let deadline = Instant::now() + timeout;
-        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        while g.0 < n {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(format!(
-                    "threads did not start within {timeout:?} ({} of {n})",
-                    g.0
-                ));
-            }
-            g = self
-                .changed
-                .wait_timeout(g, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        Ok(())
-    }
-
-    /// Opens or aborts the gate if it is still closed.
-    fn set(&self, to: GateState) {
-        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if g.1 == GateState::Closed {
-            g.1 = to;
-        }
-        self.changed.notify_all();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::measure::{LockMode, TaskKind};
+    use std::sync::atomic::AtomicU64;
 
     fn cfg(workload: Workload, tasks: usize) -> Config {
         Config {

@@ -53,11 +53,11 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use libc::{c_char, c_int, pid_t};
 
+use super::gate::{Gate, GateState, Padded};
 use super::{Config, LockMode, Sample, Skip, TaskKind, Workload};
 
 /// Where scratch directories are made; it must be tmpfs.
@@ -325,7 +325,7 @@ fn will_it_scale_threads(cfg: &Config) -> Result<Sample, Skip> {
                 })
                 .map_err(|e| Skip(format!("cannot start thread {i} of {}: {e}", cfg.tasks)))?;
         }
-        gate.wait_ready(cfg.tasks, START_TIMEOUT)?;
+        gate.wait_ready(cfg.tasks, START_TIMEOUT).map_err(Skip)?;
         let t0 = mono_ns();
         gate.open();
         std::thread::sleep(cfg.duration);
@@ -1069,72 +1069,6 @@ fn ensure_nofile(n: u64) -> Result<(), Skip> {
 // The threads shape's start barrier.
 // ---------------------------------------------------------------------------------------
 
-/// One counter per worker thread on its own cache lines.
-#[repr(align(128))]
-#[derive(Default)]
-struct Padded(AtomicU64);
-
-#[derive(Clone, Copy, PartialEq, Eq, Default)]
-enum GateState {
-    #[default]
-    Closed,
-    Open,
-    Aborted,
-}
-
-/// A start barrier the parent opens, or aborts (threads then return without working).
-#[derive(Default)]
-struct Gate {
-    state: Mutex<(usize, GateState)>,
-    changed: Condvar,
-}
-
-impl Gate {
-    /// Counts the caller as ready and waits; `true` if opened, `false` if aborted.
-    fn arrive_and_wait(&self) -> bool {
-        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        g.0 += 1;
-        self.changed.notify_all();
-        while g.1 == GateState::Closed {
-            g = self.changed.wait(g).unwrap_or_else(|e| e.into_inner());
-        }
-        g.1 == GateState::Open
-    }
-
-    /// Waits until `n` threads arrived.
-    fn wait_ready(&self, n: usize, timeout: Duration) -> Result<(), Skip> {
-        let deadline = Instant::now() + timeout;
-        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        while g.0 < n {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(Skip(format!(
-                    "threads did not start within {timeout:?} ({} of {n})",
-                    g.0
-                )));
-            }
-            g = self
-                .changed
-                .wait_timeout(g, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        Ok(())
-    }
-
-    fn set(&self, to: GateState) {
-        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if g.1 == GateState::Closed {
-            g.1 = to;
-        }
-        self.changed.notify_all();
-    }
-
-    fn open(&self) {
-        self.set(GateState::Open);
-    }
-}
-
 /// On drop: aborts the gate if still closed and sets the stop flag, so that every worker
 /// thread ends.
 struct Release<'a> {
@@ -1154,6 +1088,7 @@ mod tests {
     use std::io::Write as _;
 
     use super::*;
+    use std::sync::Mutex;
 
     /// The tests fork and check that no child is left, so they run one at a time.
     static SERIAL: Mutex<()> = Mutex::new(());

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 pub mod fd_kernel;
 pub mod fd_library;
+mod gate;
 pub mod kernel;
 pub mod library;
 
