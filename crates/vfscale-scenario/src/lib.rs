@@ -230,3 +230,19 @@ impl<Op: StepOp> Scenario<Op> {
         s
     }
 }
+
+/// Where in a scenario a runner is, for the messages of kernel failures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct At {
+    /// Step number, from 0.
+    pub step: usize,
+    /// 1-based line number.
+    pub line: usize,
+}
+
+impl At {
+    /// A kernel failure at this step, naming it and its line.
+    pub fn kernel(self, msg: impl fmt::Display) -> ReplayError {
+        ReplayError::Kernel(format!("step {} (line {}): {msg}", self.step, self.line))
+    }
+}

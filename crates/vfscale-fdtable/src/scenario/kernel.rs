@@ -52,7 +52,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::CStr;
-use std::fmt;
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt as _;
@@ -70,6 +69,7 @@ const SCRATCH_PARENT: &str = "/dev/shm";
 /// How long a process may take to answer a command (or to start, exec or exit).
 const TIMEOUT: Duration = Duration::from_secs(10);
 
+use vfscale_scenario::At;
 pub use vfscale_scenario::ReplayError;
 
 /// Whether the kernel target can run here with the child program `child_exe`; `Err`
@@ -706,19 +706,6 @@ impl ScratchDir {
 impl Drop for ScratchDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
-    }
-}
-
-/// Where in the scenario the runner is, for error messages.
-#[derive(Clone, Copy)]
-struct At {
-    step: usize,
-    line: usize,
-}
-
-impl At {
-    fn kernel(self, msg: impl fmt::Display) -> ReplayError {
-        ReplayError::Kernel(format!("step {} (line {}): {msg}", self.step, self.line))
     }
 }
 

@@ -67,6 +67,7 @@ impl Default for KernelOptions {
     }
 }
 
+use vfscale_scenario::At;
 pub use vfscale_scenario::ReplayError;
 
 /// Replays `scn` against the running kernel with default options.
@@ -877,19 +878,6 @@ fn open_dir(dir: &Path) -> Result<OwnedFd, String> {
         Mode::empty(),
     )
     .map_err(|e| format!("open {}: {e}", dir.display()))
-}
-
-/// Where in the scenario the runner is, for error messages.
-#[derive(Clone, Copy)]
-struct At {
-    step: usize,
-    line: usize,
-}
-
-impl At {
-    fn kernel(self, msg: impl fmt::Display) -> ReplayError {
-        ReplayError::Kernel(format!("step {} (line {}): {msg}", self.step, self.line))
-    }
 }
 
 /// The state of one replay.
