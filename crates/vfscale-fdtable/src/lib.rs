@@ -151,7 +151,6 @@
 mod bitmap;
 mod epoch;
 mod errno;
-pub mod scenario;
 mod sync;
 mod table;
 

@@ -27,9 +27,13 @@ pub enum Command {
     /// changes that are significant and larger than the noise.
     Compare(CompareArgs),
     /// File locks: replay lock scenarios against the library or the kernel.
+    ///
+    /// The format: docs/scenarios/locks.md in the repository.
     #[command(subcommand)]
     Locks(LocksCommand),
     /// Descriptor tables: replay descriptor scenarios against the library or the kernel.
+    ///
+    /// The format: docs/scenarios/fd.md in the repository.
     #[command(subcommand)]
     Fd(FdCommand),
 }
@@ -38,6 +42,11 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum LocksCommand {
     /// Replay one lock scenario (JSON Lines) and print one result line per step.
+    ///
+    /// A scenario is one JSON step per line: open, dup, close, exit, fcntl (F_SETLK,
+    /// F_SETLKW, F_GETLK and the F_OFD_ ones), flock, interrupt. The format, with an
+    /// example to start from, is docs/scenarios/locks.md in the repository; the corpus
+    /// in scenarios/locks/ has 71 more.
     Replay(ReplayArgs),
     /// Replay every `*.jsonl` scenario under a directory against both the library and
     /// the kernel and report the ones whose results differ.
@@ -48,6 +57,9 @@ pub enum LocksCommand {
 #[derive(Debug, Subcommand)]
 pub enum FdCommand {
     /// Replay one descriptor scenario (JSON Lines) and print one result line per step.
+    ///
+    /// The format, with an example to start from, is docs/scenarios/fd.md in the
+    /// repository; the corpus is in scenarios/fd/.
     Replay(FdReplayArgs),
     /// Replay every `*.jsonl` scenario under a directory against both the library and the
     /// kernel and report the ones whose results differ.

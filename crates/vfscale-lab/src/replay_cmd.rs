@@ -22,17 +22,17 @@ struct Locks(Settings);
 
 impl Subsystem for Locks {
     fn kernel_available(&self) -> Result<(), String> {
-        vfscale_locks::scenario::kernel::available()
+        vfscale_conformance::locks::kernel::available()
     }
     fn library(&self, text: &str) -> Result<String, String> {
-        use vfscale_locks::scenario::{library, render_results, Scenario};
+        use vfscale_conformance::locks::{library, render_results, Scenario};
         let scn = Scenario::parse(text).map_err(|e| e.to_string())?;
         library::replay_with(&scn, self.0)
             .map(|r| render_results(&r))
             .map_err(|e| e.to_string())
     }
     fn kernel(&self, text: &str) -> Result<String, String> {
-        use vfscale_locks::scenario::{kernel, render_results, Scenario};
+        use vfscale_conformance::locks::{kernel, render_results, Scenario};
         let scn = Scenario::parse(text).map_err(|e| e.to_string())?;
         kernel::replay(&scn)
             .map(|r| render_results(&r))
@@ -53,17 +53,17 @@ impl Subsystem for Fds {
                 self.child.display()
             ));
         }
-        vfscale_fdtable::scenario::kernel::available(&self.child)
+        vfscale_conformance::fd::kernel::available(&self.child)
     }
     fn library(&self, text: &str) -> Result<String, String> {
-        use vfscale_fdtable::scenario::{library, render_results, Scenario};
+        use vfscale_conformance::fd::{library, render_results, Scenario};
         let scn = Scenario::parse(text).map_err(|e| e.to_string())?;
         library::replay(&scn)
             .map(|r| render_results(&r))
             .map_err(|e| e.to_string())
     }
     fn kernel(&self, text: &str) -> Result<String, String> {
-        use vfscale_fdtable::scenario::{kernel, render_results, Scenario};
+        use vfscale_conformance::fd::{kernel, render_results, Scenario};
         let scn = Scenario::parse(text).map_err(|e| e.to_string())?;
         kernel::replay(&scn, &self.child)
             .map(|r| render_results(&r))

@@ -77,7 +77,6 @@ mod fcntl;
 mod listing;
 mod lock;
 mod manager;
-pub mod scenario;
 pub(crate) mod sync;
 mod types;
 mod wait;

@@ -13,12 +13,12 @@ use std::sync::Arc;
 use super::model::{
     ErrName, Listed, Op, Outcome, Scenario, ScenarioError, Step, StepResult, Tracker, STD_NAMES,
 };
-use crate::{CloseRangeFlags, Errno, Fd, FdTable, Settings};
+use vfscale_fdtable::{CloseRangeFlags, Errno, Fd, FdTable, Settings};
 
 /// Replays `scn`.
 ///
 /// ```
-/// use vfscale_fdtable::scenario::{library, render_results, Scenario};
+/// use vfscale_conformance::fd::{library, render_results, Scenario};
 /// let s = Scenario::parse(concat!(
 ///     r#"{"op":"spawn","proc":"p1"}"#, "\n",
 ///     r#"{"op":"close","proc":"p1","fd":1}"#, "\n",

@@ -12,15 +12,15 @@ use super::model::{
     canonical_listing, LockPid, NamedListing, Op, Outcome, Resolved, Scenario, ScenarioError, Step,
     StepResult, Tracker,
 };
-use crate::{
+use vfscale_locks::{
     FileId, FileLockContext, Flock, InodeKey, LockManager, LockType, OpenFile, PendingLock, Process, Settings,
 };
-use crate::{LockKind, LockRecord};
+use vfscale_locks::{LockKind, LockRecord};
 
 /// Replays `scn` with the seeds' designs.
 ///
 /// ```
-/// use vfscale_locks::scenario::{library, render_results, Scenario};
+/// use vfscale_conformance::locks::{library, render_results, Scenario};
 /// let s = Scenario::parse(concat!(
 ///     r#"{"op":"open","proc":"p1","file":"a","fd":"d1","mode":"rw"}"#, "\n",
 ///     r#"{"op":"open","proc":"p2","file":"a","fd":"d2","mode":"rw"}"#, "\n",
@@ -115,7 +115,7 @@ impl LibraryReplay {
             let file = files.get(&rec.inode.ino).copied().unwrap_or("?");
             let (start, end) = if rec.kind == LockKind::Flock {
                 ("0".to_string(), "EOF".to_string())
-            } else if rec.end == crate::OFFSET_MAX {
+            } else if rec.end == vfscale_locks::OFFSET_MAX {
                 (rec.start.to_string(), "EOF".to_string())
             } else {
                 (rec.start.to_string(), rec.end.to_string())

@@ -3,10 +3,10 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use crate::format::{field, Object, StepOp};
 use serde_json::{json, Map, Value};
-use vfscale_scenario::{field, Object, StepOp};
 
-use crate::{Errno, FcntlCmd, FlockOp, LockType};
+use vfscale_locks::{Errno, FcntlCmd, FlockOp, LockType};
 
 /// How a scenario opens a file: `r`, `w` or `rw`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -29,11 +29,11 @@ impl OpenMode {
         }
     }
     /// The library's access mode.
-    pub fn access(self) -> crate::AccessMode {
+    pub fn access(self) -> vfscale_locks::AccessMode {
         match self {
-            OpenMode::R => crate::AccessMode::Read,
-            OpenMode::W => crate::AccessMode::Write,
-            OpenMode::Rw => crate::AccessMode::ReadWrite,
+            OpenMode::R => vfscale_locks::AccessMode::Read,
+            OpenMode::W => vfscale_locks::AccessMode::Write,
+            OpenMode::Rw => vfscale_locks::AccessMode::ReadWrite,
         }
     }
 }
@@ -131,18 +131,18 @@ impl Op {
 }
 
 /// One step of a scenario.
-pub type Step = vfscale_scenario::Step<Op>;
+pub type Step = crate::format::Step<Op>;
 
 /// A parsed scenario.
-pub type Scenario = vfscale_scenario::Scenario<Op>;
+pub type Scenario = crate::format::Scenario<Op>;
 
-pub use vfscale_scenario::ScenarioError;
+pub use crate::format::ScenarioError;
 
 impl StepOp for Op {
     /// Parses JSON Lines text. Blank lines and lines starting with `#` or `//` are skipped.
     ///
     /// ```
-    /// use vfscale_locks::scenario::{Op, Scenario};
+    /// use vfscale_conformance::locks::{Op, Scenario};
     /// let s = Scenario::parse(r#"{"op":"open","proc":"p1","file":"a","fd":"d1","mode":"rw"}"#).unwrap();
     /// assert!(matches!(s.steps[0].op, Op::Open { .. }));
     /// let e = Scenario::parse(r#"{"op":"close"}"#).unwrap_err();

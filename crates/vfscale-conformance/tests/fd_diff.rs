@@ -1,5 +1,5 @@
 //! Descriptor scenarios replayed against the library and the running kernel: the corpus
-//! under `tests/scenarios/` (both streams identical, and equal to the recorded
+//! under `scenarios/fd/` (both streams identical, and equal to the recorded
 //! `X.expected`), and random scenarios generated against the library's state.
 //!
 //! `VFSCALE_RANDOM_CASES` sets the number of random scenarios (default 64).
@@ -9,9 +9,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
-use vfscale_fdtable::scenario::kernel::{self, ReplayError};
-use vfscale_fdtable::scenario::library::{self, LibraryReplay};
-use vfscale_fdtable::scenario::{render_results, Op, Scenario, Step};
+use vfscale_conformance::fd::kernel::{self, ReplayError};
+use vfscale_conformance::fd::library::{self, LibraryReplay};
+use vfscale_conformance::fd::{render_results, Op, Scenario, Step};
 
 /// Printed straight to stderr, which libtest does not capture, so that a skip shows
 /// even when the test passes.
@@ -34,7 +34,7 @@ fn kernel_available(what: &str) -> bool {
 }
 
 fn corpus() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/fd");
     let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())

@@ -1,5 +1,5 @@
 //! The scenario process of the descriptor-scenario kernel runner
-//! (`vfscale_fdtable::scenario::kernel`): it makes the steps' system calls on its own
+//! (`vfscale_conformance::fd::kernel`): it makes the steps' system calls on its own
 //! descriptor table, as commands arrive through shared memory. Not meant to be run by
 //! hand.
 //!
@@ -12,5 +12,5 @@
 #[no_mangle]
 extern "C" fn main(argc: libc::c_int, argv: *const *const libc::c_char) -> libc::c_int {
     // SAFETY: `main` receives `argc` valid strings, and the process is single-threaded.
-    unsafe { vfscale_fdtable::scenario::kernel::child_main(argc, argv) }
+    unsafe { vfscale_conformance::fd::kernel::child_main(argc, argv) }
 }

@@ -1,15 +1,12 @@
-//! What vfscale's replayable scenario formats share (lock scenarios in `vfscale-locks`,
-//! descriptor scenarios in `vfscale-fdtable`): reading JSON Lines one step per line,
-//! errors that name the line and the field, and the errors of a replay.
+//! What the scenario formats share: reading JSON Lines one step per line, errors that
+//! name the line and the field, and the errors of a replay.
 //!
 //! ```
-//! use vfscale_scenario::{field, parse_lines};
+//! use vfscale_conformance::format::{field, parse_lines};
 //! let text = "# a comment\n{\"op\":\"close\",\"fd\":\"d1\"}\n{\"op\":\"close\"}\n";
 //! let err = parse_lines(text, |o, line| field::str(o, line, "fd").map(str::to_string)).unwrap_err();
 //! assert_eq!(err.to_string(), "line 3: missing field `fd`");
 //! ```
-
-#![warn(missing_docs)]
 
 use std::fmt;
 

@@ -41,7 +41,7 @@ use super::model::{
     canonical_listing, LockPid, NamedListing, Op, OpenMode, Outcome, Resolved, Scenario, Step, StepResult,
     Tracker,
 };
-use crate::{Errno, FcntlCmd, FlockOp, LockType};
+use vfscale_locks::{Errno, FcntlCmd, FlockOp, LockType};
 
 /// Where the scratch directory is made unless [`KernelOptions::dir`] says otherwise.
 const DEFAULT_DIR: &str = "/dev/shm";
@@ -67,8 +67,8 @@ impl Default for KernelOptions {
     }
 }
 
-use vfscale_scenario::At;
-pub use vfscale_scenario::ReplayError;
+use crate::format::At;
+pub use crate::format::ReplayError;
 
 /// Replays `scn` against the running kernel with default options.
 pub fn replay(scn: &Scenario) -> Result<Vec<StepResult>, ReplayError> {

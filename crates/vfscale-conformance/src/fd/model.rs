@@ -1,10 +1,10 @@
-//! The descriptor-scenario format (`shared/specs/fd-scenarios.md`): steps, results, and
+//! The descriptor-scenario format (`docs/scenarios/fd.md`): steps, results, and
 //! the rules every runner enforces the same way.
 
 use std::collections::HashMap;
 
+use crate::format::{field, Object, StepOp};
 use serde_json::{json, Map, Value};
-use vfscale_scenario::{field, Object, StepOp};
 
 /// The `RLIMIT_NOFILE` every process starts with (soft and hard).
 pub const INITIAL_NOFILE: u64 = 1024;
@@ -230,12 +230,12 @@ impl Op {
 }
 
 /// One step of a scenario.
-pub type Step = vfscale_scenario::Step<Op>;
+pub type Step = crate::format::Step<Op>;
 
 /// A parsed scenario.
-pub type Scenario = vfscale_scenario::Scenario<Op>;
+pub type Scenario = crate::format::Scenario<Op>;
 
-pub use vfscale_scenario::ScenarioError;
+pub use crate::format::ScenarioError;
 
 fn field_fd(o: &Object, line: usize, k: &str) -> Result<i32, ScenarioError> {
     field::int(o, line, k, "a descriptor number (a 32-bit signed integer)")
@@ -252,7 +252,7 @@ impl StepOp for Op {
     /// optional (false) except for `setfd`, and `flags` is optional (none).
     ///
     /// ```
-    /// use vfscale_fdtable::scenario::{Op, Scenario};
+    /// use vfscale_conformance::fd::{Op, Scenario};
     /// let s = Scenario::parse(r#"{"op":"dup2","proc":"p1","fd":3,"newfd":10}"#).unwrap();
     /// assert!(matches!(s.steps[0].op, Op::Dup2 { fd: 3, newfd: 10, .. }));
     /// let e = Scenario::parse("# header\n{\"op\":\"close\",\"proc\":\"p1\"}").unwrap_err();

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::io::Write;
 
 use proptest::prelude::*;
-use vfscale_locks::scenario::{
+use vfscale_conformance::locks::{
     kernel, library, render_results, KernelOptions, LibraryReplay, Op, OpenMode, Outcome, Scenario, Step,
 };
 use vfscale_locks::{FcntlCmd, FlockOp, LockType, Settings};

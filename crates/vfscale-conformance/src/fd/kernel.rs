@@ -69,8 +69,8 @@ const SCRATCH_PARENT: &str = "/dev/shm";
 /// How long a process may take to answer a command (or to start, exec or exit).
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-use vfscale_scenario::At;
-pub use vfscale_scenario::ReplayError;
+use crate::format::At;
+pub use crate::format::ReplayError;
 
 /// Whether the kernel target can run here with the child program `child_exe`; `Err`
 /// says why not (no tmpfs at `/dev/shm`, no System V shared memory, no pidfds, the

@@ -1,4 +1,4 @@
-//! The corpus under `tests/scenarios/`, replayed against the library and the running
+//! The corpus under `scenarios/locks/`, replayed against the library and the running
 //! kernel: the two result streams must be identical, and equal to the recorded
 //! `X.expected`. Files under `racy/` depend on which of several woken waiters Linux
 //! lets win; they are replayed on both sides for errors, not compared.
@@ -6,7 +6,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use vfscale_locks::scenario::{kernel, library, render_results, KernelOptions, Scenario};
+use vfscale_conformance::locks::{kernel, library, render_results, KernelOptions, Scenario};
 use vfscale_locks::Settings;
 
 /// Printed straight to stderr so that a skip shows even when the test passes.
@@ -25,7 +25,7 @@ fn scenarios(dir: &Path) -> Vec<PathBuf> {
 }
 
 fn corpus() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/locks")
 }
 
 fn load(p: &Path) -> Scenario {

@@ -1,0 +1,12 @@
+//! Lock scenarios (`docs/scenarios/locks.md`): replayable descriptions of file-lock
+//! activity, run against `vfscale-locks` or against the running kernel so the two result
+//! streams can be compared.
+
+pub mod kernel;
+pub mod library;
+mod model;
+
+pub use kernel::KernelOptions;
+pub use library::LibraryReplay;
+
+pub use model::*;
