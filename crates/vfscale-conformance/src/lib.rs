@@ -15,6 +15,7 @@
 //! |---|---|---|
 //! | [`locks`] | `docs/scenarios/locks.md` | `vfscale-locks` |
 //! | [`fd`] | `docs/scenarios/fd.md` | `vfscale-fdtable` (its kernel runner drives the `vfscale-fd-child` binary of this crate) |
+//! | [`loop_dev`] | `docs/scenarios/loop.md` | `vfscale-loop` (its kernel runner drives the real `/dev/loop-control` and `/dev/loopN` under an exclusive `flock`) |
 //!
 //! The corpora live at the repository root, `scenarios/<format>/`, each `X.jsonl` next to
 //! the kernel's output `X.expected`.
@@ -24,3 +25,4 @@
 pub mod fd;
 pub mod format;
 pub mod locks;
+pub mod loop_dev;

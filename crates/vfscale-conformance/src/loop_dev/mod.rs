@@ -1,0 +1,10 @@
+//! Loop scenarios (`docs/scenarios/loop.md`): replayable descriptions of loop-device
+//! activity (backing files, device handles, the loop ioctls, block I/O, the registry),
+//! run against `vfscale-loop` or against the running kernel's `/dev/loop*` so the two
+//! result streams can be compared.
+
+pub mod kernel;
+pub mod library;
+mod model;
+
+pub use model::*;
