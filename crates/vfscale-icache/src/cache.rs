@@ -1,0 +1,1559 @@
+//! The cache: hash table, superblock lists, LRU, counters; lookups, `iput` and eviction.
+//! Function names follow `fs/inode.c`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicI64, AtomicU64 as StdAtomicU64, AtomicUsize as StdAtomicUsize};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use crossbeam_utils::CachePadded;
+
+use crate::epoch::Domain;
+use crate::inode::*;
+use crate::sync::{
+    current_cpu, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering,
+};
+use crate::wait::{WaitOutcome, WaitTable, Waiter};
+use crate::{CacheStats, HashLock, Lookup, Lru, SbList, Settings, SuperOperations};
+
+/// A pointer to an inode kept by a list that a lock protects.
+pub(crate) struct InodePtr<F: SuperOperations>(NonNull<Inode<F>>);
+
+// SAFETY: the pointee is `Sync` (atomics, locks, `Send + Sync` data); the pointer is only
+// dereferenced under the lock of the list that holds it, while the inode is on that list.
+unsafe impl<F: SuperOperations> Send for InodePtr<F> {}
+
+impl<F: SuperOperations> Clone for InodePtr<F> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<F: SuperOperations> Copy for InodePtr<F> {}
+
+impl<F: SuperOperations> InodePtr<F> {
+    /// # Safety
+    /// The inode is alive: the caller holds the lock of a list it is on, a reference, or
+    /// is the one evicting it.
+    unsafe fn get<'a>(self) -> &'a Inode<F> {
+        // SAFETY: by the caller's contract.
+        unsafe { self.0.as_ref() }
+    }
+}
+
+/// One hash chain (`hlist_bl_head`): its lock and its first inode.
+struct Bucket<F: SuperOperations> {
+    lock: Mutex<()>,
+    head: AtomicPtr<Inode<F>>,
+}
+
+/// Per-CPU counters (each on its own cache line).
+#[derive(Default)]
+struct Counters {
+    nr_inodes: AtomicI64,
+    nr_unused: AtomicI64,
+    global_locks: StdAtomicU64,
+    chain_locks: StdAtomicU64,
+    sb_shard_locks: StdAtomicU64,
+    lru_shard_locks: StdAtomicU64,
+    loads: StdAtomicU64,
+}
+
+/// What every superblock of one cache shares: the inode hash table and the counters.
+pub(crate) struct CacheInner<F: SuperOperations> {
+    settings: Settings,
+    shards: usize,
+    buckets: Box<[Bucket<F>]>,
+    hash_shift: u32,
+    /// `inode_hash_lock` (only with [`HashLock::Global`]).
+    global_hash_lock: Mutex<()>,
+    counters: Box<[CachePadded<Counters>]>,
+    pub(crate) waits: WaitTable,
+    domain: Domain,
+    next_dev: StdAtomicU64,
+}
+
+impl<F: SuperOperations> CacheInner<F> {
+    fn counters(&self) -> &Counters {
+        &self.counters[current_cpu() & (self.shards - 1)]
+    }
+
+    fn shard_of_cpu(&self) -> usize {
+        current_cpu() & (self.shards - 1)
+    }
+
+    fn bucket(&self, sb: &SbInner<F>, hashval: u64) -> &Bucket<F> {
+        // `hash()` of fs/inode.c: mix the superblock in, multiply, keep the top bits.
+        let h = (hashval ^ sb.dev.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let i = if self.hash_shift >= 64 {
+            0
+        } else {
+            (h >> self.hash_shift) as usize
+        };
+        &self.buckets[i]
+    }
+
+    /// The lock that protects `b`'s chain for insert and remove: the chain's own, or
+    /// `inode_hash_lock`.
+    fn hash_lock<'a>(&'a self, b: &'a Bucket<F>) -> MutexGuard<'a, ()> {
+        match self.settings.hash_lock {
+            HashLock::Global => {
+                self.counters().global_locks.fetch_add(1, Ordering::Relaxed);
+                self.global_hash_lock.lock()
+            }
+            HashLock::PerChain => {
+                self.counters().chain_locks.fetch_add(1, Ordering::Relaxed);
+                b.lock.lock()
+            }
+        }
+    }
+
+    fn hash_locked(&self, b: &Bucket<F>) -> bool {
+        match self.settings.hash_lock {
+            HashLock::Global => self.global_hash_lock.is_locked(),
+            HashLock::PerChain => b.lock.is_locked(),
+        }
+    }
+}
+
+/// One LRU list (`list_lru_one`): age key -> inode, oldest first.
+struct LruShard<F: SuperOperations> {
+    map: BTreeMap<u64, InodePtr<F>>,
+    next: u64,
+}
+
+/// One shard of a superblock's inode list.
+type SbListShard<F> = Mutex<Vec<InodePtr<F>>>;
+
+/// A superblock: its operations, `SB_ACTIVE`, its inode lists and its LRU.
+pub(crate) struct SbInner<F: SuperOperations> {
+    pub(crate) cache: Arc<CacheInner<F>>,
+    pub(crate) ops: F,
+    pub(crate) dev: u64,
+    active: AtomicBool,
+    /// `s_inodes`, one list per shard (`s_inode_list_lock` each).
+    lists: Box<[CachePadded<SbListShard<F>>]>,
+    /// `s_inode_lru`, one list per shard.
+    lru: Box<[CachePadded<Mutex<LruShard<F>>>]>,
+    lru_len: Box<[CachePadded<StdAtomicUsize>]>,
+    prune_cursor: StdAtomicUsize,
+}
+
+impl<F: SuperOperations> SbInner<F> {
+    fn list_lock(&self, shard: usize) -> MutexGuard<'_, Vec<InodePtr<F>>> {
+        let c = self.cache.counters();
+        if self.cache.settings.sb_list == SbList::Global {
+            c.global_locks.fetch_add(1, Ordering::Relaxed);
+        } else {
+            c.sb_shard_locks.fetch_add(1, Ordering::Relaxed);
+        }
+        self.lists[shard].lock()
+    }
+
+    fn lru_lock(&self, shard: usize) -> MutexGuard<'_, LruShard<F>> {
+        let c = self.cache.counters();
+        if self.cache.settings.lru == Lru::Single {
+            c.global_locks.fetch_add(1, Ordering::Relaxed);
+        } else {
+            c.lru_shard_locks.fetch_add(1, Ordering::Relaxed);
+        }
+        self.lru[shard].lock()
+    }
+
+    fn is_active(&self) -> bool {
+        self.active.load(Ordering::Acquire)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Allocation, the superblock list, the hash chains.
+
+/// `alloc_inode` + `inode_init_always`: `i_count` 1, `nlink` 1, no state.
+fn alloc_inode<F: SuperOperations>(
+    sb: &Arc<SbInner<F>>,
+    ino: u64,
+    hashval: u64,
+    data: F::Data,
+) -> NonNull<Inode<F>> {
+    let b = Box::new(Inode {
+        ino,
+        hashval,
+        sb: sb.clone(),
+        i_lock: Mutex::new(()),
+        state: AtomicU32::new(0),
+        count: AtomicU32::new(1),
+        nlink: AtomicU32::new(1),
+        hash_next: AtomicPtr::new(std::ptr::null_mut()),
+        sb_shard: AtomicU32::new(0),
+        sb_index: AtomicUsize::new(0),
+        lru_shard: AtomicU32::new(0),
+        lru_key: AtomicU64::new(0),
+        data,
+    });
+    sb.cache.counters().nr_inodes.fetch_add(1, Ordering::Relaxed);
+    NonNull::from(Box::leak(b))
+}
+
+/// `destroy_inode` of an inode nobody else ever saw (lost the insert race).
+fn destroy_unpublished<F: SuperOperations>(p: NonNull<Inode<F>>) {
+    // SAFETY: `p` came from `alloc_inode` and was never published: this is the only pointer.
+    let b = unsafe { Box::from_raw(p.as_ptr()) };
+    b.sb.ops.destroy_inode(&b);
+    b.sb.cache.counters().nr_inodes.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// `inode_sb_list_add`: onto the list of this CPU's shard.
+fn inode_sb_list_add<F: SuperOperations>(inode: &Inode<F>) {
+    let sb = &*inode.sb;
+    let shard = if sb.cache.settings.sb_list == SbList::Global {
+        0
+    } else {
+        sb.cache.shard_of_cpu()
+    };
+    let mut l = sb.list_lock(shard);
+    inode.sb_shard.store(shard as u32, Ordering::Relaxed);
+    inode.sb_index.store(l.len(), Ordering::Relaxed);
+    l.push(InodePtr(NonNull::from(inode)));
+}
+
+/// `inode_sb_list_del`.
+fn inode_sb_list_del<F: SuperOperations>(inode: &Inode<F>) {
+    let sb = &*inode.sb;
+    let mut l = sb.list_lock(inode.sb_shard.load(Ordering::Relaxed) as usize);
+    let i = inode.sb_index.load(Ordering::Relaxed);
+    debug_assert!(
+        l[i].0 == NonNull::from(inode),
+        "{} misplaced on its sb list",
+        inode.name()
+    );
+    l.swap_remove(i);
+    if let Some(moved) = l.get(i) {
+        // SAFETY: on the list whose lock we hold.
+        unsafe { moved.get() }.sb_index.store(i, Ordering::Relaxed);
+    }
+}
+
+/// `hlist_add_head_rcu`: the caller holds the chain's lock and the inode's `i_lock`.
+fn hash_link<F: SuperOperations>(cache: &CacheInner<F>, b: &Bucket<F>, inode: &Inode<F>) {
+    debug_assert!(cache.hash_locked(b));
+    inode
+        .hash_next
+        .store(b.head.load(Ordering::Relaxed), Ordering::Relaxed);
+    // Release: a lock-free walker that loads the pointer sees the initialized inode.
+    b.head.store(NonNull::from(inode).as_ptr(), Ordering::Release);
+    inode.set_bits(HASHED | WAS_HASHED);
+}
+
+/// `remove_inode_hash`.
+pub(crate) fn remove_inode_hash<F: SuperOperations>(inode: &Inode<F>) {
+    let cache = &*inode.sb.cache;
+    let b = cache.bucket(&inode.sb, inode.hashval);
+    let _h = cache.hash_lock(b);
+    let _g = inode.lock();
+    if inode.state.load(Ordering::Relaxed) & HASHED == 0 {
+        return;
+    }
+    let me = NonNull::from(inode).as_ptr();
+    let mut link: &AtomicPtr<Inode<F>> = &b.head;
+    loop {
+        let p = link.load(Ordering::Relaxed);
+        assert!(
+            !p.is_null(),
+            "remove_inode_hash: {} is not on its chain",
+            inode.name()
+        );
+        if p == me {
+            // hlist_del_init_rcu: `hash_next` stays, so a walker standing on us goes on.
+            link.store(inode.hash_next.load(Ordering::Relaxed), Ordering::Release);
+            break;
+        }
+        // SAFETY: chain members are alive while we hold the chain lock (they are
+        // unhashed under it before they are freed).
+        link = unsafe { &(*p).hash_next };
+    }
+    inode.clear_bits(HASHED);
+}
+
+// ---------------------------------------------------------------------------------------
+// Lookup.
+
+/// `test` of `iget5_locked`/`ilookup5`; `Ino` compares `i_ino` with the hash value.
+pub(crate) enum Test<F: SuperOperations> {
+    Ino,
+    Custom(TestFn<F>),
+}
+
+type TestFn<F> = Arc<dyn Fn(&Inode<F>) -> bool + Send + Sync>;
+
+impl<F: SuperOperations> Clone for Test<F> {
+    fn clone(&self) -> Self {
+        match self {
+            Test::Ino => Test::Ino,
+            Test::Custom(f) => Test::Custom(f.clone()),
+        }
+    }
+}
+
+impl<F: SuperOperations> Test<F> {
+    fn matches(&self, inode: &Inode<F>, hashval: u64) -> bool {
+        match self {
+            Test::Ino => inode.ino == hashval,
+            Test::Custom(f) => f(inode),
+        }
+    }
+}
+
+/// How a new inode is made: `->alloc_inode`, or `iget5_locked`'s `set`.
+pub(crate) enum Make<F: SuperOperations> {
+    Alloc,
+    Custom(Arc<dyn Fn() -> (u64, F::Data) + Send + Sync>),
+}
+
+impl<F: SuperOperations> Clone for Make<F> {
+    fn clone(&self) -> Self {
+        match self {
+            Make::Alloc => Make::Alloc,
+            Make::Custom(f) => Make::Custom(f.clone()),
+        }
+    }
+}
+
+enum Find<F: SuperOperations> {
+    Absent,
+    /// `I_CREATING`: `-ESTALE`.
+    Creating,
+    /// Registered to wait for the eviction of the inode at this address.
+    Freeing(usize),
+    Found(InodeRef<F>),
+}
+
+/// `find_inode`/`find_inode_fast`: walk the chain newest first. The caller is pinned or
+/// holds the chain lock. `skip_freeing` is `insert_inode_locked`'s walk (it passes over
+/// inodes being freed and never waits).
+fn find_inode<F: SuperOperations>(
+    sb: &Arc<SbInner<F>>,
+    b: &Bucket<F>,
+    hashval: u64,
+    test: &Test<F>,
+    waiter: &mut Option<Arc<Waiter>>,
+    skip_freeing: bool,
+) -> Find<F> {
+    'repeat: loop {
+        let mut p = b.head.load(Ordering::Acquire);
+        while let Some(n) = NonNull::new(p) {
+            // SAFETY: reached from the chain while pinned or under its lock: the inode
+            // is freed only a grace period after it left the chain.
+            let inode = unsafe { n.as_ref() };
+            p = inode.hash_next.load(Ordering::Acquire);
+            if !Arc::ptr_eq(&inode.sb, sb) || inode.hashval != hashval || !test.matches(inode, hashval) {
+                continue;
+            }
+            let g = inode.lock();
+            let s = inode.state.load(Ordering::Relaxed);
+            if s & (I_FREEING | I_WILL_FREE) != 0 {
+                if skip_freeing {
+                    continue;
+                }
+                if s & HASHED == 0 {
+                    // evict() already unhashed it: nothing to wait for, look again.
+                    drop(g);
+                    continue 'repeat;
+                }
+                // __wait_on_freeing_inode: sleep until evict() unhashes it.
+                let w = waiter.get_or_insert_with(Waiter::new);
+                w.rearm();
+                inode.set_bits(WAITERS);
+                sb.cache.waits.register(inode.addr(), w);
+                return Find::Freeing(inode.addr());
+            }
+            if s & I_CREATING != 0 {
+                return Find::Creating;
+            }
+            return Find::Found(inode.iget_locked_ref());
+        }
+        return Find::Absent;
+    }
+}
+
+/// What a lookup operation is, kept by a waiting one to try again.
+pub(crate) enum Op<F: SuperOperations> {
+    Iget {
+        hashval: u64,
+        test: Test<F>,
+        make: Make<F>,
+    },
+    Lookup {
+        hashval: u64,
+        test: Test<F>,
+    },
+    Insert {
+        inode: Option<InodeRef<F>>,
+        test: Test<F>,
+    },
+}
+
+/// The result of a lookup operation (internal to [`FromOutcome`]).
+#[doc(hidden)]
+pub enum Outcome<F: SuperOperations> {
+    /// `iget_locked`.
+    Iget(Option<Iget<F>>),
+    /// `ilookup`.
+    Lookup(Option<InodeRef<F>>),
+    /// `insert_inode_locked`.
+    Insert(Result<NewInode<F>, InsertBusy<F>>),
+}
+
+enum Attempt<F: SuperOperations> {
+    Done(Outcome<F>),
+    Freeing(usize),
+    New(InodeRef<F>),
+}
+
+/// A found inode: wait while it is `I_NEW`; then an unhashed one is put and the
+/// operation starts over (`iget_locked`, `ilookup`, `insert_inode_locked` all do this).
+fn settle_found<F: SuperOperations>(
+    sb: &Arc<SbInner<F>>,
+    op: &mut Op<F>,
+    r: InodeRef<F>,
+    waiter: &mut Option<Arc<Waiter>>,
+) -> Attempt<F> {
+    {
+        let _g = r.lock();
+        if r.state.load(Ordering::Relaxed) & I_NEW != 0 {
+            let w = waiter.get_or_insert_with(Waiter::new);
+            w.rearm();
+            r.set_bits(WAITERS);
+            sb.cache.waits.register(r.addr(), w);
+            drop(_g);
+            return Attempt::New(r);
+        }
+    }
+    if !r.is_hashed() {
+        drop(r);
+        return run(sb, op, waiter);
+    }
+    Attempt::Done(match op {
+        Op::Iget { .. } => Outcome::Iget(Some(Iget::Cached(r))),
+        Op::Lookup { .. } => Outcome::Lookup(Some(r)),
+        Op::Insert { inode, .. } => {
+            drop(r);
+            Outcome::Insert(Err(InsertBusy {
+                inode: inode.take().expect("insert holds its inode"),
+            }))
+        }
+    })
+}
+
+/// Runs an operation from the start.
+fn run<F: SuperOperations>(
+    sb: &Arc<SbInner<F>>,
+    op: &mut Op<F>,
+    waiter: &mut Option<Arc<Waiter>>,
+) -> Attempt<F> {
+    let cache = &*sb.cache;
+    match op {
+        Op::Iget { hashval, test, make } => {
+            let (hashval, test, make) = (*hashval, test.clone(), make.clone());
+            let b = cache.bucket(sb, hashval);
+            let first = match cache.settings.lookup {
+                Lookup::Lockless => {
+                    let _p = cache.domain.pin();
+                    find_inode(sb, b, hashval, &test, waiter, false)
+                }
+                Lookup::Locked => {
+                    let _h = cache.hash_lock(b);
+                    find_inode(sb, b, hashval, &test, waiter, false)
+                }
+            };
+            match first {
+                Find::Creating => return Attempt::Done(Outcome::Iget(None)),
+                Find::Freeing(a) => return Attempt::Freeing(a),
+                Find::Found(r) => return settle_found(sb, op, r, waiter),
+                Find::Absent => {}
+            }
+            let (ino, data) = match make {
+                Make::Alloc => (hashval, sb.ops.alloc_inode(hashval)),
+                Make::Custom(f) => f(),
+            };
+            let new = alloc_inode(sb, ino, hashval, data);
+            let h = cache.hash_lock(b);
+            // We released the lock, so..
+            match find_inode(sb, b, hashval, &test, waiter, false) {
+                Find::Absent => {
+                    // SAFETY: just allocated; published below under the chain lock.
+                    let inode = unsafe { new.as_ref() };
+                    {
+                        let _g = inode.lock();
+                        inode.set_bits(I_NEW);
+                        hash_link(cache, b, inode);
+                    }
+                    inode_sb_list_add(inode);
+                    drop(h);
+                    cache.counters().loads.fetch_add(1, Ordering::Relaxed);
+                    Attempt::Done(Outcome::Iget(Some(Iget::New(NewInode::new(InodeRef {
+                        ptr: new,
+                    })))))
+                }
+                other => {
+                    // Somebody else created it under us: use theirs.
+                    drop(h);
+                    destroy_unpublished(new);
+                    match other {
+                        Find::Creating => Attempt::Done(Outcome::Iget(None)),
+                        Find::Freeing(a) => Attempt::Freeing(a),
+                        Find::Found(r) => settle_found(sb, op, r, waiter),
+                        Find::Absent => unreachable!(),
+                    }
+                }
+            }
+        }
+        Op::Lookup { hashval, test } => {
+            let (hashval, test) = (*hashval, test.clone());
+            let b = cache.bucket(sb, hashval);
+            let f = match cache.settings.lookup {
+                Lookup::Lockless => {
+                    let _p = cache.domain.pin();
+                    find_inode(sb, b, hashval, &test, waiter, false)
+                }
+                Lookup::Locked => {
+                    let _h = cache.hash_lock(b);
+                    find_inode(sb, b, hashval, &test, waiter, false)
+                }
+            };
+            match f {
+                Find::Absent | Find::Creating => Attempt::Done(Outcome::Lookup(None)),
+                Find::Freeing(a) => Attempt::Freeing(a),
+                Find::Found(r) => settle_found(sb, op, r, waiter),
+            }
+        }
+        Op::Insert { inode, test } => {
+            let test = test.clone();
+            let me = inode.as_ref().expect("insert holds its inode");
+            let hashval = me.hashval;
+            let b = cache.bucket(sb, hashval);
+            let h = cache.hash_lock(b);
+            let old = {
+                let mut p = b.head.load(Ordering::Acquire);
+                let mut found = None;
+                while let Some(n) = NonNull::new(p) {
+                    // SAFETY: chain members are alive under the chain lock.
+                    let o = unsafe { n.as_ref() };
+                    p = o.hash_next.load(Ordering::Acquire);
+                    if !Arc::ptr_eq(&o.sb, sb) || o.hashval != hashval || !test.matches(o, hashval) {
+                        continue;
+                    }
+                    let g = o.lock();
+                    if o.state.load(Ordering::Relaxed) & (I_FREEING | I_WILL_FREE) != 0 {
+                        continue;
+                    }
+                    found = Some((o, g));
+                    break;
+                }
+                found
+            };
+            match old {
+                None => {
+                    {
+                        let _g = me.lock();
+                        let s = me.state.load(Ordering::Relaxed);
+                        if s & WAS_HASHED != 0 {
+                            drop(_g);
+                            drop(h);
+                            panic!("insert_inode_locked: {} was hashed before", me.name());
+                        }
+                        me.set_bits(I_NEW | I_CREATING);
+                        hash_link(cache, b, me);
+                    }
+                    drop(h);
+                    cache.counters().loads.fetch_add(1, Ordering::Relaxed);
+                    let r = inode.take().expect("held");
+                    Attempt::Done(Outcome::Insert(Ok(NewInode::new(r))))
+                }
+                Some((o, g)) => {
+                    if o.state.load(Ordering::Relaxed) & I_CREATING != 0 {
+                        drop(g);
+                        drop(h);
+                        return Attempt::Done(Outcome::Insert(Err(InsertBusy {
+                            inode: inode.take().expect("held"),
+                        })));
+                    }
+                    let r = o.iget_locked_ref();
+                    drop(g);
+                    drop(h);
+                    settle_found(sb, op, r, waiter)
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// iput, the LRU, eviction.
+
+/// `iput`.
+pub(crate) fn iput<F: SuperOperations>(p: NonNull<Inode<F>>) {
+    // SAFETY: the caller gives up one counted reference: alive until it is given up.
+    let inode = unsafe { p.as_ref() };
+    // atomic_add_unless(&i_count, -1, 1): not the last reference, no lock.
+    let mut c = inode.count.load(Ordering::Relaxed);
+    while c > 1 {
+        match inode
+            .count
+            .compare_exchange_weak(c, c - 1, Ordering::Release, Ordering::Relaxed)
+        {
+            Ok(_) => return,
+            Err(x) => c = x,
+        }
+    }
+    let g = inode.lock();
+    let prev = inode.count.fetch_sub(1, Ordering::AcqRel);
+    assert!(prev != 0, "iput: {} has no reference to put", inode.name());
+    if prev != 1 {
+        return;
+    }
+    iput_final(inode, g);
+}
+
+/// `iput_final`: the last reference went; the caller holds `i_lock`.
+fn iput_final<F: SuperOperations>(inode: &Inode<F>, g: MutexGuard<'_, ()>) {
+    let s = inode.state.load(Ordering::Relaxed);
+    if s & I_NEW != 0 {
+        drop(g);
+        panic!(
+            "iput: the last reference to {} was put while it is I_NEW (end the load with \
+             unlock_new_inode, discard_new_inode or iget_failed first)",
+            inode.name()
+        );
+    }
+    let sb = &*inode.sb;
+    let drop_it = sb.ops.drop_inode(inode);
+    if !drop_it && s & I_DONTCACHE == 0 && sb.is_active() {
+        // __inode_add_lru(inode, true)
+        if s & ON_LRU != 0 {
+            inode.set_bits(I_REFERENCED);
+            return;
+        }
+        // Lock order is LRU -> i_lock: retake them in that order. Stay pinned so that a
+        // concurrent eviction cannot free the inode under us.
+        let pin = sb.cache.domain.pin();
+        drop(g);
+        inode_lru_list_add(inode);
+        drop(pin);
+        return;
+    }
+    let mut g = g;
+    if !drop_it {
+        inode.set_bits(I_WILL_FREE);
+        drop(g);
+        sb.ops.write_inode(inode);
+        g = inode.lock();
+        inode.clear_bits(I_WILL_FREE);
+    }
+    inode.set_bits(I_FREEING);
+    let on_lru = inode.state.load(Ordering::Relaxed) & ON_LRU != 0;
+    drop(g);
+    if on_lru {
+        inode_lru_list_del(inode);
+    }
+    evict(inode);
+}
+
+/// `__inode_add_lru` after `iput_final` dropped `i_lock`: checks again under both locks.
+fn inode_lru_list_add<F: SuperOperations>(inode: &Inode<F>) {
+    let sb = &*inode.sb;
+    let shard = if sb.cache.settings.lru == Lru::Single {
+        0
+    } else {
+        sb.cache.shard_of_cpu()
+    };
+    let mut l = sb.lru_lock(shard);
+    let _g = inode.lock();
+    let s = inode.state.load(Ordering::Relaxed);
+    if inode.count.load(Ordering::Relaxed) != 0 || s & (I_FREEING | I_WILL_FREE) != 0 || !sb.is_active() {
+        return;
+    }
+    if s & ON_LRU != 0 {
+        inode.set_bits(I_REFERENCED);
+        return;
+    }
+    let k = l.next;
+    l.next += 1;
+    l.map.insert(k, InodePtr(NonNull::from(inode)));
+    sb.lru_len[shard].store(l.map.len(), Ordering::Relaxed);
+    inode.lru_key.store(k, Ordering::Relaxed);
+    inode.lru_shard.store(shard as u32, Ordering::Relaxed);
+    inode.set_bits(ON_LRU);
+    sb.cache.counters().nr_unused.fetch_add(1, Ordering::Relaxed);
+}
+
+/// `inode_lru_list_del` of an inode the caller is evicting (`I_FREEING`).
+fn inode_lru_list_del<F: SuperOperations>(inode: &Inode<F>) {
+    let sb = &*inode.sb;
+    let shard = inode.lru_shard.load(Ordering::Relaxed) as usize;
+    let mut l = sb.lru_lock(shard);
+    let _g = inode.lock();
+    if inode.state.load(Ordering::Relaxed) & ON_LRU != 0 {
+        l.map.remove(&inode.lru_key.load(Ordering::Relaxed));
+        sb.lru_len[shard].store(l.map.len(), Ordering::Relaxed);
+        inode.clear_bits(ON_LRU);
+        sb.cache.counters().nr_unused.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// `evict`: the inode is `I_FREEING`, off the LRU, and the caller owns it.
+fn evict<F: SuperOperations>(inode: &Inode<F>) {
+    debug_assert!(inode.state.load(Ordering::Relaxed) & I_FREEING != 0);
+    debug_assert!(inode.state.load(Ordering::Relaxed) & ON_LRU == 0);
+    let sb = &*inode.sb;
+    inode_sb_list_del(inode);
+    sb.ops.evict_inode(inode);
+    {
+        // clear_inode
+        let _g = inode.lock();
+        inode.set_bits(I_CLEAR);
+    }
+    remove_inode_hash(inode);
+    let w = {
+        let _g = inode.lock();
+        inode.take_waiters()
+    };
+    if w {
+        sb.cache.waits.wake_all(inode.addr());
+    }
+    destroy_inode(inode);
+}
+
+/// `destroy_inode`: `->destroy_inode` now, the memory after a grace period.
+fn destroy_inode<F: SuperOperations>(inode: &Inode<F>) {
+    let sb = &*inode.sb;
+    sb.ops.destroy_inode(inode);
+    sb.cache.counters().nr_inodes.fetch_sub(1, Ordering::Relaxed);
+    let p = InodePtr(NonNull::from(inode));
+    let pin = sb.cache.domain.pin();
+    // SAFETY: the inode is off every list and chain, nobody holds a reference, and
+    // walkers that may still see its pointer are pinned: the box is freed after them.
+    unsafe {
+        pin.defer(Box::new(move || {
+            let p = p;
+            drop(Box::from_raw(p.0.as_ptr()));
+        }));
+    }
+}
+
+/// `list_lru_walk_one` with `inode_lru_isolate` over one LRU shard.
+fn prune_shard<F: SuperOperations>(
+    sb: &SbInner<F>,
+    shard: usize,
+    mut budget: usize,
+    dispose: &mut Vec<InodePtr<F>>,
+) -> usize {
+    let mut l = sb.lru_lock(shard);
+    let mut freed = 0;
+    let mut cur = l.map.keys().next().copied();
+    while let Some(k) = cur {
+        if budget == 0 {
+            break;
+        }
+        budget -= 1;
+        // list_for_each_safe: the next entry is taken before acting on this one.
+        let next = l.map.range(k + 1..).next().map(|(k, _)| *k);
+        let p = l.map[&k];
+        // SAFETY: on the LRU whose lock we hold.
+        let inode = unsafe { p.get() };
+        let _g = inode.lock();
+        let s = inode.state.load(Ordering::Relaxed);
+        if inode.count.load(Ordering::Relaxed) != 0 || s & LINUX_STATE & !I_REFERENCED != 0 {
+            // In use, or busy: leave the LRU (lazy removal), not evicted.
+            l.map.remove(&k);
+            inode.clear_bits(ON_LRU);
+            sb.cache.counters().nr_unused.fetch_sub(1, Ordering::Relaxed);
+            freed += 1;
+        } else if s & I_REFERENCED != 0 {
+            // Second chance: rotate to the tail.
+            inode.clear_bits(I_REFERENCED);
+            l.map.remove(&k);
+            let nk = l.next;
+            l.next += 1;
+            l.map.insert(nk, p);
+            inode.lru_key.store(nk, Ordering::Relaxed);
+        } else {
+            inode.set_bits(I_FREEING);
+            inode.clear_bits(ON_LRU);
+            l.map.remove(&k);
+            sb.cache.counters().nr_unused.fetch_sub(1, Ordering::Relaxed);
+            dispose.push(p);
+            freed += 1;
+        }
+        cur = next;
+    }
+    sb.lru_len[shard].store(l.map.len(), Ordering::Relaxed);
+    freed
+}
+
+// ---------------------------------------------------------------------------------------
+// Public types.
+
+/// An inode cache: the inode hash table and the counters shared by its superblocks.
+/// Cloning gives another handle to the same cache.
+pub struct InodeCache<F: SuperOperations> {
+    inner: Arc<CacheInner<F>>,
+}
+
+impl<F: SuperOperations> Clone for InodeCache<F> {
+    fn clone(&self) -> Self {
+        InodeCache {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<F: SuperOperations> fmt::Debug for InodeCache<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InodeCache")
+            .field("settings", &self.inner.settings)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl<F: SuperOperations> Default for InodeCache<F> {
+    fn default() -> Self {
+        Self::new(Settings::default())
+    }
+}
+
+impl<F: SuperOperations> InodeCache<F> {
+    /// A cache with the given settings.
+    pub fn new(settings: Settings) -> Self {
+        let shards = settings.shard_count();
+        let bits = settings.hash_bits.clamp(0, 30);
+        InodeCache {
+            inner: Arc::new(CacheInner {
+                settings,
+                shards,
+                buckets: (0..1usize << bits)
+                    .map(|_| Bucket {
+                        lock: Mutex::new(()),
+                        head: AtomicPtr::new(std::ptr::null_mut()),
+                    })
+                    .collect(),
+                hash_shift: 64 - bits,
+                global_hash_lock: Mutex::new(()),
+                counters: (0..shards)
+                    .map(|_| CachePadded::new(Counters::default()))
+                    .collect(),
+                waits: WaitTable::new(),
+                domain: Domain::new(),
+                next_dev: StdAtomicU64::new(1),
+            }),
+        }
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> Settings {
+        self.inner.settings
+    }
+
+    /// Mounts a superblock (`SB_ACTIVE`) with these operations.
+    pub fn mount(&self, ops: F) -> SuperBlock<F> {
+        let shards = self.inner.shards;
+        let sb_shards = if self.inner.settings.sb_list == SbList::Global {
+            1
+        } else {
+            shards
+        };
+        let lru_shards = if self.inner.settings.lru == Lru::Single {
+            1
+        } else {
+            shards
+        };
+        SuperBlock {
+            inner: Arc::new(SbInner {
+                cache: self.inner.clone(),
+                ops,
+                dev: self.inner.next_dev.fetch_add(1, Ordering::Relaxed),
+                active: AtomicBool::new(true),
+                lists: (0..sb_shards)
+                    .map(|_| CachePadded::new(Mutex::new(Vec::new())))
+                    .collect(),
+                lru: (0..lru_shards)
+                    .map(|_| {
+                        CachePadded::new(Mutex::new(LruShard {
+                            map: BTreeMap::new(),
+                            next: 0,
+                        }))
+                    })
+                    .collect(),
+                lru_len: (0..lru_shards)
+                    .map(|_| CachePadded::new(StdAtomicUsize::new(0)))
+                    .collect(),
+                prune_cursor: StdAtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// The counters, summed over CPUs (`/proc/sys/fs/inode-nr` and the lock counts).
+    pub fn stats(&self) -> CacheStats {
+        let mut s = CacheStats::default();
+        let (mut nr, mut unused) = (0i64, 0i64);
+        for c in self.inner.counters.iter() {
+            nr += c.nr_inodes.load(Ordering::Relaxed);
+            unused += c.nr_unused.load(Ordering::Relaxed);
+            s.global_lock_acquisitions += c.global_locks.load(Ordering::Relaxed);
+            s.chain_lock_acquisitions += c.chain_locks.load(Ordering::Relaxed);
+            s.sb_shard_lock_acquisitions += c.sb_shard_locks.load(Ordering::Relaxed);
+            s.lru_shard_lock_acquisitions += c.lru_shard_locks.load(Ordering::Relaxed);
+            s.loads += c.loads.load(Ordering::Relaxed);
+        }
+        s.nr_inodes = nr.max(0) as u64;
+        s.nr_unused = unused.max(0) as u64;
+        s
+    }
+}
+
+/// A mounted superblock: where inodes are looked up, created and reclaimed. Dropping it
+/// unmounts it (as [`SuperBlock::umount`]) if that was not done.
+pub struct SuperBlock<F: SuperOperations> {
+    inner: Arc<SbInner<F>>,
+}
+
+impl<F: SuperOperations> fmt::Debug for SuperBlock<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SuperBlock")
+            .field("dev", &self.inner.dev)
+            .field("active", &self.inner.is_active())
+            .finish()
+    }
+}
+
+impl<F: SuperOperations> Drop for SuperBlock<F> {
+    fn drop(&mut self) {
+        if self.inner.is_active() {
+            self.umount();
+        }
+    }
+}
+
+/// `find_inode_nowait`'s verdict on one inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Match {
+    /// Not this one: go on.
+    Skip,
+    /// This one: take a reference (none if it is being freed) and stop.
+    Take,
+    /// Stop and return nothing.
+    Stop,
+}
+
+/// `insert_inode_locked` failed with `EBUSY`: a live inode has the key. Your inode back.
+pub struct InsertBusy<F: SuperOperations> {
+    /// The inode that was to be inserted (still unhashed).
+    pub inode: InodeRef<F>,
+}
+
+impl<F: SuperOperations> fmt::Debug for InsertBusy<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "EBUSY ({:?})", self.inode)
+    }
+}
+
+impl<F: SuperOperations> SuperBlock<F> {
+    fn start<T: FromOutcome<F>>(&self, mut op: Op<F>) -> Started<T, F> {
+        let mut waiter = None;
+        let a = run(&self.inner, &mut op, &mut waiter);
+        InodeWait::from_attempt(self.inner.clone(), op, waiter, a)
+    }
+
+    /// The device number that names it in messages and hashes.
+    pub fn dev(&self) -> u64 {
+        self.inner.dev
+    }
+
+    /// The filesystem operations.
+    pub fn ops(&self) -> &F {
+        &self.inner.ops
+    }
+
+    /// `SB_ACTIVE`.
+    pub fn is_active(&self) -> bool {
+        self.inner.is_active()
+    }
+
+    /// `iget_locked`: the cached inode, or a new `I_NEW` one for the caller to load; waits
+    /// while another task loads it. `None` when the inode found is `I_CREATING`.
+    pub fn iget_locked(&self, ino: u64) -> Option<Iget<F>> {
+        self.iget_locked_start(ino).wait()
+    }
+
+    /// `iget_locked` that returns instead of blocking: see [`Started`].
+    pub fn iget_locked_start(&self, ino: u64) -> Started<Option<Iget<F>>, F> {
+        self.start(Op::Iget {
+            hashval: ino,
+            test: Test::Ino,
+            make: Make::Alloc,
+        })
+    }
+
+    /// `iget5_locked`: lookup by `hashval` and `test`; a miss makes the inode with `set`
+    /// (its `i_ino` and data).
+    pub fn iget5_locked(
+        &self,
+        hashval: u64,
+        test: impl Fn(&Inode<F>) -> bool + Send + Sync + 'static,
+        set: impl Fn() -> (u64, F::Data) + Send + Sync + 'static,
+    ) -> Option<Iget<F>> {
+        self.iget5_locked_start(hashval, test, set).wait()
+    }
+
+    /// `iget5_locked` that returns instead of blocking.
+    pub fn iget5_locked_start(
+        &self,
+        hashval: u64,
+        test: impl Fn(&Inode<F>) -> bool + Send + Sync + 'static,
+        set: impl Fn() -> (u64, F::Data) + Send + Sync + 'static,
+    ) -> Started<Option<Iget<F>>, F> {
+        self.start(Op::Iget {
+            hashval,
+            test: Test::Custom(Arc::new(test)),
+            make: Make::Custom(Arc::new(set)),
+        })
+    }
+
+    /// `ilookup`: the cached inode (after its load), never creating one.
+    pub fn ilookup(&self, ino: u64) -> Option<InodeRef<F>> {
+        self.ilookup_start(ino).wait()
+    }
+
+    /// `ilookup` that returns instead of blocking.
+    pub fn ilookup_start(&self, ino: u64) -> Started<Option<InodeRef<F>>, F> {
+        self.start(Op::Lookup {
+            hashval: ino,
+            test: Test::Ino,
+        })
+    }
+
+    /// `ilookup5`.
+    pub fn ilookup5(
+        &self,
+        hashval: u64,
+        test: impl Fn(&Inode<F>) -> bool + Send + Sync + 'static,
+    ) -> Option<InodeRef<F>> {
+        self.ilookup5_start(hashval, test).wait()
+    }
+
+    /// `ilookup5` that returns instead of blocking.
+    pub fn ilookup5_start(
+        &self,
+        hashval: u64,
+        test: impl Fn(&Inode<F>) -> bool + Send + Sync + 'static,
+    ) -> Started<Option<InodeRef<F>>, F> {
+        self.start(Op::Lookup {
+            hashval,
+            test: Test::Custom(Arc::new(test)),
+        })
+    }
+
+    /// `find_inode_nowait`: calls `m` on each inode of the chain with this hash value,
+    /// newest first, under the chain lock, and never waits. `m` must not block or call
+    /// anything that takes the chain lock. [`Match::Take`] of an inode being freed gives
+    /// `None`.
+    pub fn find_inode_nowait(
+        &self,
+        hashval: u64,
+        mut m: impl FnMut(&Inode<F>) -> Match,
+    ) -> Option<InodeRef<F>> {
+        let sb = &self.inner;
+        let b = sb.cache.bucket(sb, hashval);
+        let _h = sb.cache.hash_lock(b);
+        let mut p = b.head.load(Ordering::Acquire);
+        while let Some(n) = NonNull::new(p) {
+            // SAFETY: chain members are alive under the chain lock.
+            let inode = unsafe { n.as_ref() };
+            p = inode.hash_next.load(Ordering::Acquire);
+            if !Arc::ptr_eq(&inode.sb, sb) || inode.hashval != hashval {
+                continue;
+            }
+            match m(inode) {
+                Match::Skip => continue,
+                Match::Stop => return None,
+                Match::Take => return inode.igrab(),
+            }
+        }
+        None
+    }
+
+    /// `new_inode`: an unhashed inode with `i_ino` `ino`, on the superblock's list.
+    pub fn new_inode(&self, ino: u64) -> InodeRef<F> {
+        let data = self.inner.ops.alloc_inode(ino);
+        self.new_inode_with(ino, ino, data)
+    }
+
+    /// `new_inode` with the hash value and data given (for `insert_inode_locked4`).
+    pub fn new_inode_with(&self, ino: u64, hashval: u64, data: F::Data) -> InodeRef<F> {
+        let p = alloc_inode(&self.inner, ino, hashval, data);
+        // SAFETY: just allocated.
+        inode_sb_list_add(unsafe { p.as_ref() });
+        InodeRef { ptr: p }
+    }
+
+    /// `insert_inode_locked`: hash a `new_inode` as `I_NEW | I_CREATING`, unless a live
+    /// inode has its number (`EBUSY`); inodes being evicted are passed over.
+    ///
+    /// # Panics
+    /// If `inode` was hashed before, or belongs to another superblock.
+    pub fn insert_inode_locked(&self, inode: InodeRef<F>) -> Result<NewInode<F>, InsertBusy<F>> {
+        self.insert_inode_locked_start(inode).wait()
+    }
+
+    /// `insert_inode_locked` that returns instead of blocking.
+    pub fn insert_inode_locked_start(
+        &self,
+        inode: InodeRef<F>,
+    ) -> Started<Result<NewInode<F>, InsertBusy<F>>, F> {
+        self.check_own(&inode);
+        self.start(Op::Insert {
+            inode: Some(inode),
+            test: Test::Ino,
+        })
+    }
+
+    /// `insert_inode_locked4`: as `insert_inode_locked`, by the inode's hash value and
+    /// `test`.
+    pub fn insert_inode_locked4(
+        &self,
+        inode: InodeRef<F>,
+        test: impl Fn(&Inode<F>) -> bool + Send + Sync + 'static,
+    ) -> Started<Result<NewInode<F>, InsertBusy<F>>, F> {
+        self.check_own(&inode);
+        self.start(Op::Insert {
+            inode: Some(inode),
+            test: Test::Custom(Arc::new(test)),
+        })
+    }
+
+    fn check_own(&self, inode: &InodeRef<F>) {
+        if !Arc::ptr_eq(&inode.sb, &self.inner) {
+            panic!(
+                "insert_inode_locked: {} belongs to another superblock",
+                inode.name()
+            );
+        }
+    }
+
+    /// The shrinker's `count_objects`: inodes on the LRU.
+    pub fn count_objects(&self) -> usize {
+        self.inner.lru_len.iter().map(|l| l.load(Ordering::Relaxed)).sum()
+    }
+
+    /// `prune_icache_sb` (the shrinker's `scan_objects`): walks up to `nr_to_scan` LRU
+    /// entries, oldest first, and evicts the unused ones without `I_REFERENCED`. Returns
+    /// the entries taken off the LRU.
+    pub fn prune_icache_sb(&self, nr_to_scan: usize) -> usize {
+        let sb = &*self.inner;
+        let n = sb.lru.len();
+        let total = self.count_objects();
+        let mut dispose = Vec::new();
+        let mut freed = 0;
+        if n == 1 {
+            freed = prune_shard(sb, 0, nr_to_scan, &mut dispose);
+        } else if total > 0 {
+            // Each shard's share of the scan, in proportion to its length (as
+            // shrink_slab splits a scan over NUMA nodes).
+            let start = sb.prune_cursor.fetch_add(1, Ordering::Relaxed);
+            let mut left = nr_to_scan;
+            for i in 0..n {
+                let s = (start + i) % n;
+                let len = sb.lru_len[s].load(Ordering::Relaxed);
+                let share = (nr_to_scan * len).div_ceil(total).min(left);
+                if share > 0 {
+                    freed += prune_shard(sb, s, share, &mut dispose);
+                    left -= share;
+                }
+            }
+        }
+        for p in dispose {
+            // SAFETY: we set I_FREEING on it: it is ours to evict.
+            evict(unsafe { p.get() });
+        }
+        freed
+    }
+
+    /// `evict_inodes`: evicts every unused inode of the superblock that is not `I_NEW` or
+    /// already being evicted. Returns how many it evicted.
+    pub fn evict_inodes(&self) -> usize {
+        let sb = &*self.inner;
+        let mut dispose = Vec::new();
+        for shard in 0..sb.lists.len() {
+            let l = sb.list_lock(shard);
+            for p in l.iter() {
+                // SAFETY: on the list whose lock we hold.
+                let inode = unsafe { p.get() };
+                if inode.count.load(Ordering::Relaxed) != 0 {
+                    continue;
+                }
+                let _g = inode.lock();
+                let s = inode.state.load(Ordering::Relaxed);
+                if inode.count.load(Ordering::Relaxed) != 0 || s & (I_NEW | I_FREEING | I_WILL_FREE) != 0 {
+                    continue;
+                }
+                inode.set_bits(I_FREEING);
+                dispose.push((*p, s & ON_LRU != 0));
+            }
+        }
+        let n = dispose.len();
+        for (p, on_lru) in dispose {
+            // SAFETY: we set I_FREEING on it: it is ours to evict.
+            let inode = unsafe { p.get() };
+            if on_lru {
+                inode_lru_list_del(inode);
+            }
+            evict(inode);
+        }
+        n
+    }
+
+    /// `generic_shutdown_super`'s part: clears `SB_ACTIVE` (from now on the last `iput`
+    /// evicts), then `evict_inodes`. Returns the busy inodes left ("Busy inodes after
+    /// unmount"); they are evicted at their last `iput`.
+    pub fn umount(&self) -> usize {
+        self.inner.active.store(false, Ordering::Release);
+        self.evict_inodes();
+        self.inner.lists.iter().map(|l| l.lock().len()).sum()
+    }
+
+    /// Calls `f` on every inode of the superblock that is neither `I_NEW` nor being
+    /// freed, holding a reference to it (what `drop_pagecache_sb` and sync do). Safe
+    /// against concurrent creation (a new inode may or may not be visited) and eviction
+    /// (a visited inode is held; one already being evicted is skipped). `f` runs with no
+    /// lock held.
+    pub fn for_each_inode(&self, mut f: impl FnMut(&InodeRef<F>)) {
+        let sb = &*self.inner;
+        for shard in 0..sb.lists.len() {
+            let held: Vec<InodeRef<F>> = {
+                let l = sb.list_lock(shard);
+                l.iter()
+                    .filter_map(|p| {
+                        // SAFETY: on the list whose lock we hold.
+                        let inode = unsafe { p.get() };
+                        let _g = inode.lock();
+                        if inode.state.load(Ordering::Relaxed) & (I_NEW | I_FREEING | I_WILL_FREE) != 0 {
+                            None
+                        } else {
+                            Some(inode.iget_locked_ref())
+                        }
+                    })
+                    .collect()
+            };
+            for r in &held {
+                f(r);
+            }
+        }
+    }
+
+    /// The inode numbers on the LRU, oldest first (shard by shard with per-CPU LRUs).
+    pub fn lru_inos(&self) -> Vec<u64> {
+        let sb = &*self.inner;
+        let mut v = Vec::new();
+        for s in 0..sb.lru.len() {
+            let l = sb.lru_lock(s);
+            // SAFETY: on the LRU whose lock we hold.
+            v.extend(l.map.values().map(|p| unsafe { p.get() }.ino));
+        }
+        v
+    }
+
+    /// Inodes on the superblock's lists (allocated, not yet evicted).
+    pub fn nr_inodes(&self) -> usize {
+        self.inner.lists.iter().map(|l| l.lock().len()).sum()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Waiting.
+
+/// Why a wait ended without a result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitError {
+    /// An [`Interrupter`] interrupted it.
+    Interrupted,
+    /// The deadline passed.
+    TimedOut,
+}
+
+impl fmt::Display for WaitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WaitError::Interrupted => "interrupted",
+            WaitError::TimedOut => "timed out",
+        })
+    }
+}
+
+impl std::error::Error for WaitError {}
+
+/// An operation that either finished or has to wait.
+pub enum Started<T, F: SuperOperations> {
+    /// Finished.
+    Done(T),
+    /// Waiting on an `I_NEW` inode or on an eviction.
+    Wait(InodeWait<F, T>),
+}
+
+impl<T: fmt::Debug, F: SuperOperations> fmt::Debug for Started<T, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Started::Done(t) => f.debug_tuple("Done").field(t).finish(),
+            Started::Wait(w) => f.debug_tuple("Wait").field(w).finish(),
+        }
+    }
+}
+
+impl<T: FromOutcome<F>, F: SuperOperations> Started<T, F> {
+    /// The result, blocking until it is there.
+    pub fn wait(self) -> T {
+        match self {
+            Started::Done(t) => t,
+            Started::Wait(w) => match w.wait() {
+                Ok(t) => t,
+                Err(e) => unreachable!("an uninterruptible wait without deadline ended: {e}"),
+            },
+        }
+    }
+
+    /// Whether it has to wait.
+    pub fn is_waiting(&self) -> bool {
+        matches!(self, Started::Wait(_))
+    }
+}
+
+/// The results a waiting operation can give (sealed).
+pub trait FromOutcome<F: SuperOperations>: Sized + private::Sealed {
+    #[doc(hidden)]
+    fn from_outcome(o: Outcome<F>) -> Self;
+}
+
+mod private {
+    pub trait Sealed {}
+    impl<F: crate::SuperOperations> Sealed for Option<crate::Iget<F>> {}
+    impl<F: crate::SuperOperations> Sealed for Option<crate::InodeRef<F>> {}
+    impl<F: crate::SuperOperations> Sealed for Result<crate::NewInode<F>, crate::InsertBusy<F>> {}
+}
+
+impl<F: SuperOperations> FromOutcome<F> for Option<Iget<F>> {
+    fn from_outcome(o: Outcome<F>) -> Self {
+        match o {
+            Outcome::Iget(x) => x,
+            _ => unreachable!("an iget gives an iget outcome"),
+        }
+    }
+}
+
+impl<F: SuperOperations> FromOutcome<F> for Option<InodeRef<F>> {
+    fn from_outcome(o: Outcome<F>) -> Self {
+        match o {
+            Outcome::Lookup(x) => x,
+            _ => unreachable!("a lookup gives a lookup outcome"),
+        }
+    }
+}
+
+impl<F: SuperOperations> FromOutcome<F> for Result<NewInode<F>, InsertBusy<F>> {
+    fn from_outcome(o: Outcome<F>) -> Self {
+        match o {
+            Outcome::Insert(x) => x,
+            _ => unreachable!("an insert gives an insert outcome"),
+        }
+    }
+}
+
+enum Stage<F: SuperOperations> {
+    Freeing(usize),
+    New(InodeRef<F>),
+    Done,
+}
+
+/// A lookup waiting for an `I_NEW` inode's load to end or for an eviction to finish
+/// (`wait_on_inode`, `__wait_on_freeing_inode`). Finish it with [`InodeWait::wait`] (the
+/// thread blocks), [`InodeWait::wait_until`] (with a deadline), by `.await`ing it, or by
+/// calling [`InodeWait::poll_complete`] from a driver of your own. An [`Interrupter`]
+/// ends it from anywhere. Dropping it abandons the lookup (any reference it holds is
+/// put).
+#[must_use = "dropping a wait abandons the lookup"]
+pub struct InodeWait<F: SuperOperations, T> {
+    sb: Arc<SbInner<F>>,
+    op: Op<F>,
+    stage: Stage<F>,
+    waiter: Arc<Waiter>,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<F: SuperOperations, T> fmt::Debug for InodeWait<F, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let on = match &self.stage {
+            Stage::Freeing(_) => "an eviction",
+            Stage::New(_) => "I_NEW",
+            Stage::Done => "nothing",
+        };
+        write!(f, "InodeWait(on {on})")
+    }
+}
+
+/// Ends an [`InodeWait`] with [`WaitError::Interrupted`] from anywhere (the role of a
+/// fatal signal).
+#[derive(Clone, Debug)]
+pub struct Interrupter {
+    waiter: Arc<Waiter>,
+}
+
+impl Interrupter {
+    /// Interrupts the wait (no effect once it finished).
+    pub fn interrupt(&self) {
+        self.waiter.interrupt();
+    }
+}
+
+impl<F: SuperOperations, T: FromOutcome<F>> InodeWait<F, T> {
+    fn from_attempt(
+        sb: Arc<SbInner<F>>,
+        op: Op<F>,
+        waiter: Option<Arc<Waiter>>,
+        a: Attempt<F>,
+    ) -> Started<T, F> {
+        let stage = match a {
+            Attempt::Done(o) => return Started::Done(T::from_outcome(o)),
+            Attempt::Freeing(addr) => Stage::Freeing(addr),
+            Attempt::New(r) => Stage::New(r),
+        };
+        Started::Wait(InodeWait {
+            sb,
+            op,
+            stage,
+            waiter: waiter.expect("a waiting attempt registered a waiter"),
+            _t: PhantomData,
+        })
+    }
+
+    /// A handle that interrupts this wait.
+    pub fn interrupter(&self) -> Interrupter {
+        Interrupter {
+            waiter: self.waiter.clone(),
+        }
+    }
+
+    /// Blocks until the result is there.
+    pub fn wait(mut self) -> Result<T, WaitError> {
+        self.wait_deadline(None)
+    }
+
+    /// Blocks until the result is there or `deadline` passes.
+    pub fn wait_until(mut self, deadline: Instant) -> Result<T, WaitError> {
+        self.wait_deadline(Some(deadline))
+    }
+
+    fn wait_deadline(&mut self, deadline: Option<Instant>) -> Result<T, WaitError> {
+        loop {
+            match self.waiter.wait(deadline) {
+                WaitOutcome::Woken => {
+                    if let Some(t) = self.advance() {
+                        return Ok(t);
+                    }
+                }
+                WaitOutcome::Interrupted => return Err(self.abandon(WaitError::Interrupted)),
+                WaitOutcome::TimedOut => return Err(self.abandon(WaitError::TimedOut)),
+            }
+        }
+    }
+
+    /// Without blocking: if the wait was woken, tries again; `None` while it still waits.
+    pub fn poll_complete(&mut self) -> Option<Result<T, WaitError>> {
+        self.step(None)
+    }
+
+    /// Whether it was woken (a driver's hint that `poll_complete` will make progress).
+    pub fn is_woken(&self) -> bool {
+        self.waiter.poll(None).is_some()
+    }
+
+    fn step(&mut self, waker: Option<&std::task::Waker>) -> Option<Result<T, WaitError>> {
+        if matches!(self.stage, Stage::Done) {
+            return Some(Err(WaitError::Interrupted));
+        }
+        loop {
+            match self.waiter.poll(waker)? {
+                WaitOutcome::Woken => {
+                    if let Some(t) = self.advance() {
+                        return Some(Ok(t));
+                    }
+                }
+                WaitOutcome::Interrupted => return Some(Err(self.abandon(WaitError::Interrupted))),
+                WaitOutcome::TimedOut => return Some(Err(self.abandon(WaitError::TimedOut))),
+            }
+        }
+    }
+
+    /// After a wake-up: tries again; `None` if it waits again.
+    fn advance(&mut self) -> Option<T> {
+        let mut w = Some(self.waiter.clone());
+        let a = match std::mem::replace(&mut self.stage, Stage::Done) {
+            Stage::Freeing(_) => run(&self.sb, &mut self.op, &mut w),
+            Stage::New(r) => settle_found(&self.sb, &mut self.op, r, &mut w),
+            Stage::Done => unreachable!("advanced after the end"),
+        };
+        match a {
+            Attempt::Done(o) => Some(T::from_outcome(o)),
+            Attempt::Freeing(addr) => {
+                self.stage = Stage::Freeing(addr);
+                None
+            }
+            Attempt::New(r) => {
+                self.stage = Stage::New(r);
+                None
+            }
+        }
+    }
+
+    fn abandon(&mut self, e: WaitError) -> WaitError {
+        match std::mem::replace(&mut self.stage, Stage::Done) {
+            Stage::Freeing(addr) => self.sb.cache.waits.cancel(addr, &self.waiter),
+            Stage::New(r) => {
+                self.sb.cache.waits.cancel(r.addr(), &self.waiter);
+                drop(r);
+            }
+            Stage::Done => {}
+        }
+        e
+    }
+}
+
+impl<F: SuperOperations, T> Drop for InodeWait<F, T> {
+    fn drop(&mut self) {
+        match std::mem::replace(&mut self.stage, Stage::Done) {
+            Stage::Freeing(addr) => self.sb.cache.waits.cancel(addr, &self.waiter),
+            Stage::New(r) => {
+                self.sb.cache.waits.cancel(r.addr(), &self.waiter);
+                drop(r);
+            }
+            Stage::Done => {}
+        }
+    }
+}
+
+impl<F: SuperOperations, T: FromOutcome<F>> Future for InodeWait<F, T> {
+    type Output = Result<T, WaitError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // `InodeWait` is `Unpin` (no self-references).
+        let this = self.get_mut();
+        match this.step(Some(cx.waker())) {
+            Some(r) => Poll::Ready(r),
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl<F: SuperOperations, T> Unpin for InodeWait<F, T> {}

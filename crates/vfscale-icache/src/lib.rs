@@ -1,0 +1,323 @@
+//! Linux `fs/inode.c` (v6.18) in userspace: an inode cache with Linux's names and rules
+//! (`iget_locked` and its `I_NEW` hand-off, `ilookup`, `insert_inode_locked`, `iput`
+//! with `iput_final`, the LRU with second chance, `evict_inodes`), finished with the
+//! scalable design of seed 002 (Dave Chinner, "vfs: inode cache scalability", 2023): a
+//! lock per hash chain, lock-free lookup (Linux 6.11, 7180f8d91fcb) and per-CPU
+//! superblock inode lists.
+//!
+//! A filesystem implements [`SuperOperations`] (what `super_operations` gives Linux:
+//! `alloc_inode`, `drop_inode`, `write_inode`, `evict_inode`, `destroy_inode`) over its
+//! own inode data, mounts a [`SuperBlock`] on an [`InodeCache`], and asks it for inodes.
+//!
+//! ```
+//! use std::sync::atomic::{AtomicU32, Ordering};
+//! use vfscale_icache::*;
+//!
+//! /// The filesystem's in-memory inode: filled while the inode is `I_NEW`.
+//! #[derive(Default)]
+//! struct MyInode { mode: AtomicU32 }
+//!
+//! struct MyFs;
+//! impl SuperOperations for MyFs {
+//!     type Data = MyInode;
+//!     fn alloc_inode(&self, _ino: u64) -> MyInode { MyInode::default() }
+//! }
+//!
+//! let cache = InodeCache::new(Settings::default());
+//! let sb = cache.mount(MyFs);
+//!
+//! // A miss: the caller gets the I_NEW inode, loads it, and unlocks it.
+//! let Some(Iget::New(new)) = sb.iget_locked(12) else { unreachable!() };
+//! new.data().mode.store(0o100644, Ordering::Relaxed); // "read from disk"
+//! let a = new.unlock_new_inode();
+//!
+//! // A hit: the same inode, one more reference (lock-free lookup).
+//! let Some(Iget::Cached(b)) = sb.iget_locked(12) else { unreachable!() };
+//! assert_eq!(a, b);
+//! assert_eq!(b.state().count, 2);
+//!
+//! // The last iput keeps a linked inode cached, on the LRU; the shrinker evicts it.
+//! drop((a, b));
+//! assert_eq!(sb.lru_inos(), vec![12]);
+//! assert_eq!(cache.stats().nr_unused, 1);
+//! assert_eq!(sb.prune_icache_sb(10), 1);
+//! assert!(sb.ilookup(12).is_none());
+//! assert_eq!(cache.stats().nr_inodes, 0);
+//! ```
+//!
+//! # The state machine (`i_state`)
+//!
+//! ```text
+//!   iget_locked miss ─┐                    unlock_new_inode / discard_new_inode
+//!   insert_inode_     ├──► I_NEW ─────────────────────────────────────────────► live
+//!   locked (+CREATING)┘      │  iget_failed: unhash, clear I_NEW, iput              │
+//!                            └──────────────────────────────────────────► (unhashed) │
+//!                                                                                   │
+//!   live, i_count 0: on the LRU (I_REFERENCED = used again since) ◄── last iput ─────┤
+//!                                                                                   │
+//!   last iput that drops (nlink 0, unhashed, I_DONTCACHE, sb unmounted) ────────────┤
+//!   prune_icache_sb / evict_inodes of an unused inode ──────────────────────────────┤
+//!                                                                                   ▼
+//!                    I_WILL_FREE (->write_inode, only when not dropped) ──► I_FREEING
+//!   I_FREEING: off the LRU, off the sb list, ->evict_inode, I_CLEAR, unhashed, waiters
+//!   woken, ->destroy_inode; the memory is freed a grace period later (epoch).
+//! ```
+//!
+//! * **`I_NEW`**: set by a lookup that misses (`iget_locked`, `iget5_locked`) or by
+//!   `insert_inode_locked` (with `I_CREATING`). The loader holds a [`NewInode`] guard;
+//!   every other task that finds the inode takes a reference and waits (blocking, with a
+//!   deadline, interruptibly, or as a `Future`: [`InodeWait`]). `unlock_new_inode` and
+//!   `discard_new_inode` leave it hashed: the waiters take it. `iget_failed` (and a
+//!   dropped guard, Linux's error path) unhashes it: the waiters put it and look again,
+//!   and one of them becomes the loader.
+//! * **`I_CREATING`**: a lookup that meets it returns `None` (Linux `-ESTALE`/`NULL`);
+//!   `insert_inode_locked` fails with `EBUSY`.
+//! * **`I_FREEING` / `I_WILL_FREE`**: a lookup that meets it waits until `evict()` has
+//!   unhashed it and looks again (`__wait_on_freeing_inode`), so no lookup ever returns an
+//!   inode being evicted; `insert_inode_locked` passes over it; `igrab` fails.
+//! * **LRU**: removal is lazy, as in Linux: an inode taken again stays on the LRU (and in
+//!   `nr_unused`) until a prune meets it; a last `iput` of an inode still on the LRU sets
+//!   `I_REFERENCED` (second chance: the prune rotates it once instead of evicting it).
+//!
+//! # What protects what
+//!
+//! | data | protected by | read without it by |
+//! |---|---|---|
+//! | a hash chain's links (`i_hash`) | the chain's lock (`Settings::hash_lock`: per chain, or one `inode_hash_lock`) | lock-free lookups, pinned (epoch) |
+//! | `i_state` (all flags, `HASHED`, `ON_LRU`, `WAITERS`) | the inode's `i_lock` (writes) | anyone (racy snapshots, `inode_generic_drop`) |
+//! | `i_count` 0 → 1 and 1 → 0 | `i_lock` (`__iget` under it, `atomic_dec_and_lock` in `iput`) | other changes are atomic |
+//! | `i_nlink` | atomic (the filesystem serializes its own link changes, like `i_rwsem`) | |
+//! | a superblock list shard (`s_inodes`), an inode's place in it | that shard's lock (`s_inode_list_lock`) | |
+//! | an LRU shard (`s_inode_lru`), an inode's age key in it | that shard's lock (`list_lru` lock) | `count_objects` (a length mirror) |
+//! | `SB_ACTIVE` | atomic | |
+//! | a wait-table bucket | its lock | |
+//! | counters | per CPU, atomic | `stats` sums them |
+//!
+//! # Lock order
+//!
+//! hash chain lock (or `inode_hash_lock`) → superblock list shard → LRU shard → `i_lock` →
+//! wait-table bucket. Unlike Linux (which takes the `list_lru` lock under `i_lock` and
+//! `spin_trylock`s the other way in `inode_lru_isolate`), the LRU lock is always taken
+//! first: `iput_final` drops `i_lock`, takes the LRU shard's lock and `i_lock` again and
+//! checks again (staying pinned so the inode cannot be freed meanwhile). No lock is held
+//! while calling `->evict_inode`, `->write_inode`, `->destroy_inode` or `alloc_inode`;
+//! `->drop_inode` runs under `i_lock` and must only use lock-free accessors (all of
+//! [`Inode`]'s getters are).
+//!
+//! # Scalability (seed 002 and after)
+//!
+//! * **Hash**: a lock per chain (`hlist_bl`) for insert and remove; lookups take no lock
+//!   at all: they pin the epoch (crossbeam-epoch writes only the thread's own record),
+//!   walk the chain, and take the found inode's own `i_lock` to check its state and take
+//!   a reference. Inodes are freed a grace period after eviction. An iget hit writes
+//!   only the inode's own cache lines.
+//! * **Superblock lists**: one list per CPU shard, each with its own lock (seed 002's
+//!   `dlist`); an inode remembers its shard, so create and evict on different CPUs do not
+//!   meet. `evict_inodes` and [`SuperBlock::for_each_inode`] visit every shard.
+//! * **LRU**: one list per CPU shard (the CPU of the `iput` that put the inode there).
+//!   Linux's `list_lru` is split per NUMA node; per CPU goes further, so two CPUs'
+//!   `iput`s never meet on one lock. The shrinker splits a scan over the shards in
+//!   proportion to their lengths, as `shrink_slab` splits it over nodes. The order within
+//!   a shard is exact; [`Lru::Single`] (one list, Linux on one node, what the scenario
+//!   replay uses) keeps the spec's single-list order exactly.
+//! * **Counters** (`nr_inodes`, `nr_unused`, lock acquisitions, loads): per CPU shard,
+//!   on their own cache lines; [`InodeCache::stats`] sums them.
+//! * Remaining shared writes on the *create/evict* path (not the hit path): the
+//!   superblock's `Arc` count (each inode holds its superblock).
+//!
+//! # Experiment settings
+//!
+//! [`Settings`] switch each mechanism back: [`HashLock::Global`] (one `inode_hash_lock`),
+//! [`SbList::Global`] (one `s_inode_list_lock`), [`Lookup::Locked`] (lookups under the
+//! hash lock, before Linux 6.11), [`Lru::Single`] (one LRU list per superblock).
+//! [`Settings::prepatch`] sets all four. [`CacheStats::global_lock_acquisitions`] counts
+//! acquisitions of every lock that all tasks share (only those settings create one).
+//!
+//! # Bad input
+//!
+//! References are RAII ([`InodeRef`]: `Clone` is `ihold`, `Drop` is `iput`), so an `iput`
+//! of a freed inode or a double `iput` cannot be written. What the types cannot prevent
+//! panics with a message naming the inode, where Linux would `WARN`: a second
+//! `unlock_new_inode` (through [`InodeRef::unlock_new_inode`]), `drop_nlink` at 0, the last
+//! `iput` of an `I_NEW` inode, `insert_inode_locked` of an inode hashed before.
+//!
+//! # Models
+//!
+//! Under `--cfg vfscale_loom` and `--cfg vfscale_shuttle` the locks and atomics come from
+//! loom/shuttle (the `vfscale-sync` shim), and crossbeam-epoch is replaced by a small
+//! model the schedulers can see (see `epoch.rs`).
+#![warn(missing_docs)]
+
+mod cache;
+mod epoch;
+mod inode;
+mod sync;
+mod wait;
+
+#[doc(hidden)]
+pub use cache::Outcome;
+pub use cache::{
+    FromOutcome, InodeCache, InodeWait, InsertBusy, Interrupter, Match, Started, SuperBlock, WaitError,
+};
+pub use inode::{Iget, Inode, InodeFlags, InodeRef, InodeState, NewInode};
+
+/// Hurries the deferred freeing of evicted inodes' memory (best effort; for tests that
+/// count drops of the filesystem's data). `->destroy_inode` itself runs at eviction.
+pub fn flush_deferred() {
+    epoch::flush();
+}
+
+/// What a filesystem gives the cache (`struct super_operations`). Every method but
+/// `alloc_inode` has Linux's default.
+pub trait SuperOperations: Send + Sync + Sized + 'static {
+    /// The filesystem's in-memory inode (`container_of` the VFS inode in Linux). Filled
+    /// while the inode is `I_NEW`, through interior mutability.
+    type Data: Send + Sync + 'static;
+
+    /// `->alloc_inode`: the data of a new inode numbered `ino` (`iget_locked`, `new_inode`).
+    fn alloc_inode(&self, ino: u64) -> Self::Data;
+
+    /// `->drop_inode`: whether the last `iput` evicts the inode now. Runs under `i_lock`:
+    /// use only [`Inode`]'s getters. The default is [`inode_generic_drop`].
+    fn drop_inode(&self, inode: &Inode<Self>) -> bool {
+        inode_generic_drop(inode)
+    }
+
+    /// `->write_inode` before an inode that is not dropped is evicted anyway (unmounted
+    /// superblock, `I_DONTCACHE`); the inode is `I_WILL_FREE` meanwhile.
+    fn write_inode(&self, _inode: &Inode<Self>) {}
+
+    /// `->evict_inode`: the inode is `I_FREEING`, off the LRU and the superblock list,
+    /// still hashed (lookups of its key wait). No lock is held.
+    fn evict_inode(&self, _inode: &Inode<Self>) {}
+
+    /// `->destroy_inode`: the inode is unhashed and about to be freed (its data is dropped
+    /// a grace period later).
+    fn destroy_inode(&self, _inode: &Inode<Self>) {}
+}
+
+/// `inode_generic_drop` (Linux 6.18's name for `generic_drop_inode`): drop an inode with
+/// no links or that is unhashed.
+pub fn inode_generic_drop<F: SuperOperations>(inode: &Inode<F>) -> bool {
+    inode.nlink() == 0 || !inode.is_hashed()
+}
+
+/// Who serializes insert and remove on the inode hash.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum HashLock {
+    /// A lock per chain (seed 002's `hlist_bl`).
+    #[default]
+    PerChain,
+    /// One `inode_hash_lock` for the whole table (Linux before seed 002).
+    Global,
+}
+
+/// How a superblock keeps its inode list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum SbList {
+    /// One list and lock per CPU shard (seed 002's `dlist`).
+    #[default]
+    PerCpu,
+    /// One list under one `s_inode_list_lock` (Linux).
+    Global,
+}
+
+/// How lookups walk a hash chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Lookup {
+    /// No lock: pinned epoch (Linux 6.11, 7180f8d91fcb).
+    #[default]
+    Lockless,
+    /// Under the hash lock (Linux before 6.11).
+    Locked,
+}
+
+/// How a superblock keeps its LRU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Lru {
+    /// One list and lock per CPU shard.
+    #[default]
+    PerCpu,
+    /// One list (Linux's `list_lru` on one NUMA node); exact single-list order.
+    Single,
+}
+
+/// Cache configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Settings {
+    /// Hash locking.
+    pub hash_lock: HashLock,
+    /// Superblock lists.
+    pub sb_list: SbList,
+    /// Lookup.
+    pub lookup: Lookup,
+    /// LRU.
+    pub lru: Lru,
+    /// log2 of the number of hash chains (`ihash_entries`); at most 30.
+    pub hash_bits: u32,
+    /// Shards of the per-CPU structures (rounded up to a power of two); 0: one per CPU.
+    pub shards: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            hash_lock: HashLock::PerChain,
+            sb_list: SbList::PerCpu,
+            lookup: Lookup::Lockless,
+            lru: Lru::PerCpu,
+            hash_bits: if cfg!(any(vfscale_loom, vfscale_shuttle)) {
+                2
+            } else {
+                16
+            },
+            shards: 0,
+        }
+    }
+}
+
+impl Settings {
+    /// Every mechanism switched back: one hash lock, one superblock list, locked lookups,
+    /// one LRU (the lab's `library-prepatch`).
+    pub fn prepatch() -> Self {
+        Settings {
+            hash_lock: HashLock::Global,
+            sb_list: SbList::Global,
+            lookup: Lookup::Locked,
+            lru: Lru::Single,
+            ..Settings::default()
+        }
+    }
+
+    pub(crate) fn shard_count(&self) -> usize {
+        let n = if self.shards > 0 {
+            self.shards
+        } else if cfg!(any(vfscale_loom, vfscale_shuttle)) {
+            2
+        } else {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        };
+        n.clamp(1, 1 << 16).next_power_of_two()
+    }
+}
+
+/// The counters of a cache, summed over CPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct CacheStats {
+    /// Inodes allocated and not yet destroyed (`nr_inodes` of `/proc/sys/fs/inode-nr`).
+    pub nr_inodes: u64,
+    /// Inodes on LRU lists (`nr_unused`).
+    pub nr_unused: u64,
+    /// Acquisitions of locks that every task shares: `inode_hash_lock`
+    /// ([`HashLock::Global`]), a superblock's single list lock ([`SbList::Global`]), a
+    /// superblock's single LRU lock ([`Lru::Single`]). 0 with the default settings.
+    pub global_lock_acquisitions: u64,
+    /// Acquisitions of per-chain hash locks.
+    pub chain_lock_acquisitions: u64,
+    /// Acquisitions of per-CPU superblock list locks.
+    pub sb_shard_lock_acquisitions: u64,
+    /// Acquisitions of per-CPU LRU locks.
+    pub lru_shard_lock_acquisitions: u64,
+    /// Inodes inserted `I_NEW` (`iget` misses and `insert_inode_locked`): loads.
+    pub loads: u64,
+}
