@@ -1,6 +1,7 @@
 //! Running a plan: every configuration on every target, repeated, summarized into rows.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -24,75 +25,167 @@ pub struct Plan {
 pub struct Scale {
     /// Task counts.
     pub tasks: Vec<usize>,
-    /// Lock modes (herd; the descriptor-table workloads ignore theirs).
-    pub modes: Vec<LockMode>,
+    /// The modes to measure, by name (from [`Workload::modes`]); a workload whose
+    /// mode is fixed ignores it.
+    pub modes: Vec<&'static str>,
     /// Lock/unlock pairs per task (lockperf).
     pub iterations: Option<u64>,
-    /// Measured interval (herd, lock1, lock2, pipebench, opensock, dup1).
+    /// Measured interval (herd, lock1, lock2, pipebench, opensock, dup1, loop).
     pub duration: Duration,
+    /// Sizes (lockmany: locks held, one configuration each; inodes: files per task;
+    /// loop: devices at boot); empty for workloads without one.
+    pub sizes: Vec<u64>,
+    /// Where kernel targets run, instead of a fresh tmpfs directory (`--dir`).
+    pub dir: Option<PathBuf>,
 }
 
 impl Scale {
     /// The defaults of `vfscale bench WORKLOAD`, the seeds' own where they fit.
     pub fn default_for(w: Workload) -> Scale {
+        let base = Scale {
+            tasks: vec![1],
+            modes: w.modes().to_vec(),
+            iterations: None,
+            duration: Duration::from_secs(1),
+            sizes: Vec::new(),
+            dir: None,
+        };
         match w {
             Workload::Herd => Scale {
                 tasks: vec![2, 20, 100, 1000],
-                modes: LockMode::ALL.to_vec(),
-                iterations: None,
-                duration: Duration::from_secs(1),
+                ..base
             },
             Workload::Lock1 | Workload::Lock2 => Scale {
                 tasks: vec![1, 2, 4],
-                modes: vec![LockMode::Posix],
-                iterations: None,
                 duration: Duration::from_millis(500),
+                ..base
             },
             // Seed 001 ran 16 threads for 10 s; 1 s per run is enough for a stable rate.
             Workload::Pipebench | Workload::Opensock | Workload::Dup1 => Scale {
                 tasks: vec![1, 2, 4, 16],
-                modes: vec![LockMode::Posix],
-                iterations: None,
+                ..base
+            },
+            Workload::Lockmany => Scale {
+                tasks: vec![1],
+                sizes: vec![10, 100, 1_000, 10_000, 100_000],
+                ..base
+            },
+            Workload::Inodes => Scale {
+                tasks: vec![1, 2],
+                sizes: vec![200_000],
+                ..base
+            },
+            Workload::Loop => Scale {
+                tasks: vec![1, 2, 8, 64],
+                sizes: vec![69],
                 duration: Duration::from_secs(1),
+                ..base
             },
             _ => Scale {
                 tasks: vec![128],
-                modes: vec![w.lockperf().expect("lockperf").0],
-                iterations: None,
                 duration: Duration::ZERO,
+                ..base
             },
         }
     }
 }
 
-/// The configurations of workload `w` at `scale`.
+impl Scale {
+    /// The scale of workload `w` in `vfscale run` (`quick`: `vfscale run --quick`):
+    /// every workload, all its targets, about seven minutes in all on 2 cores (under a
+    /// minute quick). The lockperf workloads do the same total work at every task count
+    /// (1M lock/unlock pairs, split across the tasks), so the 1- and 2-task runs are long
+    /// enough to compare; `vfscale bench` keeps the seed's per-task counts.
+    pub fn for_run(w: Workload, quick: bool) -> Vec<Scale> {
+        let mut s = Scale::default_for(w);
+        if quick {
+            s.tasks.retain(|&t| t <= 100);
+        }
+        let ms = |full: u64, q: u64| Duration::from_millis(if quick { q } else { full });
+        match w {
+            Workload::Herd => s.duration = ms(750, 100),
+            Workload::Lock1 | Workload::Lock2 => s.duration = ms(250, 50),
+            // 3 workloads x 4 thread counts x 3 targets x 3 runs x 0.2 s: about 25 s.
+            Workload::Pipebench | Workload::Opensock | Workload::Dup1 => s.duration = ms(200, 30),
+            Workload::Lockmany => {
+                s.sizes = if quick {
+                    vec![10, 1_000]
+                } else {
+                    vec![10, 1_000, 10_000]
+                }
+            }
+            Workload::Inodes => s.sizes = vec![if quick { 2_000 } else { 20_000 }],
+            Workload::Loop => {
+                s.duration = ms(300, 50);
+                if quick {
+                    s.tasks = vec![1, 2];
+                }
+            }
+            _ => {
+                let total_pairs: u64 = if quick { 20_000 } else { 1_000_000 };
+                return [1, 2, 128]
+                    .into_iter()
+                    .map(|tasks| Scale {
+                        tasks: vec![tasks],
+                        iterations: Some((total_pairs / tasks as u64).max(if quick { 100 } else { 2_000 })),
+                        ..s.clone()
+                    })
+                    .collect();
+            }
+        }
+        vec![s]
+    }
+}
+
+/// The configurations of workload `w` at `scale`, in report order.
 pub fn configs(w: Workload, scale: &Scale) -> Vec<Config> {
     let iterations = scale.iterations.unwrap_or(match w {
         // lockperf: 10k on the shared file, 20k on private files (seed 000).
         Workload::Posix01 | Workload::Flock01 => 10_000,
         _ => 20_000,
     });
-    let mut out = Vec::new();
     let kinds: &[TaskKind] = match w {
         Workload::Lock1 | Workload::Lock2 => &[TaskKind::Processes, TaskKind::Threads],
         Workload::Pipebench | Workload::Opensock | Workload::Dup1 => &[TaskKind::Threads],
         _ => &[TaskKind::Processes],
     };
-    let modes: Vec<LockMode> = match w.lockperf() {
-        Some((m, _)) => vec![m],
-        None => scale.modes.clone(),
+    // What one configuration varies over: a lock family, a mode, or all selected modes at once.
+    let variants: Vec<(LockMode, Vec<&'static str>)> = match w {
+        _ if w.lockperf().is_some() => vec![(w.lockperf().expect("lockperf").0, Vec::new())],
+        Workload::Herd | Workload::Lockmany => scale
+            .modes
+            .iter()
+            .filter_map(|m| LockMode::from_name(m))
+            .map(|m| (m, Vec::new()))
+            .collect(),
+        // One inodes run goes through the selected phases in order (each needs the ones
+        // before it), so it measures them all at once.
+        Workload::Inodes => vec![(LockMode::Posix, scale.modes.clone())],
+        Workload::Loop => scale.modes.iter().map(|m| (LockMode::Posix, vec![*m])).collect(),
+        _ => vec![(LockMode::Posix, Vec::new())],
     };
-    for &mode in &modes {
+    let sizes: Vec<u64> = if scale.sizes.is_empty() {
+        vec![0]
+    } else {
+        scale.sizes.clone()
+    };
+    let mut out = Vec::new();
+    for (mode, modes) in &variants {
         for &kind in kinds {
-            for &tasks in &scale.tasks {
-                out.push(Config {
-                    workload: w,
-                    tasks,
-                    mode,
-                    kind,
-                    iterations,
-                    duration: scale.duration,
-                });
+            for &size in &sizes {
+                for &tasks in &scale.tasks {
+                    out.push(Config {
+                        workload: w,
+                        tasks,
+                        mode: *mode,
+                        kind,
+                        modes: modes.clone(),
+                        iterations,
+                        duration: scale.duration,
+                        size,
+                        dir: scale.dir.clone(),
+                    });
+                }
             }
         }
     }
@@ -114,11 +207,13 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
     );
     let mut results = Vec::new();
     let mut skipped: Vec<Skipped> = Vec::new();
-    // Each family's kernel target has its own check, made once.
-    let lock_kernel = measure::kernel::available();
-    let fd_kernel = measure::fd_kernel::available();
+    // Each (workload, target) is checked once, the first time it comes up.
+    let mut availability: BTreeMap<(Workload, Target), Result<(), measure::Skip>> = BTreeMap::new();
     for cfg in &plan.configs {
         for &target in &plan.targets {
+            if !cfg.workload.targets().contains(&target) {
+                continue;
+            }
             bar.set_message(format!(
                 "{} {} {} x{}",
                 cfg.workload.name(),
@@ -137,41 +232,69 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
                     });
                 }
             };
-            let kernel_ok = if cfg.workload.is_fd_table() {
-                &fd_kernel
-            } else {
-                &lock_kernel
-            };
-            if let (Target::Kernel, Err(why)) = (target, kernel_ok) {
+            let ok = availability
+                .entry((cfg.workload, target))
+                .or_insert_with(|| measure::available(cfg.workload, target));
+            if let Err(why) = ok {
                 skip(why.to_string(), &mut skipped);
                 bar.inc(plan.runs as u64);
                 continue;
             }
-            let mut samples: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+            // Metric name → samples, per mode (a run measuring several modes names its
+            // metrics `mode/metric`).
+            let mut samples: BTreeMap<String, BTreeMap<String, Vec<f64>>> = BTreeMap::new();
             for _ in 0..plan.runs {
                 match measure::run_once(target, cfg) {
                     Ok(s) => {
                         for (k, v) in s {
-                            samples.entry(k).or_default().push(v);
+                            if let Some(reason) = k.strip_prefix(measure::SKIP_PREFIX) {
+                                skip(reason.to_string(), &mut skipped);
+                                continue;
+                            }
+                            let (mode, metric) = match k.split_once('/') {
+                                Some((m, k)) => (m.to_string(), k.to_string()),
+                                None => (cfg.mode_label().to_string(), k),
+                            };
+                            samples
+                                .entry(mode)
+                                .or_default()
+                                .entry(metric)
+                                .or_default()
+                                .push(v);
                         }
                     }
                     Err(why) => skip(why.to_string(), &mut skipped),
                 }
                 bar.inc(1);
             }
-            if samples.is_empty() {
-                continue;
-            }
-            results.push(Row {
-                workload: cfg.workload.name().into(),
-                target: target.name().into(),
-                mode: cfg.mode_label().into(),
-                tasks: cfg.tasks,
-                metrics: samples
+            let fs = match target {
+                Target::Kernel => Some(crate::meta::filesystem_of(
+                    cfg.dir
+                        .as_deref()
+                        .unwrap_or(std::path::Path::new(measure::SHM_DIR)),
+                )),
+                Target::KernelExt4 => Some("ext4 loop".to_string()),
+                _ => None,
+            };
+            // Rows in the order the workload lists its modes.
+            let mut modes: Vec<String> = samples.keys().cloned().collect();
+            let order = cfg.workload.modes();
+            modes.sort_by_key(|m| order.iter().position(|o| o == m).unwrap_or(usize::MAX));
+            for mode in modes {
+                let metrics = &samples[&mode];
+                let mut row = Row::new(cfg.workload.name(), target.name(), &mode, cfg.tasks);
+                match cfg.workload {
+                    Workload::Lockmany => row.held = Some(cfg.size),
+                    Workload::Inodes => row.files = Some(cfg.size),
+                    _ => {}
+                }
+                row.fs = fs.clone();
+                row.metrics = metrics
                     .iter()
                     .map(|(k, v)| (k.clone(), Summary::of(k, v)))
-                    .collect(),
-            });
+                    .collect();
+                results.push(row);
+            }
         }
     }
     bar.finish_and_clear();

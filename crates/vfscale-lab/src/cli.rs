@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use vfscale_lab::measure::{LockMode, Target, Workload};
+use vfscale_lab::measure::{Target, Workload};
 
 /// vfscale: Linux VFS object managers in userspace, and a lab that reproduces the
 /// kernel's scalability experiments.
@@ -18,8 +18,9 @@ pub struct Cli {
 /// Top-level commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run every experiment at the default scale (about three minutes on 2 cores), print
-    /// the tables and write a report directory.
+    /// Run every seed experiment (about seven minutes on 2 cores; --quick: under one),
+    /// print what it found — a headline per experiment, then summary tables — and write
+    /// the full report to a directory.
     Run(RunArgs),
     /// Measure one workload: `vfscale bench herd --tasks 2,20 --mode flock --runs 3`.
     Bench(BenchArgs),
@@ -142,12 +143,10 @@ fn parse_workload(s: &str) -> Result<Workload, String> {
 }
 
 fn parse_target(s: &str) -> Result<Target, String> {
-    Target::from_name(s)
-        .ok_or_else(|| format!("unknown target {s:?}; expected kernel, library or library-prepatch"))
-}
-
-fn parse_mode(s: &str) -> Result<LockMode, String> {
-    LockMode::from_name(s).ok_or_else(|| format!("unknown mode {s:?}; expected flock, ofd or posix"))
+    Target::from_name(s).ok_or_else(|| {
+        let all: Vec<_> = Target::ALL.iter().map(|t| t.name()).collect();
+        format!("unknown target {s:?}; expected one of {}", all.join(", "))
+    })
 }
 
 fn parse_tasks(s: &str) -> Result<usize, String> {
@@ -173,35 +172,71 @@ pub struct RunArgs {
     /// Repetitions of each configuration.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub runs: u32,
-    /// A much smaller scale, for a smoke test (seconds, not minutes).
+    /// A first look in under a minute: fewer tasks, shorter runs, same report.
     #[arg(long)]
     pub quick: bool,
+    /// Print every table in full (every metric, mean ± sd) after the headline, instead
+    /// of the summary.
+    #[arg(long, short)]
+    pub verbose: bool,
 }
+
+/// The workloads, for `vfscale bench --help`.
+const WORKLOADS_HELP: &str = "Workloads:
+  posix01, posix02    seed 000 lockperf: whole-file POSIX lock/unlock (01: one file, 02: a file each)
+  flock01, flock02    seed 000 lockperf: flock/unlock (01: one file, 02: a file each)
+  herd                seed 003: N contenders for one lock; modes flock, ofd, posix
+  lock1, lock2        will-it-scale: 1-byte locks (1: a file each, 2: one file)
+  lockmany            many locks held on one file (--held); modes ofd, posix
+  pipebench, opensock seed 001: descriptor allocation and install
+  dup1                will-it-scale dup1
+  inodes              seed 002: create, walk, cold-walk, chmod, unlink (--files per task)
+  loop                seed 004: boot, open-close, open-close-same, configure, churn, io
+
+Targets: kernel (real system calls; run as root where a workload needs it), kernel-ext4,
+library (vfscale), library-prepatch (vfscale with the seed's base design), library-list,
+rwlock-hashmap, dashmap, moka (what a Rust user would pick instead). Each workload has
+its own set; without --target every one of them runs.";
 
 /// `vfscale bench`.
 #[derive(Debug, Args)]
+#[command(after_help = WORKLOADS_HELP)]
 pub struct BenchArgs {
-    /// posix01, posix02, flock01, flock02, herd, lock1, lock2, pipebench, opensock or dup1.
+    /// The workload (see the list below).
     #[arg(value_parser = parse_workload)]
     pub workload: Workload,
-    /// Targets, comma-separated.
-    #[arg(long, value_delimiter = ',', value_parser = parse_target, default_value = "kernel,library,library-prepatch")]
+    /// Targets, comma-separated (default: every target the workload has).
+    #[arg(long, value_delimiter = ',', value_parser = parse_target)]
     pub target: Vec<Target>,
     /// Task counts, comma-separated (default: the workload's own).
     #[arg(long, value_delimiter = ',', value_parser = parse_tasks)]
     pub tasks: Vec<usize>,
-    /// Lock modes for herd, comma-separated (default: all three).
-    #[arg(long, value_delimiter = ',', value_parser = parse_mode)]
-    pub mode: Vec<LockMode>,
+    /// Modes, comma-separated (default: all of the workload's).
+    #[arg(long, value_delimiter = ',')]
+    pub mode: Vec<String>,
     /// Repetitions of each configuration.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub runs: u32,
-    /// Measured interval of herd, lock1, lock2, pipebench, opensock and dup1, in seconds.
+    /// Measured interval of the timed workloads (herd, lock1, lock2, pipebench,
+    /// opensock, dup1, loop), in seconds.
     #[arg(long, value_parser = parse_seconds, allow_negative_numbers = true)]
     pub duration: Option<f64>,
     /// Lock/unlock pairs per task of the lockperf workloads.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub iterations: Option<u64>,
+    /// Files per task (inodes).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub files: Option<u64>,
+    /// Locks held on the file, comma-separated (lockmany).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub held: Vec<u64>,
+    /// Devices set up at boot (loop).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000))]
+    pub devices: Option<u64>,
+    /// Run the kernel targets in this directory (any mounted filesystem) instead of a
+    /// fresh tmpfs directory; rows then name its filesystem in `fs`.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
     /// Print one JSON document on stdout instead of tables.
     #[arg(long)]
     pub json: bool,

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use comfy_table::{presets, CellAlignment, Table};
 
-use crate::export::{format_pm, format_sig, format_summary, json};
+use crate::export::{json, units};
 use crate::result::{Metric, Report, Row, Summary};
 use crate::stats;
 
@@ -196,10 +196,10 @@ pub fn render_comparison(c: &Comparison) -> String {
         table.add_row([
             m.configuration.clone(),
             m.metric.clone(),
-            format_summary(&m.a),
-            format_summary(&m.b),
-            format_pm(m.ratio, m.ratio_error),
-            format_sig(m.p_value, 3),
+            units::format_summary(&m.metric, &m.a),
+            units::format_summary(&m.metric, &m.b),
+            units::format_ratio_pm(m.ratio, m.ratio_error),
+            units::format_p(m.p_value),
             m.mark.as_str().to_string(),
         ]);
     }
@@ -241,6 +241,9 @@ mod tests {
             target: target.into(),
             mode: "flock".into(),
             tasks,
+            held: None,
+            files: None,
+            fs: None,
             metrics,
         }
     }
@@ -368,13 +371,13 @@ mod tests {
     fn renders_a_stable_table() {
         let (a, b) = pair();
         let expected = "\
-+----------------------------------------------------------------------------------------------------------------------+
-| configuration          metric                    A mean ± sd      B mean ± sd          B/A ± err          p   mark   |
-+======================================================================================================================+
-| herd/kernel/flock/2    acquisitions_per_sec    999.9 ± 7.906     1500 ± 7.906   1.500 ± 0.006374   7.49e-10   better |
-| herd/library/flock/2   max_wait_ns             100.0 ± 1.581    150.0 ± 1.581    1.500 ± 0.01275   2.83e-11   worse  |
-| herd/library/flock/2   total_lock_seconds     10.00 ± 0.3162   10.02 ± 0.3033    1.002 ± 0.01962      0.921   ~      |
-+----------------------------------------------------------------------------------------------------------------------+
++---------------------------------------------------------------------------------------------------------------------+
+| configuration          metric                     A mean ± sd       B mean ± sd        B/A ± err         p   mark   |
++=====================================================================================================================+
+| herd/kernel/flock/2    acquisitions_per_sec      1000/s ± 7.9      1500/s ± 7.9   1.50× ± 0.0064   < 0.001   better |
+| herd/library/flock/2   max_wait_ns            100 ns ± 1.6 ns   150 ns ± 1.6 ns    1.50× ± 0.013   < 0.001   worse  |
+| herd/library/flock/2   total_lock_seconds     10.0 s ± 0.32 s   10.0 s ± 0.30 s    1.00× ± 0.020      0.92   ~      |
++---------------------------------------------------------------------------------------------------------------------+
 only in A: herd/library/flock/4
 only in B: herd/library/flock/8
 ";

@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod compare;
 pub mod export;
+pub mod headline;
 pub mod measure;
 pub mod meta;
 pub mod result;

@@ -33,6 +33,52 @@ fn commit() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// The filesystem holding `path`: its type and mount source as `/proc/self/mountinfo`
+/// gives them (`tmpfs tmpfs`, `fuse.vfscalefs /srv/data`), or `unknown` when it cannot
+/// be read.
+pub fn filesystem_of(path: &std::path::Path) -> String {
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return "unknown".into();
+    };
+    // The longest mount point that contains `path`; a later line mounted over an earlier
+    // one at the same point wins, as it hides it.
+    let mut best: Option<(usize, String)> = None;
+    for line in info.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let Some(sep) = fields.iter().position(|f| *f == "-") else {
+            continue;
+        };
+        let (Some(point), Some(fstype), Some(source)) =
+            (fields.get(4), fields.get(sep + 1), fields.get(sep + 2))
+        else {
+            continue;
+        };
+        let point = unescape_mountinfo(point);
+        if path.starts_with(&point) && best.as_ref().map_or(true, |(len, _)| point.len() >= *len) {
+            best = Some((point.len(), format!("{fstype} {}", unescape_mountinfo(source))));
+        }
+    }
+    best.map_or_else(|| "unknown".into(), |(_, fs)| fs)
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space).
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// A UTC time as RFC 3339 (`2026-11-21T20:14:00Z`).
 pub fn rfc3339(t: SystemTime) -> String {
     let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0) as i64;
@@ -59,6 +105,13 @@ pub fn rfc3339(t: SystemTime) -> String {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn filesystems_are_named_by_type_and_source() {
+        assert!(filesystem_of(std::path::Path::new("/proc/self")).starts_with("proc "));
+        assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
+        assert_eq!(unescape_mountinfo("/x\\0"), "/x\\0");
+    }
 
     #[test]
     fn dates_render_as_utc() {

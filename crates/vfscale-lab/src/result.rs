@@ -92,15 +92,54 @@ pub struct Row {
     pub mode: String,
     /// Number of tasks.
     pub tasks: usize,
+    /// Locks held on the file (lockmany).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<u64>,
+    /// Files per task (inodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<u64>,
+    /// The filesystem a kernel target ran on: its type and mount source
+    /// (`tmpfs tmpfs`, `fuse.vfscalefs /srv`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs: Option<String>,
     /// Every metric, by its full name.
     #[serde(flatten)]
     pub metrics: BTreeMap<String, Summary>,
 }
 
 impl Row {
+    /// A row of one configuration with no size, filesystem or metrics yet.
+    pub fn new(workload: &str, target: &str, mode: &str, tasks: usize) -> Row {
+        Row {
+            workload: workload.into(),
+            target: target.into(),
+            mode: mode.into(),
+            tasks,
+            held: None,
+            files: None,
+            fs: None,
+            metrics: BTreeMap::new(),
+        }
+    }
+
     /// The configuration as one string, for messages and matching rows across reports.
     pub fn key(&self) -> String {
-        format!("{}/{}/{}/{}", self.workload, self.target, self.mode, self.tasks)
+        let mut k = format!("{}/{}/{}/{}", self.workload, self.target, self.mode, self.tasks);
+        if let Some(h) = self.held {
+            k.push_str(&format!("/held={h}"));
+        }
+        if let Some(f) = self.files {
+            k.push_str(&format!("/files={f}"));
+        }
+        if let Some(fs) = &self.fs {
+            k.push_str(&format!("/fs={fs}"));
+        }
+        k
+    }
+
+    /// The size column a table shows for this row: `held` or `files`, when set.
+    pub fn size(&self) -> Option<u64> {
+        self.held.or(self.files)
     }
 }
 

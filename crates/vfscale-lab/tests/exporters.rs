@@ -21,6 +21,9 @@ fn row(workload: &str, target: &str, mode: &str, tasks: usize, metrics: &[(&str,
         target: target.to_string(),
         mode: mode.to_string(),
         tasks,
+        held: None,
+        files: None,
+        fs: None,
         metrics: metrics
             .iter()
             .map(|(name, samples)| (name.to_string(), Summary::of(name, samples)))
@@ -270,9 +273,9 @@ fn html_is_self_contained() {
 fn svg_labels_are_text_elements() {
     let svg = plot::scaling_svg(&fixture(), "herd", "flock").unwrap();
     for label in [
-        "herd (flock)",
-        "tasks",
-        "acquisitions_per_sec (1/s)",
+        "herd flock: acquisitions_per_sec (/s) by tasks, per target",
+        "tasks (log scale)",
+        "acquisitions_per_sec (/s)",
         "kernel",
         "library-prepatch",
     ] {
@@ -303,8 +306,11 @@ fn odd_reports_render() {
             &[("acquisitions_per_sec", &[1.0])],
         ),
     ];
-    assert!(markdown::render(&report).contains("NaN ± NaN †"));
-    assert!(html::render(&report).contains("NaN"));
+    // A mean that is not a number shows as a dash, never as "NaN" or a made-up value.
+    let md = markdown::render(&report);
+    assert!(md.contains("| – "), "{md}");
+    assert!(!md.contains("NaN"), "{md}");
+    assert!(html::render(&report).contains("<td class=\"num\">–"));
     assert!(json::from_str(&json::to_string(&report)).is_ok());
     assert!(csv::to_string(&report).is_ok());
     assert!(

@@ -1,9 +1,12 @@
-//! `report.html`: one self-contained page (inline CSS, inline SVG, nothing fetched) with
-//! the tables of [`super::tables`] and, under each workload's table, its scaling plots.
+//! `report.html`: one self-contained page (inline CSS, inline SVG, nothing fetched)
+//! that opens on what the run found, then the summary tables, the scaling plots and
+//! every table.
 
 use crate::result::{Meta, Report};
 
-use super::{meta_fields, modes, plot, skipped_table, workload_table, workloads, Table, LEGEND};
+use crate::headline::{self, Status};
+
+use super::{meta_fields, plot, skipped_table, summary, workload_table, workloads, Table, LEGEND};
 
 /// The page's stylesheet.
 const STYLE: &str = "\
@@ -15,11 +18,18 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: now
 table.meta th { background: none; border: none; padding-left: 0; }
 table.meta td { border: none; }
 p.note { color: #555; font-size: 0.9em; margin: 0.2em 0; }
-figure { display: inline-block; margin: 0.5em 1em 0.5em 0; }
-figcaption { font-size: 0.9em; color: #555; }
+figure { display: inline-block; margin: 0.5em 1em 0.5em 0; vertical-align: top; }
+figcaption { font-size: 0.9em; color: #555; max-width: 640px; }
+ul.headline { list-style: none; padding-left: 0; }
+ul.headline li { margin: 0.3em 0; padding: 0.2em 0.5em; border-left: 4px solid #ccc; }
+ul.headline li.met { border-color: #2c8c2c; }
+ul.headline li.missed { border-color: #c0392b; background: #fdf0ee; }
+ul.headline li.ns { border-color: #d4a017; }
+ul.headline li.skipped { border-color: #999; color: #666; }
 ";
 
-/// The report as a self-contained HTML page.
+/// The report as a self-contained HTML page: the machine, what it found, the summary
+/// tables, the plots, then every table.
 pub fn render(report: &Report) -> String {
     let mut out = String::from("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n");
     out.push_str("<title>vfscale report</title>\n<style>\n");
@@ -27,18 +37,56 @@ pub fn render(report: &Report) -> String {
     out.push_str("</style>\n</head>\n<body>\n<h1>vfscale report</h1>\n");
     out.push_str(&meta_table(&report.meta));
     if report.results.is_empty() && report.skipped.is_empty() {
-        out.push_str("<p>No results.</p>\n");
-    } else {
-        out.push_str(&format!("<p>{}</p>\n", escape(LEGEND)));
+        out.push_str("<p>No results.</p>\n</body>\n</html>\n");
+        return out;
     }
+    out.push_str("<section id=\"headline\">\n<h2>What it found</h2>\n<ul class=\"headline\">\n");
+    for f in headline::findings(report) {
+        let class = match f.status {
+            Status::Met => "met",
+            Status::Missed(_) => "missed",
+            Status::NotSignificant(_) => "ns",
+            Status::Info => "info",
+            Status::Skipped(_) => "skipped",
+        };
+        out.push_str(&format!("<li class=\"{class}\">{}</li>\n", escape(&f.line())));
+    }
+    out.push_str(&format!(
+        "</ul>\n<p class=\"note\">{}</p>\n</section>\n",
+        escape(headline::LEGEND)
+    ));
+    out.push_str(&format!(
+        "<section id=\"summary\">\n<h2>Summary</h2>\n<p class=\"note\">{}</p>\n",
+        escape(summary::SUMMARY_NOTE)
+    ));
+    for (_, t) in summary::summary_tables(report) {
+        out.push_str(&render_table_at(&t, 3));
+    }
+    out.push_str("</section>\n");
+    let plots = plot::all(report);
+    if !plots.is_empty() {
+        out.push_str("<section id=\"plots\">\n<h2>Plots</h2>\n");
+        for p in plots {
+            out.push_str(&format!(
+                "<figure class=\"plot\" id=\"plot-{}\">\n{}<figcaption>{}</figcaption>\n</figure>\n",
+                p.file_stem,
+                p.svg,
+                escape(&p.title)
+            ));
+        }
+        out.push_str("</section>\n");
+    }
+    out.push_str(&format!(
+        "<section id=\"tables\">\n<h2>Every table</h2>\n<p class=\"note\">{}</p>\n",
+        escape(LEGEND)
+    ));
     for workload in workloads(report) {
-        out.push_str(&render_table(&workload_table(report, workload)));
-        out.push_str(&plots(report, workload));
+        out.push_str(&render_table_at(&workload_table(report, workload), 3));
     }
     if let Some(table) = skipped_table(report) {
-        out.push_str(&render_table(&table));
+        out.push_str(&render_table_at(&table, 3));
     }
-    out.push_str("</body>\n</html>\n");
+    out.push_str("</section>\n</body>\n</html>\n");
     out
 }
 
@@ -58,7 +106,15 @@ fn meta_table(meta: &Meta) -> String {
 
 /// One table under a level-2 heading, with its notes.
 pub fn render_table(table: &Table) -> String {
-    let mut out = format!("<h2>{}</h2>\n<table>\n<thead>\n<tr>", escape(&table.title));
+    render_table_at(table, 2)
+}
+
+/// One table under a heading of `level`, with its notes.
+pub fn render_table_at(table: &Table, level: usize) -> String {
+    let mut out = format!(
+        "<h{level}>{}</h{level}>\n<table>\n<thead>\n<tr>",
+        escape(&table.title)
+    );
     for header in &table.header {
         out.push_str(&format!("<th>{}</th>", escape(header)));
     }
@@ -80,20 +136,6 @@ pub fn render_table(table: &Table) -> String {
         out.push_str(&format!("<p class=\"note\">{}</p>\n", escape(note)));
     }
     out
-}
-
-/// The workload's scaling plots, one figure per mode that has something to plot.
-fn plots(report: &Report, workload: &str) -> String {
-    modes(report, workload)
-        .into_iter()
-        .filter_map(|mode| {
-            let svg = plot::scaling_svg(report, workload, mode)?;
-            let caption = escape(&format!("{workload}, {mode}"));
-            Some(format!(
-                "<figure>\n{svg}<figcaption>{caption}</figcaption>\n</figure>\n"
-            ))
-        })
-        .collect()
 }
 
 /// Text with the HTML special characters escaped.

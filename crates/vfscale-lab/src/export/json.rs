@@ -39,6 +39,12 @@ struct LenientRow {
     target: String,
     mode: String,
     tasks: usize,
+    #[serde(default)]
+    held: Option<u64>,
+    #[serde(default)]
+    files: Option<u64>,
+    #[serde(default)]
+    fs: Option<String>,
     #[serde(flatten)]
     metrics: BTreeMap<String, LenientSummary>,
 }
@@ -78,6 +84,9 @@ impl LenientRow {
             target: self.target,
             mode: self.mode,
             tasks: self.tasks,
+            held: self.held,
+            files: self.files,
+            fs: self.fs,
             metrics: self
                 .metrics
                 .into_iter()
@@ -121,6 +130,9 @@ mod tests {
                 target: "kernel".into(),
                 mode: "threads".into(),
                 tasks: 2,
+                held: None,
+                files: None,
+                fs: None,
                 metrics,
             }],
             skipped: vec![],

@@ -1,24 +1,49 @@
-//! `report.md`: the run's machine, then the tables of [`super::tables`] as Markdown.
+//! `report.md`: the run's machine, what it found (the headline), the summary tables,
+//! the plots (as the SVG files [`super::write_all`] writes under `plots/`), then every
+//! table in full.
 
+use crate::headline;
 use crate::result::{Meta, Report};
 
-use super::{meta_fields, tables, Table, LEGEND};
+use super::{meta_fields, plot, summary, tables, Table, LEGEND};
 
 /// The report as Markdown.
 pub fn render(report: &Report) -> String {
     let mut out = String::from("# vfscale report\n\n");
     out.push_str(&meta_list(&report.meta));
-    out.push('\n');
-    let tables = tables(report);
-    if tables.is_empty() {
-        out.push_str("No results.\n");
-    } else {
-        out.push_str(LEGEND);
-        out.push('\n');
+    if report.results.is_empty() && report.skipped.is_empty() {
+        out.push_str("\nNo results.\n");
+        return out;
     }
-    for table in &tables {
+    out.push_str("\n## What it found\n\n");
+    let findings = headline::findings(report);
+    if findings.is_empty() {
+        out.push_str("No seed experiment in this run.\n");
+    }
+    for f in &findings {
+        out.push_str(&format!("- {}\n", inline(&f.line())));
+    }
+    out.push_str(&format!("\n{}\n", inline(headline::LEGEND)));
+    out.push_str("\n## Summary\n\n");
+    out.push_str(&inline(summary::SUMMARY_NOTE));
+    out.push('\n');
+    for (_, t) in summary::summary_tables(report) {
         out.push('\n');
-        out.push_str(&render_table(table));
+        out.push_str(&render_table_at(&t, 3));
+    }
+    let plots = plot::all(report);
+    if !plots.is_empty() {
+        out.push_str("\n## Plots\n\n");
+        for p in &plots {
+            out.push_str(&format!("![{}](plots/{}.svg)\n", inline(&p.title), p.file_stem));
+        }
+    }
+    out.push_str("\n## Every table\n\n");
+    out.push_str(LEGEND);
+    out.push('\n');
+    for table in &tables(report) {
+        out.push('\n');
+        out.push_str(&render_table_at(table, 3));
     }
     out
 }
@@ -36,7 +61,12 @@ fn meta_list(meta: &Meta) -> String {
 
 /// One table under a level-2 heading, with its notes.
 pub fn render_table(table: &Table) -> String {
-    let mut out = format!("## {}\n\n", inline(&table.title));
+    render_table_at(table, 2)
+}
+
+/// One table under a heading of `level`, with its notes.
+pub fn render_table_at(table: &Table, level: usize) -> String {
+    let mut out = format!("{} {}\n\n", "#".repeat(level), inline(&table.title));
     out.push_str(&table_line(table.header.iter().map(|h| cell(h))));
     out.push_str(&table_line(
         table

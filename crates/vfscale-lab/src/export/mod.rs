@@ -1,6 +1,8 @@
 //! Exporters, one file per format: [`json`] and [`csv`] carry every number at full
-//! precision; [`markdown`] and [`html`] render the same tables (built here, as [`Table`]s)
-//! with 4 significant digits; [`plot`] draws the scaling curves as SVG.
+//! precision; [`markdown`] and [`html`] open on the headline ([`crate::headline`]) and the
+//! summary tables ([`summary`]), then render every table (built here, as [`Table`]s) in
+//! SI form ([`units`]); [`plot`] draws the scaling curves as SVG; [`summary`] is also
+//! what `vfscale run` prints.
 //!
 //! Every exporter is a pure function of the [`Report`]: no clock, no environment, so the
 //! same report always gives the same bytes.
@@ -10,7 +12,7 @@ use std::fs;
 use std::io;
 use std::path::Path;
 
-use crate::result::{Meta, Metric, Report, Row, Summary};
+use crate::result::{Meta, Report, Row, Summary};
 use crate::stats;
 
 pub mod csv;
@@ -18,6 +20,8 @@ pub mod html;
 pub mod json;
 pub mod markdown;
 pub mod plot;
+pub mod summary;
+pub mod units;
 
 /// Significant digits of the values shown in tables.
 pub const TABLE_DIGITS: usize = 4;
@@ -33,14 +37,22 @@ use the harmonic mean.";
 pub const OUTLIER_NOTE: &str = "† the samples include outliers (modified Z-score above 3.5); they \
 are kept in the statistics.";
 
-/// Writes `results.json`, `results.csv`, `report.md` and `report.html` (with the plots
-/// inline) into `dir`, creating it if needed. Every file ends with a newline.
+/// Writes `results.json`, `results.csv`, `report.md`, `report.html` (with the plots
+/// inline) and `plots/*.svg` (for report.md) into `dir`, creating it if needed.
 pub fn write_all(report: &Report, dir: &Path) -> io::Result<()> {
     fs::create_dir_all(dir)?;
     fs::write(dir.join("results.json"), json::to_string(report) + "\n")?;
     fs::write(dir.join("results.csv"), self::csv::to_string(report)?)?;
     fs::write(dir.join("report.md"), markdown::render(report))?;
     fs::write(dir.join("report.html"), html::render(report))?;
+    // The plots report.md shows; report.html has them inline.
+    let plots = plot::all(report);
+    if !plots.is_empty() {
+        fs::create_dir_all(dir.join("plots"))?;
+        for p in plots {
+            fs::write(dir.join("plots").join(format!("{}.svg", p.file_stem)), p.svg)?;
+        }
+    }
     Ok(())
 }
 
@@ -89,10 +101,11 @@ pub fn format_pm(value: f64, error: f64) -> String {
     )
 }
 
-/// A summary as shown in tables: `mean ± sd`, followed by [`OUTLIER_MARK`] when its
-/// samples include outliers.
-pub fn format_summary(summary: &Summary) -> String {
-    let text = format_pm(summary.mean, summary.stddev);
+/// A summary of metric `name` as shown in tables: `mean ± sd` in SI form
+/// ([`units::format_summary`]), followed by [`OUTLIER_MARK`] when its samples include
+/// outliers.
+pub fn format_summary(name: &str, summary: &Summary) -> String {
+    let text = units::format_summary(name, summary);
     if summary.outliers.is_empty() {
         text
     } else {
@@ -100,9 +113,9 @@ pub fn format_summary(summary: &Summary) -> String {
     }
 }
 
-/// A metric's column header: its name and unit, `total_lock_seconds (s)`.
+/// A metric's column header: its name and unit, `acquisitions_per_sec (/s)`.
 pub fn metric_header(name: &str) -> String {
-    match Metric::unit(name) {
+    match units::Unit::of(name).header() {
         "" => name.to_string(),
         unit => format!("{name} ({unit})"),
     }
@@ -126,7 +139,8 @@ pub fn main_metric(workload: &str, rows: &[&Row]) -> Option<String> {
 fn preferred_metric(workload: &str) -> Option<&'static str> {
     match workload {
         "herd" => Some("acquisitions_per_sec"),
-        "lock1" | "lock2" => Some("ops_per_sec"),
+        "lock1" | "lock2" | "inodes" | "loop" | "pipebench" | "opensock" | "dup1" => Some("ops_per_sec"),
+        "lockmany" => Some("set_unset_ns"),
         "posix01" | "posix02" | "flock01" | "flock02" => Some("total_lock_seconds"),
         _ => None,
     }
@@ -164,14 +178,13 @@ fn first_appearances<'a>(items: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
     seen
 }
 
-/// Where a target goes in tables and legends: kernel, then base, then patched library.
+/// Where a target goes in tables and legends: the kernel, the alternatives, then the
+/// library ([`Target::ALL`]'s order); unknown targets last.
 pub fn target_rank(target: &str) -> usize {
-    match target {
-        "kernel" => 0,
-        "library-prepatch" => 1,
-        "library" => 2,
-        _ => 3,
-    }
+    crate::measure::Target::ALL
+        .iter()
+        .position(|t| t.name() == target)
+        .unwrap_or(usize::MAX)
 }
 
 /// The rows of `workload`, ordered by mode (first appearance), tasks, then target.
@@ -180,7 +193,7 @@ pub fn workload_rows<'a>(report: &'a Report, workload: &str) -> Vec<&'a Row> {
     let mode_rank = |m: &str| modes.iter().position(|x| *x == m).unwrap_or(usize::MAX);
     let mut rows: Vec<&Row> = report.results.iter().filter(|r| r.workload == workload).collect();
     rows.sort_by(|a, b| {
-        let key = |r: &Row| (mode_rank(&r.mode), r.tasks, target_rank(&r.target));
+        let key = |r: &Row| (mode_rank(&r.mode), r.size(), r.tasks, target_rank(&r.target));
         key(a).cmp(&key(b)).then_with(|| a.target.cmp(&b.target))
     });
     rows
@@ -237,15 +250,42 @@ pub fn workload_table(report: &Report, workload: &str) -> Table {
         .flatten()
         .collect();
 
-    let mut header: Vec<String> = ["target", "mode", "tasks", "n"].map(String::from).to_vec();
+    let size = if rows.iter().any(|r| r.held.is_some()) {
+        Some("held")
+    } else if rows.iter().any(|r| r.files.is_some()) {
+        Some("files")
+    } else {
+        None
+    };
+    let with_fs = rows.iter().any(|r| r.fs.is_some());
+    let mut header: Vec<String> = vec!["target".into(), "mode".into()];
+    let mut numeric = vec![false, false];
+    if let Some(s) = size {
+        header.push(s.into());
+        numeric.push(true);
+    }
+    header.extend(["tasks".to_string(), "n".to_string()]);
+    numeric.extend([true, true]);
+    if with_fs {
+        header.push("fs".into());
+        numeric.push(false);
+    }
     header.extend(metrics.iter().map(|m| metric_header(m)));
     header.extend(bases.iter().map(|b| format!("library / {b}")));
-    let mut numeric = vec![false, false, true, true];
     numeric.resize(header.len(), true);
 
     let cells = rows
         .iter()
-        .map(|r| row_cells(&rows, r, &metrics, &bases, main.as_deref()))
+        .map(|r| {
+            let mut c = row_cells(&rows, r, &metrics, &bases, main.as_deref());
+            if with_fs {
+                c.insert(4, r.fs.clone().unwrap_or_default());
+            }
+            if size.is_some() {
+                c.insert(2, r.size().map_or_else(String::new, |s| s.to_string()));
+            }
+            c
+        })
         .collect();
     Table {
         title: workload.to_string(),
@@ -281,14 +321,14 @@ fn row_cells(
         row.tasks.to_string(),
         runs.to_string(),
     ];
-    cells.extend(
-        metrics
-            .iter()
-            .map(|m| row.metrics.get(m).map_or_else(|| "-".to_string(), format_summary)),
-    );
+    cells.extend(metrics.iter().map(|m| {
+        row.metrics
+            .get(m)
+            .map_or_else(|| "-".to_string(), |s| format_summary(m, s))
+    }));
     cells.extend(bases.iter().map(|b| {
         main.and_then(|m| ratio(rows, row, b, m))
-            .map_or_else(String::new, |(r, e)| format_pm(r, e))
+            .map_or_else(String::new, |(r, e)| units::format_ratio_pm(r, e))
     }));
     cells
 }
@@ -300,7 +340,7 @@ fn ratio(rows: &[&Row], row: &Row, base: &str, metric: &str) -> Option<(f64, f64
     }
     let other = rows
         .iter()
-        .find(|o| o.target == base && o.mode == row.mode && o.tasks == row.tasks)?;
+        .find(|o| o.target == base && o.mode == row.mode && o.tasks == row.tasks && o.size() == row.size())?;
     Some(stats::ratio_with_error(
         row.metrics.get(metric)?,
         other.metrics.get(metric)?,
@@ -392,9 +432,9 @@ mod tests {
 
     #[test]
     fn summary_cell_marks_outliers() {
-        assert_eq!(format_summary(&summary(&[1.0, 2.0, 3.0])), "2.000 ± 1.000");
+        assert_eq!(format_summary("x", &summary(&[1.0, 2.0, 3.0])), "2.00 ± 1.0");
         let s = summary(&[10.0, 9.0, 11.0, 10.0, 30.0]);
-        assert!(format_summary(&s).ends_with(" †"));
+        assert!(format_summary("x", &s).ends_with(" †"));
     }
 
     fn row(workload: &str, target: &str, tasks: usize, metrics: &[(&str, &[f64])]) -> Row {
@@ -407,6 +447,9 @@ mod tests {
             target: target.into(),
             mode: "flock".into(),
             tasks,
+            held: None,
+            files: None,
+            fs: None,
             metrics,
         }
     }
@@ -455,7 +498,7 @@ mod tests {
         // Sorted by tasks then target: prepatch first, then library with the ratio.
         assert_eq!(t.rows[0][0], "library-prepatch");
         assert_eq!(t.rows[0][5], "");
-        assert_eq!(t.rows[1][5], "0.5000 ± 0");
+        assert_eq!(t.rows[1][5], "0.500×");
         assert_eq!(t.rows[2][5], "");
     }
 

@@ -1,5 +1,7 @@
 //! Scaling curves as SVG: for one (workload, mode), the main metric's mean against the
-//! number of tasks (log scale), with ±1 standard deviation error bars, one line per target.
+//! number of tasks (log scale) — or, where the rows vary the workload's size at one task
+//! count (lockmany's locks held), against that size — with ±1 standard deviation error
+//! bars, one line per target, each target in the same colour in every plot.
 //!
 //! Drawn with `plotters`' SVG backend without any font library: it writes text as SVG
 //! `<text>` elements and leaves the font to the viewer, so the output does not depend on
@@ -11,8 +13,81 @@ use plotters::coord::combinators::{LogCoord, WithKeyPoints};
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
-use super::{format_sig, main_metric, metric_header, workload_rows};
+use super::{format_sig, main_metric, metric_header, modes, workload_rows, workloads};
+use crate::measure::Target;
 use crate::result::{Report, Row};
+
+/// One plot of a report.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plot {
+    /// What it compares: `herd, flock: acquisitions_per_sec by tasks (kernel, library)`.
+    pub title: String,
+    /// A file name for it, without extension: `herd-flock`.
+    pub file_stem: String,
+    /// The SVG document.
+    pub svg: String,
+}
+
+/// Every plot of `report`: one per workload and mode with something to draw.
+pub fn all(report: &Report) -> Vec<Plot> {
+    let mut out = Vec::new();
+    for w in workloads(report) {
+        for m in modes(report, w) {
+            if let Some(svg) = scaling_svg(report, w, m) {
+                out.push(Plot {
+                    title: plot_title(report, w, m),
+                    file_stem: format!("{w}-{m}")
+                        .replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_"),
+                    svg,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The rows of one plot.
+fn plot_rows<'a>(report: &'a Report, workload: &str, mode: &str) -> Vec<&'a Row> {
+    workload_rows(report, workload)
+        .into_iter()
+        .filter(|r| r.mode == mode)
+        .collect()
+}
+
+/// The x axis of a plot: the workload's size when the rows vary it at one task count,
+/// else the number of tasks.
+fn x_axis(rows: &[&Row]) -> (&'static str, fn(&Row) -> Option<f64>) {
+    let one_task_count = rows.windows(2).all(|w| w[0].tasks == w[1].tasks);
+    let sizes: std::collections::BTreeSet<u64> = rows.iter().filter_map(|r| r.size()).collect();
+    if one_task_count && sizes.len() > 1 {
+        let name = if rows.iter().any(|r| r.held.is_some()) {
+            "locks held"
+        } else {
+            "files per task"
+        };
+        (name, |r: &Row| r.size().map(|s| s as f64))
+    } else {
+        ("tasks", |r: &Row| Some(r.tasks as f64))
+    }
+}
+
+/// `herd, flock: acquisitions_per_sec (/s) by tasks — kernel, library-prepatch, library`.
+fn plot_title(report: &Report, workload: &str, mode: &str) -> String {
+    let rows = plot_rows(report, workload, mode);
+    let metric = main_metric(workload, &rows).unwrap_or_default();
+    let (x, _) = x_axis(&rows);
+    let mut targets: Vec<&str> = Vec::new();
+    for r in &rows {
+        if !targets.contains(&r.target.as_str()) {
+            targets.push(&r.target);
+        }
+    }
+    format!(
+        "{workload}, {mode}: {} by {x} — {}",
+        metric_header(&metric),
+        targets.join(", ")
+    )
+}
 
 /// Plot width in pixels.
 pub const WIDTH: u32 = 640;
@@ -28,7 +103,7 @@ const Y_HEADROOM: f64 = 0.3;
 /// One point of a curve.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Point {
-    tasks: f64,
+    x: f64,
     mean: f64,
     stddev: f64,
 }
@@ -43,12 +118,10 @@ struct Series {
 /// The scaling plot of `workload` in `mode`, or `None` when there is nothing to draw (no
 /// such rows, no metric, or no finite mean at a positive task count).
 pub fn scaling_svg(report: &Report, workload: &str, mode: &str) -> Option<String> {
-    let rows: Vec<&Row> = workload_rows(report, workload)
-        .into_iter()
-        .filter(|r| r.mode == mode)
-        .collect();
+    let rows = plot_rows(report, workload, mode);
     let metric = main_metric(workload, &rows)?;
-    let series = collect_series(&rows, &metric);
+    let (x_desc, x_of) = x_axis(&rows);
+    let series = collect_series(&rows, &metric, x_of);
     if series.is_empty() {
         return None;
     }
@@ -56,7 +129,11 @@ pub fn scaling_svg(report: &Report, workload: &str, mode: &str) -> Option<String
     draw(
         &mut svg,
         &series,
-        &format!("{workload} ({mode})"),
+        &format!(
+            "{workload} {mode}: {} by {x_desc}, per target",
+            metric_header(&metric)
+        ),
+        x_desc,
         &metric_header(&metric),
     )
     .ok()?;
@@ -65,13 +142,16 @@ pub fn scaling_svg(report: &Report, workload: &str, mode: &str) -> Option<String
 
 /// The curves, one per target in table order, each sorted by tasks; points without a
 /// finite mean or with no tasks are left out, and so are targets left with no point.
-fn collect_series(rows: &[&Row], metric: &str) -> Vec<Series> {
+fn collect_series(rows: &[&Row], metric: &str, x_of: fn(&Row) -> Option<f64>) -> Vec<Series> {
     let mut series: Vec<Series> = Vec::new();
     for row in rows {
         let Some(summary) = row.metrics.get(metric) else {
             continue;
         };
-        if !summary.mean.is_finite() || row.tasks == 0 {
+        let Some(x) = x_of(row).filter(|x| *x > 0.0) else {
+            continue;
+        };
+        if !summary.mean.is_finite() {
             continue;
         }
         let stddev = if summary.stddev.is_finite() {
@@ -80,7 +160,7 @@ fn collect_series(rows: &[&Row], metric: &str) -> Vec<Series> {
             0.0
         };
         let point = Point {
-            tasks: row.tasks as f64,
+            x,
             mean: summary.mean,
             stddev,
         };
@@ -93,7 +173,7 @@ fn collect_series(rows: &[&Row], metric: &str) -> Vec<Series> {
         }
     }
     for s in &mut series {
-        s.points.sort_by(|a, b| a.tasks.total_cmp(&b.tasks));
+        s.points.sort_by(|a, b| a.x.total_cmp(&b.x));
     }
     series
 }
@@ -101,17 +181,14 @@ fn collect_series(rows: &[&Row], metric: &str) -> Vec<Series> {
 /// The x range: the task counts, widened by [`X_PADDING`] on each side (log scale) so the
 /// end points and their error bars stay clear of the axes.
 fn x_range(series: &[Series]) -> (f64, f64) {
-    let tasks = series.iter().flat_map(|s| s.points.iter().map(|p| p.tasks));
+    let tasks = series.iter().flat_map(|s| s.points.iter().map(|p| p.x));
     let (lo, hi) = tasks.fold((f64::INFINITY, 0.0f64), |(lo, hi), t| (lo.min(t), hi.max(t)));
     (lo / X_PADDING, hi * X_PADDING)
 }
 
 /// Every task count measured, sorted: the x axis' ticks.
 fn task_counts(series: &[Series]) -> Vec<f64> {
-    let mut tasks: Vec<f64> = series
-        .iter()
-        .flat_map(|s| s.points.iter().map(|p| p.tasks))
-        .collect();
+    let mut tasks: Vec<f64> = series.iter().flat_map(|s| s.points.iter().map(|p| p.x)).collect();
     tasks.sort_by(f64::total_cmp);
     tasks.dedup();
     tasks
@@ -132,13 +209,18 @@ fn y_range(series: &[Series]) -> (f64, f64) {
     }
 }
 
-/// A target's color: fixed for the known targets so every plot uses the same.
-fn color(target: &str) -> RGBColor {
-    match target {
-        "kernel" => RGBColor(0x33, 0x33, 0x33),
-        "library-prepatch" => RGBColor(0xd6, 0x60, 0x1a),
-        "library" => RGBColor(0x1f, 0x6f, 0xb4),
-        _ => RGBColor(0x2c, 0xa0, 0x2c),
+/// A target's color: fixed per target so every plot uses the same.
+pub fn color(target: &str) -> RGBColor {
+    match Target::from_name(target) {
+        Some(Target::Kernel) => RGBColor(0x33, 0x33, 0x33),
+        Some(Target::KernelExt4) => RGBColor(0x8c, 0x56, 0x4b),
+        Some(Target::LibraryPrepatch) => RGBColor(0xd6, 0x60, 0x1a),
+        Some(Target::LibraryList) => RGBColor(0xe3, 0x77, 0xc2),
+        Some(Target::RwlockHashmap) => RGBColor(0x94, 0x67, 0xbd),
+        Some(Target::Dashmap) => RGBColor(0xbc, 0xbd, 0x22),
+        Some(Target::Moka) => RGBColor(0x17, 0xbe, 0xcf),
+        Some(Target::Library) => RGBColor(0x1f, 0x6f, 0xb4),
+        None => RGBColor(0x2c, 0xa0, 0x2c),
     }
 }
 
@@ -152,7 +234,13 @@ fn tick_label(v: f64) -> String {
 }
 
 /// Draws the curves into `svg`.
-fn draw(svg: &mut String, series: &[Series], title: &str, y_desc: &str) -> Result<(), Box<dyn Error>> {
+fn draw(
+    svg: &mut String,
+    series: &[Series],
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+) -> Result<(), Box<dyn Error>> {
     let root = SVGBackend::with_string(svg, (WIDTH, HEIGHT)).into_drawing_area();
     root.fill(&WHITE)?;
     let (x_lo, x_hi) = x_range(series);
@@ -168,10 +256,10 @@ fn draw(svg: &mut String, series: &[Series], title: &str, y_desc: &str) -> Resul
         )?;
     chart
         .configure_mesh()
-        .x_desc("tasks")
+        .x_desc(format!("{x_desc} (log scale)"))
         .y_desc(y_desc)
         .x_label_formatter(&|v| tick_label(*v))
-        .y_label_formatter(&|v| tick_label(*v))
+        .y_label_formatter(&|v| super::units::format(*v, super::units::Unit::Plain))
         .label_style(("sans-serif", 14))
         .axis_desc_style(("sans-serif", 15))
         .light_line_style(TRANSPARENT)
@@ -197,7 +285,7 @@ type Chart<'a, 'b> =
 /// One target's line, points, error bars and legend entry.
 fn draw_series(chart: &mut Chart<'_, '_>, s: &Series) -> Result<(), Box<dyn Error>> {
     let color = color(&s.target);
-    let line = s.points.iter().map(|p| (p.tasks, p.mean));
+    let line = s.points.iter().map(|p| (p.x, p.mean));
     chart
         .draw_series(LineSeries::new(line, color.stroke_width(2)))?
         .label(s.target.as_str())
@@ -205,13 +293,13 @@ fn draw_series(chart: &mut Chart<'_, '_>, s: &Series) -> Result<(), Box<dyn Erro
     chart.draw_series(
         s.points
             .iter()
-            .map(|p| Circle::new((p.tasks, p.mean), 3, color.filled())),
+            .map(|p| Circle::new((p.x, p.mean), 3, color.filled())),
     )?;
     chart.draw_series(
         s.points
             .iter()
             .filter(|p| p.stddev > 0.0)
-            .map(|p| ErrorBar::new_vertical(p.tasks, p.mean - p.stddev, p.mean, p.mean + p.stddev, color, 8)),
+            .map(|p| ErrorBar::new_vertical(p.x, p.mean - p.stddev, p.mean, p.mean + p.stddev, color, 8)),
     )?;
     Ok(())
 }

@@ -233,6 +233,9 @@ mod tests {
             kind: TaskKind::Threads,
             iterations: 0,
             duration: Duration::from_millis(50),
+            modes: Vec::new(),
+            size: 0,
+            dir: None,
         }
     }
 

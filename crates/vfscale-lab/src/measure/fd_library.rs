@@ -401,6 +401,9 @@ mod tests {
             kind: TaskKind::Threads,
             iterations: 0,
             duration: Duration::from_millis(30),
+            modes: Vec::new(),
+            size: 0,
+            dir: None,
         }
     }
 

@@ -58,10 +58,8 @@ use std::time::{Duration, Instant};
 use libc::{c_char, c_int, pid_t};
 
 use super::gate::{Gate, GateState, Padded};
-use super::{Config, LockMode, Sample, Skip, TaskKind, Workload};
+use super::{Config, LockMode, Sample, Skip, TaskKind, Workload, SHM_DIR};
 
-/// Where scratch directories are made; it must be tmpfs.
-const SHM_DIR: &str = "/dev/shm";
 /// Scratch directories are `<SHM_DIR>/<DIR_PREFIX>.<pid>.<n>`.
 const DIR_PREFIX: &str = "vfscale-kernel";
 /// How long all workers may take to start and report ready.
@@ -86,6 +84,7 @@ pub fn run(cfg: &Config) -> Result<Sample, Skip> {
         },
         Workload::Posix01 | Workload::Posix02 | Workload::Flock01 | Workload::Flock02 => lockperf(cfg),
         Workload::Pipebench | Workload::Opensock | Workload::Dup1 => super::fd_kernel::run(cfg),
+        w => Err(Skip(format!("{} has its own module", w.name()))),
     }
 }
 
@@ -1116,6 +1115,9 @@ mod tests {
             kind: TaskKind::Processes,
             iterations: 2_000,
             duration: Duration::from_millis(200),
+            modes: Vec::new(),
+            size: 0,
+            dir: None,
         }
     }
 

@@ -300,6 +300,9 @@ mod tests {
             kind: TaskKind::Processes,
             iterations: 200,
             duration: Duration::from_millis(100),
+            modes: Vec::new(),
+            size: 0,
+            dir: None,
         }
     }
 

@@ -5,44 +5,94 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 pub mod fd_kernel;
 pub mod fd_library;
 mod gate;
+pub mod inodes;
 pub mod kernel;
 pub mod library;
+pub mod lockmany;
+pub mod loop_dev;
 
 /// One repetition's measurements, by metric name.
+///
+/// A run that measures several modes at once (the inodes phases) names its metrics
+/// `mode/metric`, and the caller makes one row per mode. A key that starts with
+/// [`SKIP_PREFIX`] is not a metric: the rest of it says why a part of the run could not
+/// be measured here (`skip:cold-walk: tmpfs pins its inodes`), and is listed with the
+/// skipped configurations.
 pub type Sample = BTreeMap<String, f64>;
 
-/// Which system a workload runs against.
+/// See [`Sample`].
+pub const SKIP_PREFIX: &str = "skip:";
+
+/// Where kernel targets make their scratch directories unless `--dir` names another;
+/// it must be tmpfs.
+pub const SHM_DIR: &str = "/dev/shm";
+
+/// Which system a workload runs against. Each workload names the targets it has
+/// ([`Workload::targets`]); a target that a workload does not have is refused by `bench`
+/// and left out by `run`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Target {
-    /// Real processes and system calls on files in a fresh tmpfs directory.
+    /// Real processes and system calls on files in a fresh tmpfs directory (or `--dir`).
     Kernel,
+    /// Real system calls on ext4 on a loop device the lab sets up and tears down (inodes).
+    KernelExt4,
+    /// vfscale with the seed's "base" setting (the design before the patch).
+    LibraryPrepatch,
+    /// vfscale-locks with `LockIndex::List`, Linux's one list per inode (lockmany).
+    LibraryList,
+    /// The inode workload's filesystem on `RwLock<HashMap>` (the virtiofsd/libfuse
+    /// pattern).
+    RwlockHashmap,
+    /// The inode workload's filesystem on `dashmap`.
+    Dashmap,
+    /// The inode workload's filesystem on `moka` (`get_with` coalesces loads).
+    Moka,
     /// vfscale with the seeds' designs; threads act as the owners.
     Library,
-    /// vfscale with the seed's "base" setting.
-    LibraryPrepatch,
 }
 
 impl Target {
-    /// All targets, in report order.
-    pub const ALL: [Target; 3] = [Target::Kernel, Target::Library, Target::LibraryPrepatch];
+    /// All targets, in report order: the kernel first, the alternatives, vfscale last.
+    pub const ALL: [Target; 8] = [
+        Target::Kernel,
+        Target::KernelExt4,
+        Target::LibraryPrepatch,
+        Target::LibraryList,
+        Target::RwlockHashmap,
+        Target::Dashmap,
+        Target::Moka,
+        Target::Library,
+    ];
 
     /// The name used on the command line and in results.
     pub fn name(self) -> &'static str {
         match self {
             Target::Kernel => "kernel",
-            Target::Library => "library",
+            Target::KernelExt4 => "kernel-ext4",
             Target::LibraryPrepatch => "library-prepatch",
+            Target::LibraryList => "library-list",
+            Target::RwlockHashmap => "rwlock-hashmap",
+            Target::Dashmap => "dashmap",
+            Target::Moka => "moka",
+            Target::Library => "library",
         }
     }
 
     /// Parses [`Target::name`].
     pub fn from_name(s: &str) -> Option<Target> {
         Target::ALL.into_iter().find(|t| t.name() == s)
+    }
+
+    /// Whether the target is the running kernel (its rows carry the filesystem they ran
+    /// on, and userspace cannot count its locks).
+    pub fn is_kernel(self) -> bool {
+        matches!(self, Target::Kernel | Target::KernelExt4)
     }
 }
 
@@ -112,6 +162,8 @@ pub enum Workload {
     Lock1,
     /// will-it-scale lock2: all tasks 1-byte write locks on one file, each its own byte.
     Lock2,
+    /// Many locks held on one file: set, unset and test one more (issue 12).
+    Lockmany,
     /// Seed 001, Mateusz Guzik's pipebench: each thread creates a pipe and closes both ends.
     Pipebench,
     /// Seed 001, Eric Dumazet's opensock: each thread closes one of its own random
@@ -119,11 +171,16 @@ pub enum Workload {
     Opensock,
     /// will-it-scale dup1: each thread `dup`s one shared descriptor and closes the copy.
     Dup1,
+    /// Seed 002, Dave Chinner's inode benchmark: create, walk, chmod, unlink and a cold
+    /// walk of F files per task.
+    Inodes,
+    /// Seed 004: loop devices at boot, open/close storms, configure, churn and block I/O.
+    Loop,
 }
 
 impl Workload {
     /// All workloads, in report order.
-    pub const ALL: [Workload; 10] = [
+    pub const ALL: [Workload; 13] = [
         Workload::Posix01,
         Workload::Posix02,
         Workload::Flock01,
@@ -131,9 +188,12 @@ impl Workload {
         Workload::Herd,
         Workload::Lock1,
         Workload::Lock2,
+        Workload::Lockmany,
         Workload::Pipebench,
         Workload::Opensock,
         Workload::Dup1,
+        Workload::Inodes,
+        Workload::Loop,
     ];
 
     /// The name used on the command line and in results.
@@ -146,15 +206,81 @@ impl Workload {
             Workload::Herd => "herd",
             Workload::Lock1 => "lock1",
             Workload::Lock2 => "lock2",
+            Workload::Lockmany => "lockmany",
             Workload::Pipebench => "pipebench",
             Workload::Opensock => "opensock",
             Workload::Dup1 => "dup1",
+            Workload::Inodes => "inodes",
+            Workload::Loop => "loop",
         }
     }
 
     /// Parses [`Workload::name`].
     pub fn from_name(s: &str) -> Option<Workload> {
         Workload::ALL.into_iter().find(|w| w.name() == s)
+    }
+
+    /// One line for `--help`: what the workload measures.
+    pub fn about(self) -> &'static str {
+        match self {
+            Workload::Posix01 => "seed 000 lockperf: N tasks lock/unlock one file's whole-file POSIX lock",
+            Workload::Posix02 => "seed 000 lockperf: as posix01, each task its own file",
+            Workload::Flock01 => "seed 000 lockperf: N tasks flock/unlock one file",
+            Workload::Flock02 => "seed 000 lockperf: as flock01, each task its own file",
+            Workload::Herd => "seed 003: N contenders for one whole-file lock (flock, ofd, posix)",
+            Workload::Lock1 => "will-it-scale lock1: 1-byte lock, each task its own file",
+            Workload::Lock2 => "will-it-scale lock2: 1-byte locks, all tasks one file",
+            Workload::Lockmany => {
+                "issue 12: H locks held on one file; set/unset and test one more (ofd, posix)"
+            }
+            Workload::Pipebench => "seed 001: each thread creates a pipe and closes both ends",
+            Workload::Opensock => {
+                "seed 001: each thread closes a random descriptor of its own and opens a socket"
+            }
+            Workload::Dup1 => "will-it-scale dup1: dup one shared descriptor and close the copy",
+            Workload::Inodes => "seed 002: create, walk, chmod, unlink and a cold walk of F files per task",
+            Workload::Loop => "seed 004: loop devices at boot, open/close, configure, churn, block I/O",
+        }
+    }
+
+    /// The targets the workload has, in report order.
+    pub fn targets(self) -> &'static [Target] {
+        use Target::*;
+        match self {
+            Workload::Lockmany => &[Kernel, LibraryList, Library],
+            Workload::Inodes => &[
+                Kernel,
+                KernelExt4,
+                LibraryPrepatch,
+                RwlockHashmap,
+                Dashmap,
+                Moka,
+                Library,
+            ],
+            _ => &[Kernel, LibraryPrepatch, Library],
+        }
+    }
+
+    /// The modes `--mode` may select (the first of a lock workload's is its own); every
+    /// mode runs when none is selected.
+    pub fn modes(self) -> &'static [&'static str] {
+        match self {
+            Workload::Herd => &["flock", "ofd", "posix"],
+            Workload::Lockmany => &["ofd", "posix"],
+            Workload::Inodes => &["create", "walk", "cold-walk", "chmod", "unlink"],
+            Workload::Loop => &[
+                "boot",
+                "open-close",
+                "open-close-same",
+                "configure",
+                "churn",
+                "io",
+            ],
+            Workload::Lock1 | Workload::Lock2 => &["processes", "threads"],
+            Workload::Pipebench | Workload::Opensock | Workload::Dup1 => &["threads"],
+            Workload::Posix01 | Workload::Posix02 => &["posix"],
+            Workload::Flock01 | Workload::Flock02 => &["flock"],
+        }
     }
 
     /// The lockperf workloads' lock family and sharing: (mode, one shared file).
@@ -175,28 +301,58 @@ impl Workload {
 }
 
 /// One configuration to measure once.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     /// The workload.
     pub workload: Workload,
     /// Number of tasks.
     pub tasks: usize,
-    /// Lock family (herd), or the lockperf workload's own.
+    /// Lock family (herd, lockmany), or the lockperf workload's own.
     pub mode: LockMode,
     /// Processes or threads (lock1, lock2); always threads for pipebench, opensock, dup1.
     pub kind: TaskKind,
+    /// The modes this configuration measures, for workloads whose modes are not lock
+    /// families (inodes: phases, loop: modes). One run may measure several: it then
+    /// returns its metrics as `mode/metric` (see [`run_once`]). Empty for the others.
+    pub modes: Vec<&'static str>,
     /// Lock/unlock pairs per task (lockperf workloads).
     pub iterations: u64,
-    /// How long a timed workload runs (herd, lock1, lock2, pipebench, opensock, dup1).
+    /// How long a timed workload runs (herd, lock1, lock2, pipebench, opensock, dup1, loop).
     pub duration: Duration,
+    /// The workload's size: files per task (inodes), locks held (lockmany), devices
+    /// (loop boot); 0 for the others.
+    pub size: u64,
+    /// Where kernel targets run (`--dir`): a directory on any mounted filesystem; `None`
+    /// for a fresh tmpfs directory under `/dev/shm`.
+    pub dir: Option<PathBuf>,
 }
 
 impl Config {
-    /// The `mode` column of a result row.
+    /// A configuration of `workload` with `tasks` tasks and every other field at its
+    /// neutral value (the workload's first lock mode, processes, nothing selected).
+    pub fn new(workload: Workload, tasks: usize) -> Config {
+        let mode = workload.lockperf().map_or(LockMode::Flock, |(m, _)| m);
+        Config {
+            workload,
+            tasks,
+            mode,
+            kind: TaskKind::Processes,
+            modes: Vec::new(),
+            iterations: 0,
+            duration: Duration::ZERO,
+            size: 0,
+            dir: None,
+        }
+    }
+
+    /// The `mode` column of a result row (a run measuring several modes labels its rows
+    /// itself, see [`run_once`]).
     pub fn mode_label(&self) -> &'static str {
         match self.workload {
             Workload::Lock1 | Workload::Lock2 => self.kind.name(),
             w if w.is_fd_table() => self.kind.name(),
+            _ if self.modes.len() == 1 => self.modes[0],
+            Workload::Inodes | Workload::Loop => "all",
             _ => self.mode.name(),
         }
     }
@@ -212,18 +368,59 @@ impl fmt::Display for Skip {
     }
 }
 
-/// Measures `cfg` once on `target`.
+/// Whether `target` can run `workload` here: checked once per run, before measuring.
+pub fn available(workload: Workload, target: Target) -> Result<(), Skip> {
+    if !workload.targets().contains(&target) {
+        return Err(Skip(format!(
+            "{} has no {} target",
+            workload.name(),
+            target.name()
+        )));
+    }
+    match workload {
+        Workload::Inodes => inodes::available(target),
+        Workload::Loop => loop_dev::available(target),
+        Workload::Lockmany => lockmany::available(target),
+        w if w.is_fd_table() => match target {
+            Target::Kernel => fd_kernel::available(),
+            _ => Ok(()),
+        },
+        _ => match target {
+            Target::Kernel => kernel::available(),
+            _ => Ok(()),
+        },
+    }
+}
+
+/// Measures `cfg` once on `target`. A run that measures several modes (inodes phases)
+/// names its metrics `mode/metric`; the caller makes one row per mode of them.
 pub fn run_once(target: Target, cfg: &Config) -> Result<Sample, Skip> {
+    match cfg.workload {
+        Workload::Inodes => return inodes::run(target, cfg),
+        Workload::Loop => return loop_dev::run(target, cfg),
+        Workload::Lockmany => return lockmany::run(target, cfg),
+        _ => {}
+    }
     if cfg.workload.is_fd_table() {
         return match target {
             Target::Kernel => fd_kernel::run(cfg),
             Target::Library => fd_library::run(cfg, false),
             Target::LibraryPrepatch => fd_library::run(cfg, true),
+            t => Err(Skip(format!(
+                "{} has no {} target",
+                cfg.workload.name(),
+                t.name()
+            ))),
         };
     }
     match target {
         Target::Kernel => kernel::run(cfg),
         Target::Library => library::run(cfg, false),
         Target::LibraryPrepatch => library::run(cfg, true),
+        t => Err(Skip(format!(
+            "{} has no {} target",
+            cfg.workload.name(),
+            t.name()
+        ))),
     }
 }

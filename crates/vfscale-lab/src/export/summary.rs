@@ -1,0 +1,328 @@
+//! What `vfscale run` prints: the headline first (what each seed experiment found, with
+//! its targets checked), then one compact table per experiment — the experiment's main
+//! metric for every target side by side, with the library's ratios — and what could
+//! not run. At most [`MAX_LINES`] lines; `--verbose` prints every table in full instead.
+//!
+//! The same [`summary_tables`] open `report.md` and `report.html`.
+
+use comfy_table::{presets, CellAlignment, Table as Comfy};
+
+use super::units::{self, Unit};
+use super::{tables, workload_rows, Table};
+use crate::headline::{self, Finding};
+use crate::measure::Target;
+use crate::result::{Meta, Report, Row};
+
+/// What the summary tables show.
+pub const SUMMARY_NOTE: &str =
+    "Summary: mean ± sd over the runs; library / X is the library's figure over X's in the \
+same configuration (± its standard error, ~ where not significant). Every metric: --verbose or report.md.";
+
+/// The default output's line budget.
+pub const MAX_LINES: usize = 120;
+
+/// One experiment's summary: its workloads, shown on one metric.
+#[derive(Clone, Debug)]
+pub struct Group {
+    /// The table's title.
+    pub title: String,
+    /// Its workloads, in order.
+    pub workloads: Vec<String>,
+    /// The metric shown (and divided in the ratio columns).
+    pub metric: String,
+}
+
+/// The experiments, in report order: (title, workloads, metric). A workload in none of
+/// them gets a group of its own on its main metric.
+pub const GROUPS: &[(&str, &[&str], &str)] = &[
+    (
+        "lockperf (seed 000): total time spent locking",
+        &["posix01", "posix02", "flock01", "flock02"],
+        "total_lock_seconds",
+    ),
+    (
+        "descriptor table (seed 001): operations per second",
+        &["pipebench", "opensock", "dup1"],
+        "ops_per_sec",
+    ),
+    (
+        "inode cache (seed 002): operations per second, per phase",
+        &["inodes"],
+        "ops_per_sec",
+    ),
+    (
+        "herd (seed 003): lock acquisitions per second",
+        &["herd"],
+        "acquisitions_per_sec",
+    ),
+    (
+        "loop devices (seed 004): operations per second",
+        &["loop"],
+        "ops_per_sec",
+    ),
+    (
+        "lockmany: one set+unset with H locks held on the file",
+        &["lockmany"],
+        "set_unset_ns",
+    ),
+    (
+        "will-it-scale lock1/lock2: lock+unlock pairs per second",
+        &["lock1", "lock2"],
+        "ops_per_sec",
+    ),
+];
+
+/// The targets a library row is divided by, first found first.
+const RATIO_BASES: [&str; 2] = ["kernel", "library-prepatch"];
+
+/// The default output of `vfscale run`.
+pub fn render(report: &Report) -> String {
+    let mut out = header(&report.meta, report);
+    out.push_str(&headline_text(report));
+    out.push('\n');
+    out.push_str(SUMMARY_NOTE);
+    out.push('\n');
+    let mut elsewhere = Vec::new();
+    for (g, t) in summary_tables(report) {
+        if STDOUT_LEAVES_OUT.contains(&g.as_str()) {
+            elsewhere.push(t.title);
+            continue;
+        }
+        out.push('\n');
+        out.push_str(&text_table(&t));
+    }
+    if !elsewhere.is_empty() {
+        out.push_str(&format!("\nIn report.md only: {}.\n", elsewhere.join("; ")));
+    }
+    out.push_str(&skipped_text(report));
+    out
+}
+
+/// Experiments (by their first workload) whose summary stays in the report files, to keep
+/// stdout within [`MAX_LINES`]: will-it-scale's lock1/lock2 are context, not a seed's
+/// question.
+const STDOUT_LEAVES_OUT: [&str; 1] = ["lock1"];
+
+/// `--verbose` (and `vfscale bench`): the headline, then every table in full.
+pub fn render_verbose(report: &Report) -> String {
+    let mut out = header(&report.meta, report);
+    out.push_str(&headline_text(report));
+    for t in tables(report) {
+        out.push('\n');
+        out.push_str(&text_table(&t));
+    }
+    out
+}
+
+/// The first lines: what ran where.
+fn header(meta: &Meta, report: &Report) -> String {
+    let runs = report
+        .results
+        .iter()
+        .flat_map(|r| r.metrics.values().map(|s| s.n))
+        .max()
+        .unwrap_or(0);
+    format!(
+        "vfscale — {} CPUs, Linux {}, commit {}, {}; {} runs per configuration\n\n",
+        meta.nproc, meta.kernel, meta.commit, meta.date, runs
+    )
+}
+
+/// The headline block: one line per finding and the legend of the marks.
+pub fn headline_text(report: &Report) -> String {
+    let findings: Vec<Finding> = headline::findings(report);
+    let mut out = String::from("What it found\n");
+    if findings.is_empty() {
+        out.push_str("  (no seed experiment in this run)\n");
+    }
+    for f in &findings {
+        out.push_str("  ");
+        out.push_str(&f.line());
+        out.push('\n');
+    }
+    out.push_str(&format!("  ({})\n", headline::LEGEND));
+    out
+}
+
+/// The configurations that could not run, one line per (workload set, target, reason).
+fn skipped_text(report: &Report) -> String {
+    if report.skipped.is_empty() {
+        return String::new();
+    }
+    // One line per (target, reason), naming the workloads.
+    let mut lines: Vec<(String, String, Vec<String>)> = Vec::new();
+    for s in &report.skipped {
+        match lines
+            .iter_mut()
+            .find(|(t, r, _)| *t == s.target && *r == s.reason)
+        {
+            Some((_, _, w)) if !w.contains(&s.workload) => w.push(s.workload.clone()),
+            Some(_) => {}
+            None => lines.push((s.target.clone(), s.reason.clone(), vec![s.workload.clone()])),
+        }
+    }
+    let mut out = String::from("\nSkipped\n");
+    for (t, r, w) in lines {
+        out.push_str(&format!("  {t} ({}): {r}\n", w.join(", ")));
+    }
+    out
+}
+
+/// The summary tables, each with the first workload of its experiment: one per
+/// [`GROUPS`] entry with results, plus one per workload in none.
+pub fn summary_tables(report: &Report) -> Vec<(String, Table)> {
+    let mut groups: Vec<Group> = GROUPS
+        .iter()
+        .map(|(title, workloads, metric)| Group {
+            title: title.to_string(),
+            workloads: workloads.iter().map(|w| w.to_string()).collect(),
+            metric: metric.to_string(),
+        })
+        .collect();
+    for w in super::workloads(report) {
+        if !GROUPS.iter().any(|g| g.1.contains(&w)) {
+            if let Some(metric) = super::main_metric(w, &workload_rows(report, w)) {
+                groups.push(Group {
+                    title: w.to_string(),
+                    workloads: vec![w.to_string()],
+                    metric,
+                });
+            }
+        }
+    }
+    groups
+        .iter()
+        .filter_map(|g| Some((g.workloads[0].clone(), group_table(report, g)?)))
+        .collect()
+}
+
+/// One group's table: rows by workload, mode, size and tasks; a column per target.
+fn group_table(report: &Report, g: &Group) -> Option<Table> {
+    let metric = g.metric.as_str();
+    let rows: Vec<&Row> = g
+        .workloads
+        .iter()
+        .flat_map(|w| workload_rows(report, w))
+        .filter(|r| r.metrics.contains_key(metric))
+        .collect();
+    if rows.is_empty() {
+        return None;
+    }
+    let targets: Vec<&str> = Target::ALL
+        .iter()
+        .map(|t| t.name())
+        .filter(|t| rows.iter().any(|r| r.target == *t))
+        .collect();
+    let bases: Vec<&str> = RATIO_BASES
+        .into_iter()
+        .filter(|b| targets.contains(b) && targets.contains(&"library"))
+        .collect();
+    let many_workloads = g.workloads.len() > 1;
+    let has_size = rows.iter().any(|r| r.size().is_some());
+    let size_name = if rows.iter().any(|r| r.held.is_some()) {
+        "held"
+    } else {
+        "files"
+    };
+    // One line per configuration, in the rows' order.
+    let mut keys: Vec<(&str, &str, Option<u64>, usize)> = Vec::new();
+    for r in &rows {
+        let k = (r.workload.as_str(), r.mode.as_str(), r.size(), r.tasks);
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    let unit = Unit::of(metric);
+    let unit_note = match unit.header() {
+        "" => String::new(),
+        u => format!(" ({u})"),
+    };
+    let mut header = Vec::new();
+    let mut numeric = Vec::new();
+    if many_workloads {
+        header.push("workload".to_string());
+        numeric.push(false);
+    }
+    header.push("mode".to_string());
+    numeric.push(false);
+    if has_size {
+        header.push(size_name.to_string());
+        numeric.push(true);
+    }
+    header.push("tasks".to_string());
+    numeric.push(true);
+    for t in &targets {
+        header.push(format!("{t}{unit_note}"));
+        numeric.push(true);
+    }
+    for b in &bases {
+        header.push(format!("library / {b}"));
+        numeric.push(true);
+    }
+    let find = |k: &(&str, &str, Option<u64>, usize), t: &str| {
+        rows.iter()
+            .find(|r| {
+                r.workload == k.0 && r.mode == k.1 && r.size() == k.2 && r.tasks == k.3 && r.target == t
+            })
+            .and_then(|r| r.metrics.get(metric))
+    };
+    let mut cells = Vec::new();
+    for k in &keys {
+        let mut line = Vec::new();
+        if many_workloads {
+            line.push(k.0.to_string());
+        }
+        line.push(k.1.to_string());
+        if has_size {
+            line.push(k.2.map_or_else(String::new, |s| units::format(s as f64, Unit::Plain)));
+        }
+        line.push(k.3.to_string());
+        for t in &targets {
+            line.push(find(k, t).map_or_else(String::new, |s| units::format_summary(metric, s)));
+        }
+        for b in &bases {
+            let cell = match (find(k, "library"), find(k, b)) {
+                (Some(l), Some(o)) => {
+                    let r = headline::Ratio::of(metric, l, o);
+                    let mark = if r.significant() { "" } else { " ~" };
+                    format!("{}{mark}", units::format_ratio_pm(r.value, r.error))
+                }
+                _ => String::new(),
+            };
+            line.push(cell);
+        }
+        cells.push(line);
+    }
+    Some(Table {
+        title: g.title.clone(),
+        header,
+        numeric,
+        rows: cells,
+        notes: Vec::new(),
+    })
+}
+
+/// A table as aligned text, under its title.
+pub fn text_table(t: &Table) -> String {
+    let mut c = Comfy::new();
+    c.load_preset(presets::ASCII_MARKDOWN);
+    c.set_header(t.header.clone());
+    for row in &t.rows {
+        c.add_row(row.clone());
+    }
+    for (i, numeric) in t.numeric.iter().enumerate() {
+        if let Some(col) = c.column_mut(i) {
+            col.set_cell_alignment(if *numeric {
+                CellAlignment::Right
+            } else {
+                CellAlignment::Left
+            });
+        }
+    }
+    let mut out = format!("{}\n{c}\n", t.title);
+    for n in &t.notes {
+        out.push_str(n);
+        out.push('\n');
+    }
+    out
+}

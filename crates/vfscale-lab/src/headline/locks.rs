@@ -1,0 +1,227 @@
+//! The file-lock experiments: seed 000's lockperf (one global lock against a lock per
+//! inode) and seed 003's herd (a tree of waiters against waking them all), with issue 12's
+//! fairness targets on the herd.
+
+use super::{metric, show, skip_reason, task_counts, Finding, Ratio, Status, Targets};
+use crate::export::units::{self, Unit};
+use crate::result::{Report, Summary};
+
+/// Seed 000: lockperf on one shared file (01) and on a file per task (02).
+pub fn lockperf(report: &Report) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let time = "total_lock_seconds";
+    // One shared file: the library's total locking time against the kernel's, at the
+    // largest task count (the seed's contended case).
+    for (workloads, what) in [
+        (["posix01", "flock01"], "one file"),
+        (["posix02", "flock02"], "a file per task"),
+    ] {
+        let mut parts = Vec::new();
+        let mut t = Targets::new();
+        for w in workloads {
+            let mode = if w.starts_with("posix") { "posix" } else { "flock" };
+            let Some(&n) = task_counts(report, w, "library", mode).last() else {
+                continue;
+            };
+            let (Some(lib), Some(ker)) = (
+                metric(report, w, "library", mode, n, time),
+                metric(report, w, "kernel", mode, n, time),
+            ) else {
+                continue;
+            };
+            let r = Ratio::of(time, lib, ker);
+            parts.push(format!("{w} {} at {n} tasks", r.text()));
+            // Issue 3: at least as fast as the kernel everywhere, and on own files a
+            // fifth of its time per pair.
+            let bound = if what == "one file" { 1.0 } else { 0.2 };
+            t.check_ratio(&r, bound, false, &format!("{w} time/kernel"));
+        }
+        if parts.is_empty() {
+            continue;
+        }
+        let mut text = format!(
+            "lockperf, {what}: library lock time {} the kernel's",
+            parts.join(", ")
+        );
+        if what == "a file per task" {
+            // Per-inode locks: two tasks on their own files do twice the work of one.
+            let mut scaling = Vec::new();
+            for w in workloads {
+                let mode = if w.starts_with("posix") { "posix" } else { "flock" };
+                let rate = |n| metric(report, w, "library", mode, n, "ops_per_sec");
+                if let (Some(one), Some(two)) = (rate(1), rate(2)) {
+                    let r = Ratio::of("ops_per_sec", two, one);
+                    scaling.push(format!("{w} {}", units::format_ratio(r.value)));
+                    t.check(
+                        r.value >= 1.8,
+                        format!(
+                            "{w} 2 tasks/1 task {} (target ≥ 1.8×)",
+                            units::format_ratio(r.value)
+                        ),
+                    );
+                }
+            }
+            if !scaling.is_empty() {
+                text.push_str(&format!("; 2 tasks vs 1: {}", scaling.join(", ")));
+            }
+            let gl = |target| {
+                metric(
+                    report,
+                    workloads[0],
+                    target,
+                    "posix",
+                    2,
+                    "global_lock_acquisitions_per_op",
+                )
+                .map(|s| units::format(s.mean, Unit::Plain))
+            };
+            if let (Some(lib), Some(pre)) = (gl("library"), gl("library-prepatch")) {
+                text.push_str(&format!(
+                    "; global-lock acquisitions per op {lib} (prepatch {pre})"
+                ));
+            }
+        }
+        out.push(Finding {
+            seed: "seed 000",
+            text,
+            status: t.status(),
+        });
+    }
+    if out.is_empty() {
+        if let Some(why) = skip_reason(report, "posix01", "kernel") {
+            out.push(Finding {
+                seed: "seed 000",
+                text: "lockperf against the kernel".into(),
+                status: Status::Skipped(why),
+            });
+        }
+    }
+    out
+}
+
+/// One herd mode's rows on one target.
+struct Herd<'a> {
+    report: &'a Report,
+    target: &'static str,
+    mode: &'static str,
+}
+
+impl<'a> Herd<'a> {
+    fn get(&self, n: usize, m: &str) -> Option<&'a Summary> {
+        metric(self.report, "herd", self.target, self.mode, n, m)
+    }
+}
+
+/// Seed 003: the herd, one line per mode at the largest contender count; with issue
+/// 12's fairness figures where the run has them.
+pub fn herd(report: &Report) -> Vec<Finding> {
+    let rate = "acquisitions_per_sec";
+    let mut out = Vec::new();
+    for mode in ["flock", "ofd", "posix"] {
+        let counts = task_counts(report, "herd", "library", mode);
+        let Some(&n) = counts.last() else {
+            continue;
+        };
+        let lib = Herd {
+            report,
+            target: "library",
+            mode,
+        };
+        let ker = Herd {
+            report,
+            target: "kernel",
+            mode,
+        };
+        let Some(lib_rate) = lib.get(n, rate) else {
+            continue;
+        };
+        let mut t = Targets::new();
+        let mut text = format!("herd {mode}, {n} contenders: library {}", show(rate, lib_rate));
+        if let Some(k) = ker.get(n, rate) {
+            let r = Ratio::of(rate, lib_rate, k);
+            text = format!("herd {mode}, {n} contenders: library {} kernel", r.text());
+            // Issue 12: the fairness work keeps at least 3× the kernel's throughput.
+            t.check_ratio(&r, 3.0, true, "library/kernel");
+        }
+        // Flat: the rate at the largest N over the rate at 20 (or the smallest N ≥ 20).
+        if let Some(b) = counts.iter().copied().find(|&c| c >= 20).filter(|&c| c < n) {
+            let flat = |h: &Herd<'_>| Some(h.get(n, rate)?.mean / h.get(b, rate)?.mean);
+            if let Some(f) = flat(&lib) {
+                text.push_str(&format!(", flat {}", units::plain(f, 2)));
+                if let Some(kf) = flat(&ker) {
+                    text.push_str(&format!(" (kernel {})", units::plain(kf, 2)));
+                }
+                t.check(
+                    f >= 0.9,
+                    format!("rate at {n}/at {b} {} (target ≥ 0.9)", units::plain(f, 2)),
+                );
+            }
+        }
+        if let Some(w) = lib.get(n, "wakeups_per_acquisition") {
+            text.push_str(&format!("; wake-ups per acquisition {}", units::plain(w.mean, 2)));
+            t.check(
+                w.mean <= 1.1,
+                format!(
+                    "wake-ups per acquisition {} (target ≤ 1.1)",
+                    units::plain(w.mean, 2)
+                ),
+            );
+        }
+        herd_fairness(&lib, &ker, n, &mut text, &mut t);
+        out.push(Finding {
+            seed: "seed 003",
+            text,
+            status: t.status(),
+        });
+    }
+    out
+}
+
+/// Issue 12's fairness targets, where the herd rows carry them: the least-served worker
+/// gets ≥ 1% of the mean and no less than the kernel's; p99 wait ≤ the kernel's; Jain's
+/// index ≥ 0.9 and ≥ the kernel's.
+fn herd_fairness(lib: &Herd<'_>, ker: &Herd<'_>, n: usize, text: &mut String, t: &mut Targets) {
+    let Some(min) = lib.get(n, "min_per_worker") else {
+        return;
+    };
+    text.push_str(&format!(
+        "; least-served worker {}",
+        units::format(min.mean, Unit::Plain)
+    ));
+    if let Some(mean) = lib.get(n, "mean_per_worker").map(|s| s.mean) {
+        let share = if mean > 0.0 { min.mean / mean } else { 0.0 };
+        text.push_str(&format!(" ({}% of mean)", units::plain(share * 100.0, 2)));
+        t.check(
+            share >= 0.01,
+            format!(
+                "least-served {}% of mean (target ≥ 1%)",
+                units::plain(share * 100.0, 2)
+            ),
+        );
+    }
+    let fairness_run = lib.get(n, "jain_index").is_some();
+    if let Some(k) = ker.get(n, "min_per_worker") {
+        text.push_str(&format!(" (kernel {})", units::format(k.mean, Unit::Plain)));
+        if fairness_run {
+            t.check(min.mean >= k.mean, "least-served below the kernel's");
+        }
+    }
+    if let Some(p99) = lib.get(n, "wait_p99_sec") {
+        text.push_str(&format!(", p99 wait {}", units::format(p99.mean, Unit::Seconds)));
+        if let Some(k) = ker.get(n, "wait_p99_sec") {
+            text.push_str(&format!(" (kernel {})", units::format(k.mean, Unit::Seconds)));
+            t.check(p99.mean <= k.mean, "p99 wait above the kernel's");
+        }
+    }
+    if let Some(j) = lib.get(n, "jain_index") {
+        text.push_str(&format!(", Jain {}", units::plain(j.mean, 2)));
+        t.check(
+            j.mean >= 0.9,
+            format!("Jain index {} (target ≥ 0.9)", units::plain(j.mean, 2)),
+        );
+        if let Some(k) = ker.get(n, "jain_index") {
+            text.push_str(&format!(" (kernel {})", units::plain(k.mean, 2)));
+            t.check(j.mean >= k.mean, "Jain index below the kernel's");
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! What a run found, one line per seed experiment, before any table: the answer to the
+//! seed's question, with its targets checked.
+//!
+//! Each experiment has its own module reading a [`Report`] and returning [`Finding`]s;
+//! nothing here measures. A finding states the figures (ratios in `×`, with their error),
+//! and its [`Status`] says whether the experiment's targets were met, missed (and which),
+//! could not be judged because a difference is not significant, or could not run.
+
+use crate::compare;
+use crate::export::units::{self, Unit};
+use crate::result::{Report, Row, Summary};
+
+mod fd;
+mod inodes;
+mod lockmany;
+mod locks;
+mod loop_dev;
+
+/// How a finding stands against its targets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// Every target of the line is met.
+    Met,
+    /// These targets are missed.
+    Missed(Vec<String>),
+    /// A difference the line depends on is not significant (p ≥ 0.05).
+    NotSignificant(Vec<String>),
+    /// The line reports figures without a target.
+    Info,
+    /// The experiment (or the part of it the line needs) could not run here.
+    Skipped(String),
+}
+
+impl Status {
+    /// The mark printed before the line.
+    pub fn mark(&self) -> &'static str {
+        match self {
+            Status::Met => "✓",
+            Status::Missed(_) => "✗",
+            Status::NotSignificant(_) => "~",
+            Status::Info => "·",
+            Status::Skipped(_) => "–",
+        }
+    }
+
+    /// What follows the line: the missed targets, the insignificant differences, or why
+    /// it was skipped.
+    pub fn note(&self) -> Option<String> {
+        match self {
+            Status::Missed(v) => Some(format!("missed: {}", v.join("; "))),
+            Status::NotSignificant(v) => Some(format!("not significant: {}", v.join("; "))),
+            Status::Skipped(why) => Some(format!("skipped: {why}")),
+            Status::Met | Status::Info => None,
+        }
+    }
+}
+
+/// One line of the headline.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Finding {
+    /// The seed (or issue) the experiment comes from: `seed 003`.
+    pub seed: &'static str,
+    /// The line: `herd flock, 1000 contenders: library 25.9× kernel (± 4.1), ...`.
+    pub text: String,
+    /// How it stands.
+    pub status: Status,
+}
+
+impl Finding {
+    /// The finding as one line of text: mark, seed, text and the status note.
+    pub fn line(&self) -> String {
+        let mut s = format!("{} {}: {}", self.status.mark(), self.seed, self.text);
+        if let Some(note) = self.status.note() {
+            s.push_str(" — ");
+            s.push_str(&note);
+        }
+        s
+    }
+}
+
+/// The legend of the marks.
+pub const LEGEND: &str = "✓ targets met   ✗ target missed   ~ not significant   · no target   – skipped";
+
+/// Every finding of `report`, in seed order.
+pub fn findings(report: &Report) -> Vec<Finding> {
+    let mut out = Vec::new();
+    out.extend(locks::lockperf(report));
+    out.extend(fd::findings(report));
+    out.extend(inodes::findings(report));
+    out.extend(locks::herd(report));
+    out.extend(loop_dev::findings(report));
+    out.extend(lockmany::findings(report));
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// What the experiment modules share
+
+/// The row of one configuration.
+pub fn row<'a>(
+    report: &'a Report,
+    workload: &str,
+    target: &str,
+    mode: &str,
+    tasks: usize,
+) -> Option<&'a Row> {
+    report
+        .results
+        .iter()
+        .find(|r| r.workload == workload && r.target == target && r.mode == mode && r.tasks == tasks)
+}
+
+/// A metric of one configuration.
+pub fn metric<'a>(
+    report: &'a Report,
+    workload: &str,
+    target: &str,
+    mode: &str,
+    tasks: usize,
+    name: &str,
+) -> Option<&'a Summary> {
+    row(report, workload, target, mode, tasks)?.metrics.get(name)
+}
+
+/// The task counts measured for `workload` in `mode` on `target`, sorted.
+pub fn task_counts(report: &Report, workload: &str, target: &str, mode: &str) -> Vec<usize> {
+    let mut v: Vec<usize> = report
+        .results
+        .iter()
+        .filter(|r| r.workload == workload && r.target == target && r.mode == mode)
+        .map(|r| r.tasks)
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Why `workload` did not run on `target`, if it was skipped.
+pub fn skip_reason(report: &Report, workload: &str, target: &str) -> Option<String> {
+    report
+        .skipped
+        .iter()
+        .find(|s| s.workload == workload && s.target == target)
+        .map(|s| s.reason.clone())
+}
+
+/// `a / b` of one metric, with its error and whether the two differ significantly.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Ratio {
+    /// `ā / b̄`.
+    pub value: f64,
+    /// Its propagated standard error.
+    pub error: f64,
+    /// Welch's two-sided p-value (NaN with fewer than two samples a side).
+    pub p: f64,
+}
+
+impl Ratio {
+    /// `a / b`, compared on metric `name`.
+    pub fn of(name: &str, a: &Summary, b: &Summary) -> Ratio {
+        let c = compare::compare_metric("", name, b, a);
+        Ratio {
+            value: c.ratio,
+            error: c.ratio_error,
+            p: c.p_value,
+        }
+    }
+
+    /// Whether the difference is significant (p < 0.05; a single sample a side is
+    /// taken at face value).
+    pub fn significant(&self) -> bool {
+        self.p.is_nan() || self.p < compare::SIGNIFICANCE
+    }
+
+    /// `25.9× (± 4.1)`.
+    pub fn text(&self) -> String {
+        if self.error.is_finite() && self.error > 0.0 {
+            format!(
+                "{} (± {})",
+                units::format_ratio(self.value),
+                units::plain(self.error, units::ERROR_DIGITS)
+            )
+        } else {
+            units::format_ratio(self.value)
+        }
+    }
+}
+
+/// A metric's mean in its unit: `12.6 M/s`.
+pub fn show(name: &str, s: &Summary) -> String {
+    units::format(s.mean, Unit::of(name))
+}
+
+/// Collects the targets of one line and gives its [`Status`].
+#[derive(Debug, Default)]
+pub struct Targets {
+    missed: Vec<String>,
+    insignificant: Vec<String>,
+    any: bool,
+}
+
+impl Targets {
+    /// No targets yet.
+    pub fn new() -> Targets {
+        Targets::default()
+    }
+
+    /// A target: `met` or else `what` is recorded as missed.
+    pub fn check(&mut self, met: bool, what: impl Into<String>) {
+        self.any = true;
+        if !met {
+            self.missed.push(what.into());
+        }
+    }
+
+    /// A target on a ratio that must exceed (`above`) or stay under a bound and be
+    /// significant; a ratio on the right side whose difference from 1 is not significant
+    /// is recorded as such.
+    pub fn check_ratio(&mut self, r: &Ratio, bound: f64, above: bool, what: &str) {
+        self.any = true;
+        let on_side = if above { r.value >= bound } else { r.value <= bound };
+        if !on_side {
+            self.missed.push(format!(
+                "{what} {} (target {} {})",
+                units::format_ratio(r.value),
+                if above { "≥" } else { "≤" },
+                units::format_ratio(bound)
+            ));
+        } else if !r.significant() {
+            self.insignificant
+                .push(format!("{what} (p = {})", units::format_p(r.p)));
+        }
+    }
+
+    /// The status of the line.
+    pub fn status(self) -> Status {
+        if !self.missed.is_empty() {
+            Status::Missed(self.missed)
+        } else if !self.insignificant.is_empty() {
+            Status::NotSignificant(self.insignificant)
+        } else if self.any {
+            Status::Met
+        } else {
+            Status::Info
+        }
+    }
+}
