@@ -715,7 +715,14 @@ impl LoopHandle {
         if dev.state() != LoopState::Bound {
             return Err(Errno::ENXIO);
         }
-        let bs = if size == 0 { SECTOR } else { size };
+        if size == u64::from(dev.block_size()) {
+            return Ok(());
+        }
+        // Linux compares the whole argument, then hands it on as an unsigned int.
+        let bs = match size as u32 {
+            0 => SECTOR,
+            b => u64::from(b),
+        };
         if bs == u64::from(dev.block_size()) {
             return Ok(());
         }
@@ -790,11 +797,15 @@ impl LoopHandle {
         }
     }
 
-    /// Writes at byte `pos` (`pwrite`): `EPERM` on a read-only device, `ENOSPC` at or
+    /// Writes at byte `pos` (`pwrite`): `EBADF` through a handle not opened for
+    /// writing, `EPERM` on a read-only device, `ENOSPC` at or
     /// past the end, a short count at the end; never outside the device's window of the
     /// backing file.
     pub fn write_at(&self, buf: &[u8], pos: u64) -> Result<usize, Errno> {
         let dev = self.dev();
+        if !self.desc.write {
+            return Err(Errno::EBADF);
+        }
         if dev.read_only() {
             return Err(Errno::EPERM);
         }
@@ -859,6 +870,9 @@ impl LoopHandle {
     /// `EOPNOTSUPP` when the backing file cannot punch holes.
     pub fn discard(&self, pos: u64, len: u64) -> Result<(), Errno> {
         let dev = self.dev();
+        if !self.desc.write {
+            return Err(Errno::EBADF);
+        }
         if pos % SECTOR != 0 || len % SECTOR != 0 {
             return Err(Errno::EINVAL);
         }
