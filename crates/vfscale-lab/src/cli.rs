@@ -37,6 +37,11 @@ pub enum Command {
     /// The format: docs/scenarios/fd.md in the repository.
     #[command(subcommand)]
     Fd(FdCommand),
+    /// Loop devices: replay loop scenarios against the library or the kernel.
+    ///
+    /// The format: docs/scenarios/loop.md in the repository.
+    #[command(subcommand)]
+    Loop(crate::loop_cmd::LoopCommand),
 }
 
 /// `vfscale locks ...`.

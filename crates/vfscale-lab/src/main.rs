@@ -7,6 +7,7 @@ use clap::Parser;
 
 mod cli;
 mod lab_cmd;
+mod loop_cmd;
 mod replay_cmd;
 
 fn main() -> ExitCode {
@@ -19,6 +20,7 @@ fn main() -> ExitCode {
         cli::Command::Locks(cli::LocksCommand::Check(a)) => replay_cmd::locks_check(&a),
         cli::Command::Fd(cli::FdCommand::Replay(a)) => replay_cmd::fd_replay(&a),
         cli::Command::Fd(cli::FdCommand::Check(a)) => replay_cmd::fd_check(&a),
+        cli::Command::Loop(c) => loop_cmd::run(c),
     };
     match r {
         Ok(code) => code,

@@ -8,3 +8,5 @@ pub mod library;
 mod model;
 
 pub use model::*;
+/// The library's settings, for the runners' callers.
+pub use vfscale_loop::{CtlLock, Settings};
