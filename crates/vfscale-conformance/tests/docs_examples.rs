@@ -51,6 +51,12 @@ fn replay(format: &str, text: &str) -> String {
             let s = fd::Scenario::parse(text).unwrap();
             fd::render_results(&fd::library::replay(&s).unwrap())
         }
+        "loop" => {
+            let s = vfscale_conformance::loop_dev::Scenario::parse(text).unwrap();
+            vfscale_conformance::loop_dev::render_results(
+                &vfscale_conformance::loop_dev::library::replay(&s).unwrap(),
+            )
+        }
         other => panic!("docs/scenarios/{other}.md: no replay for this format in the test"),
     }
 }
