@@ -17,6 +17,7 @@ pub fn lockperf(report: &Report) -> Vec<Finding> {
         (["posix02", "flock02"], "a file per task"),
     ] {
         let mut parts = Vec::new();
+        let mut at = 0;
         let mut t = Targets::new();
         for w in workloads {
             let mode = if w.starts_with("posix") { "posix" } else { "flock" };
@@ -30,7 +31,8 @@ pub fn lockperf(report: &Report) -> Vec<Finding> {
                 continue;
             };
             let r = Ratio::of(time, lib, ker);
-            parts.push(format!("{w} {} at {n} tasks", r.text()));
+            parts.push(format!("{} ({w})", r.text()));
+            at = n;
             // Issue 3: at least as fast as the kernel everywhere, and on own files a
             // fifth of its time per pair.
             let bound = if what == "one file" { 1.0 } else { 0.2 };
@@ -40,7 +42,7 @@ pub fn lockperf(report: &Report) -> Vec<Finding> {
             continue;
         }
         let mut text = format!(
-            "lockperf, {what}: library lock time {} the kernel's",
+            "lockperf, {what}, {at} tasks: library lock time {} the kernel's",
             parts.join(", ")
         );
         if what == "a file per task" {
@@ -51,7 +53,7 @@ pub fn lockperf(report: &Report) -> Vec<Finding> {
                 let rate = |n| metric(report, w, "library", mode, n, "ops_per_sec");
                 if let (Some(one), Some(two)) = (rate(1), rate(2)) {
                     let r = Ratio::of("ops_per_sec", two, one);
-                    scaling.push(format!("{w} {}", units::format_ratio(r.value)));
+                    scaling.push(format!("{} ({w})", units::format_ratio(r.value)));
                     t.check(
                         r.value >= 1.8,
                         format!(
@@ -77,7 +79,7 @@ pub fn lockperf(report: &Report) -> Vec<Finding> {
             };
             if let (Some(lib), Some(pre)) = (gl("library"), gl("library-prepatch")) {
                 text.push_str(&format!(
-                    "; global-lock acquisitions per op {lib} (prepatch {pre})"
+                    "; global-lock acquisitions/op {lib} (prepatch {pre})"
                 ));
             }
         }
