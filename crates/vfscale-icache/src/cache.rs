@@ -1438,6 +1438,15 @@ impl<F: SuperOperations, T: FromOutcome<F>> InodeWait<F, T> {
         })
     }
 
+    /// The `I_NEW` inode this wait holds a reference to, while it waits for its load
+    /// (`None` while it waits for an eviction).
+    pub fn waiting_on(&self) -> Option<&InodeRef<F>> {
+        match &self.stage {
+            Stage::New(r) => Some(r),
+            _ => None,
+        }
+    }
+
     /// A handle that interrupts this wait.
     pub fn interrupter(&self) -> Interrupter {
         Interrupter {
