@@ -1,13 +1,25 @@
 //! The corpus under `scenarios/locks/`, replayed against the library and the running
 //! kernel: the two result streams must be identical, and equal to the recorded
-//! `X.expected`. Files under `racy/` depend on which of several woken waiters Linux
-//! lets win; they are replayed on both sides for errors, not compared.
+//! `X.expected`, with each way of indexing an inode's locks ([`LockIndex`]). Files under
+//! `racy/` depend on which of several woken waiters Linux lets win; they are replayed on
+//! both sides for errors, not compared.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use vfscale_conformance::locks::{kernel, library, render_results, KernelOptions, Scenario};
-use vfscale_locks::Settings;
+use vfscale_locks::{LockIndex, Settings};
+
+/// The library settings every scenario is replayed with: the default index and Linux's
+/// list.
+const INDEXES: [LockIndex; 2] = [LockIndex::Tree, LockIndex::List];
+
+fn settings(index: LockIndex) -> Settings {
+    Settings {
+        index,
+        ..Settings::default()
+    }
+}
 
 /// Printed straight to stderr so that a skip shows even when the test passes.
 fn say(msg: &str) {
@@ -47,34 +59,40 @@ fn corpus_library_matches_kernel_and_recording() {
     let (mut listed, mut waiting) = (0, 0);
     for f in &files {
         let scn = load(f);
-        let (lib_results, lib_listing) = library::replay_with_listing(&scn, Settings::default())
-            .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-        let lib = render_results(&lib_results);
         let expected_path = f.with_extension("expected");
         let expected = std::fs::read_to_string(&expected_path)
             .unwrap_or_else(|e| panic!("{}: {e}", expected_path.display()));
-        if lib != expected {
-            failures.push(format!(
-                "{}: library differs from the recording\n--- library\n{lib}--- recorded\n{expected}",
-                f.display()
-            ));
-        }
-        if kernel_ok.is_ok() {
-            let (ker_results, ker_listing) = kernel::replay_with_listing(&scn, &KernelOptions::default())
+        let kernel = kernel_ok.is_ok().then(|| {
+            let (r, l) = kernel::replay_with_listing(&scn, &KernelOptions::default())
                 .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-            let ker = render_results(&ker_results);
-            if lib != ker {
+            (render_results(&r), l)
+        });
+        for index in INDEXES {
+            let (lib_results, lib_listing) = library::replay_with_listing(&scn, settings(index))
+                .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            let lib = render_results(&lib_results);
+            if lib != expected {
                 failures.push(format!(
-                    "{}: library differs from the kernel\n--- library\n{lib}--- kernel\n{ker}",
+                    "{} ({index:?}): library differs from the recording\n--- library\n{lib}--- recorded\n{expected}",
                     f.display()
                 ));
             }
-            if lib_listing != ker_listing {
-                failures.push(format!(
-                    "{}: the lock listing differs from /proc/locks\n--- library\n{lib_listing:#?}\n--- kernel\n{ker_listing:#?}",
-                    f.display()
-                ));
+            if let Some((ker, ker_listing)) = &kernel {
+                if &lib != ker {
+                    failures.push(format!(
+                        "{} ({index:?}): library differs from the kernel\n--- library\n{lib}--- kernel\n{ker}",
+                        f.display()
+                    ));
+                }
+                if &lib_listing != ker_listing {
+                    failures.push(format!(
+                        "{} ({index:?}): the lock listing differs from /proc/locks\n--- library\n{lib_listing:#?}\n--- kernel\n{ker_listing:#?}",
+                        f.display()
+                    ));
+                }
             }
+        }
+        if let Some((_, ker_listing)) = &kernel {
             listed += ker_listing.len();
             waiting += ker_listing.iter().map(|g| g.waiters.len()).sum::<usize>();
         }
@@ -87,7 +105,7 @@ fn corpus_library_matches_kernel_and_recording() {
         failures.join("\n")
     );
     say(&format!(
-        "corpus: {} scenarios, library == recording{}; /proc/locks lists {listed} locks and {waiting} waiters alike",
+        "corpus: {} scenarios, library (index and list) == recording{}; /proc/locks lists {listed} locks and {waiting} waiters alike",
         files.len(),
         if kernel_ok.is_ok() { " == live kernel" } else { "" }
     ));
@@ -99,8 +117,11 @@ fn racy_corpus_replays_without_error_on_both_sides() {
     assert!(!files.is_empty());
     for f in &files {
         let scn = load(f);
-        let lib = library::replay(&scn).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-        assert_eq!(lib.len(), scn.steps.len());
+        for index in INDEXES {
+            let lib = library::replay_with(&scn, settings(index))
+                .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            assert_eq!(lib.len(), scn.steps.len());
+        }
         match kernel::available() {
             Ok(()) => {
                 let ker = kernel::replay(&scn).unwrap_or_else(|e| panic!("{}: {e}", f.display()));

@@ -3,33 +3,134 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use crate::index::{IndexLinks, PosixTree, Work};
 use crate::lock::{
     family_conflict, lock_is_unlock, posix_locks_conflict, posix_same_owner, posix_test_locks_conflict,
     FileLock, LockKind, OwnerKey,
 };
-use crate::manager::{BlockedGuard, LockManager, WakeMode};
+use crate::manager::{BlockedGuard, LockIndex, LockManager, WakeMode};
 use crate::sync::{Mutex, MutexGuard};
 use crate::waiter::{Link, Waiter, WakeList};
 use crate::{Errno, InodeKey, LockType, OFFSET_MAX};
 
 /// Index of a record in a context's arena.
-pub(crate) type NodeId = usize;
+pub(crate) type NodeId = u32;
+/// No record (an empty tree link).
+pub(crate) const NIL: NodeId = NodeId::MAX;
 
-/// A granted lock or a blocked request, with its place in a wait tree.
-#[derive(Debug)]
-pub(crate) struct Node {
-    pub fl: FileLock,
+/// A record's part in a wait tree: present (boxed) only on a blocked request and on a
+/// lock or request that others wait on, so a lock nobody waits for stays small.
+#[derive(Debug, Default)]
+pub(crate) struct WaitLinks {
     /// `flc_blocker`: the record this request waits on; `None` for a granted lock and
     /// for a request that was woken and has not tried again yet.
     pub blocker: Option<NodeId>,
     /// `flc_blocked_requests`, oldest first. Each conflicts with this record and with
     /// every record above it; siblings never conflict with each other.
     pub children: Vec<NodeId>,
-    /// The wait cell, for a blocked request; `None` for a granted lock.
+    /// The wait cell, for a request; `None` for a granted lock.
     pub waiter: Option<crate::sync::Arc<Waiter>>,
     /// In the blocked hash (its blocker was a process-owned POSIX record when it was
     /// inserted, as `__locks_insert_block` decides).
     pub hashed: bool,
+}
+
+/// A granted lock or a blocked request, with its place in a wait tree and, for a
+/// granted POSIX or OFD lock under [`LockIndex::Tree`], in the index.
+#[derive(Debug)]
+pub(crate) struct Node {
+    pub fl: FileLock,
+    wait: Option<Box<WaitLinks>>,
+    pub ix: IndexLinks,
+}
+
+impl Node {
+    pub fn blocker(&self) -> Option<NodeId> {
+        self.wait.as_ref().and_then(|w| w.blocker)
+    }
+
+    pub fn children(&self) -> &[NodeId] {
+        self.wait.as_ref().map_or(&[], |w| &w.children)
+    }
+
+    pub fn waiter(&self) -> Option<&crate::sync::Arc<Waiter>> {
+        self.wait.as_ref().and_then(|w| w.waiter.as_ref())
+    }
+
+    /// The wait links, made on first use.
+    fn wait_mut(&mut self) -> &mut WaitLinks {
+        self.wait.get_or_insert_with(Default::default)
+    }
+
+    fn take_children(&mut self) -> Vec<NodeId> {
+        self.wait
+            .as_mut()
+            .map(|w| std::mem::take(&mut w.children))
+            .unwrap_or_default()
+    }
+
+    /// Frees the wait links once they hold nothing.
+    fn shrink(&mut self) {
+        if self
+            .wait
+            .as_ref()
+            .is_some_and(|w| w.blocker.is_none() && w.children.is_empty() && w.waiter.is_none())
+        {
+            self.wait = None;
+        }
+    }
+}
+
+/// The records of one inode: slots reused through a free list. Grows by an eighth at a
+/// time, so that an inode holding many locks wastes little on spare capacity.
+#[derive(Debug, Default)]
+pub(crate) struct Arena {
+    slots: Vec<Option<Node>>,
+    free: Vec<NodeId>,
+}
+
+impl Arena {
+    pub fn node(&self, id: NodeId) -> &Node {
+        self.slots[id as usize].as_ref().expect("live node")
+    }
+
+    pub fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        self.slots[id as usize].as_mut().expect("live node")
+    }
+
+    fn alloc(&mut self, fl: FileLock) -> NodeId {
+        let n = Node {
+            fl,
+            wait: None,
+            ix: IndexLinks::default(),
+        };
+        match self.free.pop() {
+            Some(id) => {
+                self.slots[id as usize] = Some(n);
+                id
+            }
+            None => {
+                if self.slots.len() == self.slots.capacity() {
+                    self.slots.reserve_exact((self.slots.len() / 8).max(4));
+                }
+                let id = NodeId::try_from(self.slots.len())
+                    .ok()
+                    .filter(|&id| id != NIL)
+                    .expect("fewer than 2^32 - 1 lock records on one inode");
+                self.slots.push(Some(n));
+                id
+            }
+        }
+    }
+
+    fn release(&mut self, id: NodeId) {
+        self.slots[id as usize] = None;
+        self.free.push(id);
+    }
+
+    fn live(&self) -> impl Iterator<Item = &Node> {
+        self.slots.iter().flatten()
+    }
 }
 
 /// Counters of one context, kept under its lock so no shared line is written.
@@ -43,21 +144,60 @@ pub struct ContextStats {
     pub blocks: u64,
     /// Requests finished on a starved owner's behalf (fair hand-offs).
     pub handoffs: u64,
+    /// Lock records compared with a request while searching the POSIX/OFD locks for a
+    /// conflict, for `F_GETLK`, or for the owner's locks to merge, split and trim. With
+    /// [`LockIndex::List`] this is every list entry walked, as in Linux; with
+    /// [`LockIndex::Tree`] only the locks overlapping (or, for the owner's own, touching)
+    /// the request.
+    pub lock_checks: u64,
+    /// Index tree nodes visited (descents, overlap scans, rebalancing); 0 with
+    /// [`LockIndex::List`].
+    pub index_nodes: u64,
+}
+
+/// What one inode's lock state occupies in memory, from [`FileLockContext::memory`].
+///
+/// `bytes` counts the context itself and every buffer it owns at its capacity: the
+/// record arena (granted locks and requests, each with its index links), the lists, the
+/// wait links of records in a wait tree and the wait cells of requests. It does not
+/// count the allocator's own per-block overhead.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ContextMemory {
+    /// Granted POSIX and OFD locks.
+    pub posix_locks: usize,
+    /// Granted flock locks.
+    pub flock_locks: usize,
+    /// Requests that are waiting.
+    pub requests: usize,
+    /// Bytes in use, as described above.
+    pub bytes: usize,
+}
+
+impl ContextMemory {
+    /// Bytes per granted lock (`bytes` over all granted locks; the context's own size
+    /// is spread over them).
+    pub fn bytes_per_lock(&self) -> f64 {
+        self.bytes as f64 / (self.posix_locks + self.flock_locks).max(1) as f64
+    }
 }
 
 /// Everything `flc_lock` protects.
 #[derive(Debug, Default)]
 pub(crate) struct Inner {
-    nodes: Vec<Option<Node>>,
-    free: Vec<NodeId>,
+    pub arena: Arena,
+    /// How the POSIX/OFD locks are found (from the manager's settings).
+    index: LockIndex,
     /// `flc_flock`: granted flock locks, in the order they were granted.
     pub flock: Vec<NodeId>,
-    /// `flc_posix`: granted POSIX and OFD locks; one owner's locks are adjacent and
-    /// sorted by start, a new owner's go at the end.
-    pub posix: Vec<NodeId>,
+    /// `flc_posix` with [`LockIndex::List`]: granted POSIX and OFD locks; one owner's
+    /// locks are adjacent and sorted by start, a new owner's go at the end.
+    posix: Vec<NodeId>,
+    /// The same locks with [`LockIndex::Tree`], indexed (see `index.rs`).
+    pub(crate) tree: PosixTree,
     /// This context is on a listing shard.
     listed: bool,
     pub stats: ContextStats,
+    work: Work,
     /// A woken request to finish on its owner's behalf before the lock is dropped.
     handoff: Option<NodeId>,
     /// When the last hand-off happened.
@@ -96,55 +236,105 @@ impl Inner {
     /// at the front of each buffer, so a neighbouring heap block (another inode's) never
     /// shares a line with them: no false sharing between inodes locked by different
     /// threads.
-    fn with_line_sized_buffers() -> Inner {
+    fn with_line_sized_buffers(index: LockIndex) -> Inner {
         const IDS: usize = 128 / std::mem::size_of::<NodeId>();
         Inner {
-            nodes: Vec::with_capacity(4),
-            free: Vec::with_capacity(IDS),
+            arena: Arena {
+                slots: Vec::with_capacity(4),
+                free: Vec::with_capacity(IDS),
+            },
+            index,
             flock: Vec::with_capacity(IDS),
-            posix: Vec::with_capacity(IDS),
+            posix: if index == LockIndex::List {
+                Vec::with_capacity(IDS)
+            } else {
+                Vec::new()
+            },
             ..Inner::default()
         }
     }
 
     pub fn node(&self, id: NodeId) -> &Node {
-        self.nodes[id].as_ref().expect("live node")
+        self.arena.node(id)
     }
 
     fn node_mut(&mut self, id: NodeId) -> &mut Node {
-        self.nodes[id].as_mut().expect("live node")
+        self.arena.node_mut(id)
     }
 
     fn alloc(&mut self, fl: FileLock) -> NodeId {
-        let n = Node {
-            fl,
-            blocker: None,
-            children: Vec::new(),
-            waiter: None,
-            hashed: false,
-        };
-        match self.free.pop() {
-            Some(id) => {
-                self.nodes[id] = Some(n);
-                id
-            }
-            None => {
-                self.nodes.push(Some(n));
-                self.nodes.len() - 1
-            }
-        }
+        self.arena.alloc(fl)
     }
 
     fn release(&mut self, id: NodeId) {
-        debug_assert!(self.node(id).children.is_empty() && self.node(id).blocker.is_none());
-        self.nodes[id] = None;
-        self.free.push(id);
+        let n = self.node(id);
+        debug_assert!(n.children().is_empty() && n.blocker().is_none() && !n.ix.indexed);
+        self.arena.release(id);
+    }
+
+    /// The counters, with the index's work folded in.
+    pub fn stats(&self) -> ContextStats {
+        ContextStats {
+            lock_checks: self.work.checks,
+            index_nodes: self.work.nodes,
+            ..self.stats
+        }
+    }
+
+    /// Whether any POSIX or OFD lock is held.
+    pub fn posix_is_empty(&self) -> bool {
+        match self.index {
+            LockIndex::List => self.posix.is_empty(),
+            LockIndex::Tree => self.tree.len() == 0,
+        }
+    }
+
+    /// The granted POSIX and OFD locks in Linux's list order.
+    pub fn posix_in_list_order(&self) -> Vec<NodeId> {
+        match self.index {
+            LockIndex::List => self.posix.clone(),
+            LockIndex::Tree => self.tree.list_order(&self.arena),
+        }
+    }
+
+    /// See [`ContextMemory`].
+    fn memory(&self) -> ContextMemory {
+        use std::mem::size_of;
+        let mut m = ContextMemory {
+            posix_locks: if self.index == LockIndex::List {
+                self.posix.len()
+            } else {
+                self.tree.len()
+            },
+            flock_locks: self.flock.len(),
+            ..ContextMemory::default()
+        };
+        // The context in its Arc (two reference counts before it, padded to its
+        // alignment).
+        let in_arc = std::alloc::Layout::new::<[usize; 2]>()
+            .extend(std::alloc::Layout::new::<FileLockContext>())
+            .map_or(size_of::<FileLockContext>(), |(l, _)| l.pad_to_align().size());
+        let mut bytes = in_arc;
+        bytes += self.arena.slots.capacity() * size_of::<Option<Node>>();
+        bytes += (self.arena.free.capacity() + self.posix.capacity() + self.flock.capacity())
+            * size_of::<NodeId>();
+        for n in self.arena.live() {
+            if let Some(w) = &n.wait {
+                bytes += size_of::<WaitLinks>() + w.children.capacity() * size_of::<NodeId>();
+                if w.waiter.is_some() {
+                    m.requests += 1;
+                    bytes += size_of::<Waiter>() + 2 * size_of::<usize>();
+                }
+            }
+        }
+        m.bytes = bytes;
+        m
     }
 
     /// The link the detector sees for a request whose blocker is `b`.
     fn link_to(&self, b: NodeId) -> Link {
         let n = self.node(b);
-        match &n.waiter {
+        match n.waiter() {
             Some(w) => Link::Waiter(w.clone()),
             None => Link::Granted(n.fl.owner),
         }
@@ -161,7 +351,8 @@ impl Inner {
     /// Takes every direct waiter of `id` out of the tree (and the blocked hash) without
     /// waking it yet; returns them, oldest first.
     fn detach_children(&mut self, id: NodeId, bg: &mut BlockedGuard<'_>) -> Vec<NodeId> {
-        let children = std::mem::take(&mut self.node_mut(id).children);
+        let children = self.node_mut(id).take_children();
+        self.node_mut(id).shrink();
         for &c in &children {
             self.detach(c, bg);
         }
@@ -171,7 +362,7 @@ impl Inner {
     /// Clears request `c`'s side of its tree link (its blocker's list is the caller's
     /// business), its detector mirror and its place in the blocked hash.
     fn detach(&mut self, c: NodeId, bg: &mut BlockedGuard<'_>) {
-        let n = self.node_mut(c);
+        let n = self.node_mut(c).wait_mut();
         n.blocker = None;
         let hashed = std::mem::replace(&mut n.hashed, false);
         let w = n.waiter.clone().expect("a child is a request");
@@ -183,12 +374,12 @@ impl Inner {
 
     /// Queues a detached request for waking: its owner will try again.
     fn wake_detached(&mut self, id: NodeId, wl: &mut WakeList) {
-        debug_assert!(self.node(id).blocker.is_none());
+        debug_assert!(self.node(id).blocker().is_none());
         self.stats.wakeups += 1;
         self.consider_handoff(id);
         let fl = &self.node(id).fl;
         tracing::trace!(target: "vfscale_locks::filelock", event = "wake", kind = ?fl.kind, owner = ?fl.owner, start = fl.start, end = fl.end);
-        wl.push(self.node(id).waiter.clone().expect("a request"));
+        wl.push(self.node(id).waiter().expect("a request").clone());
     }
 
     /// Hangs request `wid` directly under `b`, in the tree, the detector's mirror and,
@@ -196,8 +387,8 @@ impl Inner {
     fn link_under(&mut self, b: NodeId, wid: NodeId, bg: &mut BlockedGuard<'_>) {
         let link = self.link_to(b);
         let hashed = self.node(b).fl.is_process_posix();
-        self.node_mut(b).children.push(wid);
-        let n = self.node_mut(wid);
+        self.node_mut(b).wait_mut().children.push(wid);
+        let n = self.node_mut(wid).wait_mut();
         n.blocker = Some(b);
         n.hashed = hashed;
         let w = n.waiter.clone().expect("a blocked record is a request");
@@ -210,10 +401,10 @@ impl Inner {
     /// The records `id` waits on, nearest first, up to the granted lock at the root.
     fn ancestors(&self, id: NodeId) -> Vec<NodeId> {
         let mut path = Vec::new();
-        let mut cur = self.node(id).blocker;
+        let mut cur = self.node(id).blocker();
         while let Some(b) = cur {
             path.push(b);
-            cur = self.node(b).blocker;
+            cur = self.node(b).blocker();
         }
         path
     }
@@ -221,7 +412,7 @@ impl Inner {
     /// Whether request `d`, if it tried again now, would only go back to sleep: it
     /// conflicts with every record of `path` (which ends at a granted lock), and, for a
     /// process-owned POSIX request, the deadlock check its retry would run finds none.
-    fn retry_would_sleep(&self, d: NodeId, path: &[NodeId], bg: &mut BlockedGuard<'_>) -> bool {
+    fn retry_would_sleep(&mut self, d: NodeId, path: &[NodeId], bg: &mut BlockedGuard<'_>) -> bool {
         let fl = self.node(d).fl;
         if !path.iter().all(|&a| family_conflict(&fl, &self.node(a).fl)) {
             return false;
@@ -229,12 +420,8 @@ impl Inner {
         if !fl.is_process_posix() {
             return true;
         }
-        match self
-            .posix
-            .iter()
-            .find(|&&id| posix_locks_conflict(&fl, &self.node(id).fl))
-        {
-            Some(&first) => !bg.get().posix_locks_deadlock(fl.owner, self.node(first).fl.owner),
+        match self.posix_first_conflict(&fl) {
+            Some(first) => !bg.get().posix_locks_deadlock(fl.owner, self.node(first).fl.owner),
             None => false,
         }
     }
@@ -263,7 +450,7 @@ impl Inner {
         // 003's herd the subtree is a chain of every waiter, checked on each re-queue.
         let above = &path[1..];
         while let Some(n) = keep.pop() {
-            let mut kids = std::mem::take(&mut self.node_mut(n).children);
+            let mut kids = self.node_mut(n).take_children();
             let mut i = 0;
             while i < kids.len() {
                 let d = kids[i];
@@ -276,7 +463,7 @@ impl Inner {
                     self.wake_detached(d, wl);
                 }
             }
-            self.node_mut(n).children = kids;
+            self.node_mut(n).wait_mut().children = kids;
         }
     }
 
@@ -284,14 +471,14 @@ impl Inner {
     /// deepest request it conflicts with, so that siblings never conflict.
     fn insert_block(&mut self, mode: WakeMode, blocker: NodeId, wid: NodeId, bg: &mut BlockedGuard<'_>) {
         debug_assert!(
-            self.node(wid).children.is_empty(),
+            self.node(wid).children().is_empty(),
             "waiters of a request are detached first"
         );
         let fl = self.node(wid).fl;
         let mut b = blocker;
         if mode == WakeMode::Tree {
             'descend: loop {
-                for &c in &self.node(b).children {
+                for &c in self.node(b).children() {
                     if family_conflict(&self.node(c).fl, &fl) {
                         b = c;
                         continue 'descend;
@@ -308,6 +495,7 @@ impl Inner {
     /// waiters conflict with it but perhaps not with its new blocker ("conflicts with"
     /// is not transitive): they were detached before the deadlock check (so the check
     /// cannot find a chain through them) and are now re-examined.
+    #[allow(clippy::too_many_arguments)]
     fn block(
         &mut self,
         mgr: &LockManager,
@@ -342,12 +530,16 @@ impl Inner {
     }
 
     fn unlink_from_blocker(&mut self, wid: NodeId, bg: &mut BlockedGuard<'_>) {
-        let n = self.node_mut(wid);
+        let Some(n) = self.node_mut(wid).wait.as_deref_mut() else {
+            return;
+        };
         let b = n.blocker.take();
         let hashed = std::mem::replace(&mut n.hashed, false);
         let w = n.waiter.clone();
         if let Some(b) = b {
-            self.node_mut(b).children.retain(|&c| c != wid);
+            let bn = self.node_mut(b);
+            bn.wait_mut().children.retain(|&c| c != wid);
+            bn.shrink();
         }
         if let Some(w) = w {
             w.set_link(Link::Detached);
@@ -367,10 +559,11 @@ impl Inner {
                 self.unlink_from_blocker(id, bg);
                 let n = self.node_mut(id);
                 n.fl = fl;
-                n.waiter = None;
-                let children = n.children.clone();
+                n.wait_mut().waiter = None;
+                n.shrink();
+                let children = n.children().to_vec();
                 for c in children {
-                    if let Some(w) = &self.node(c).waiter {
+                    if let Some(w) = self.node(c).waiter() {
                         w.set_link(Link::Granted(fl.owner));
                     }
                 }
@@ -385,19 +578,30 @@ impl Inner {
             Some(id) => id,
             None => *slot.insert(self.alloc(fl)),
         };
-        let n = self.node_mut(id);
+        let n = self.node_mut(id).wait_mut();
         let w = n.waiter.get_or_insert_with(|| Waiter::new(fl.owner)).clone();
         w.rearm();
         id
     }
 
-    /// `locks_delete_lock_ctx`: removes the granted lock at `list[idx]`, waking its waiters.
-    fn delete_lock(&mut self, posix: bool, idx: usize, wl: &mut WakeList, bg: &mut BlockedGuard<'_>) {
-        let id = if posix {
-            self.posix.remove(idx)
-        } else {
-            self.flock.remove(idx)
-        };
+    /// `locks_delete_lock_ctx` for a flock lock: removes `flock[idx]`, waking its waiters.
+    fn flock_delete_lock(&mut self, idx: usize, wl: &mut WakeList, bg: &mut BlockedGuard<'_>) {
+        let id = self.flock.remove(idx);
+        self.wake_up_blocks(id, wl, bg);
+        self.release(id);
+    }
+
+    /// `locks_delete_lock_ctx` for a POSIX or OFD lock with [`LockIndex::List`]: removes
+    /// `posix[idx]`, waking its waiters.
+    fn list_delete_lock(&mut self, idx: usize, wl: &mut WakeList, bg: &mut BlockedGuard<'_>) {
+        let id = self.posix.remove(idx);
+        self.wake_up_blocks(id, wl, bg);
+        self.release(id);
+    }
+
+    /// `locks_delete_lock_ctx` for a POSIX or OFD lock with [`LockIndex::Tree`].
+    fn tree_delete_lock(&mut self, id: NodeId, wl: &mut WakeList, bg: &mut BlockedGuard<'_>) {
+        self.tree.remove(&mut self.arena, id, &mut self.work);
         self.wake_up_blocks(id, wl, bg);
         self.release(id);
     }
@@ -415,7 +619,7 @@ impl Inner {
         {
             return;
         }
-        let w = self.node(id).waiter.as_ref().expect("a request");
+        let w = self.node(id).waiter().expect("a request");
         if w.wants_handoff(now, HANDOFF_STARVED) {
             self.handoff = Some(id);
             self.last_handoff = Some(now);
@@ -429,10 +633,10 @@ impl Inner {
     /// Called last, with `flc_lock` held.
     pub(crate) fn run_handoff(&mut self, mgr: &LockManager, wl: &mut WakeList, bg: &mut BlockedGuard<'_>) {
         let Some(id) = self.handoff.take() else { return };
-        let Some(n) = self.nodes.get(id).and_then(|n| n.as_ref()) else {
+        let Some(n) = self.arena.slots.get(id as usize).and_then(|n| n.as_ref()) else {
             return;
         };
-        let (Some(w), None) = (n.waiter.clone(), n.blocker) else {
+        let (Some(w), None) = (n.waiter().cloned(), n.blocker()) else {
             return;
         };
         let req = n.fl;
@@ -455,12 +659,57 @@ impl Inner {
         }
     }
 
-    /// `posix_test_lock`: the first lock in list order that `req` conflicts with.
-    pub fn posix_test_lock(&self, req: &FileLock) -> Option<FileLock> {
-        self.posix
-            .iter()
-            .map(|&id| self.node(id).fl)
-            .find(|fl| posix_test_locks_conflict(req, fl))
+    /// `posix_test_lock`: the first lock in list order that `req` conflicts with
+    /// (`posix_test_locks_conflict`: for an `F_UNLCK` probe, the owner's own).
+    pub fn posix_test_lock(&mut self, req: &FileLock) -> Option<FileLock> {
+        let found = match self.index {
+            LockIndex::List => {
+                let mut found = None;
+                for &id in &self.posix {
+                    self.work.checks += 1;
+                    if posix_test_locks_conflict(req, &self.arena.node(id).fl) {
+                        found = Some(id);
+                        break;
+                    }
+                }
+                found
+            }
+            LockIndex::Tree if lock_is_unlock(req) => {
+                // The owner's first lock overlapping the range: the one starting at or
+                // before it if that reaches it, else the next one.
+                let w = &mut self.work;
+                let t = &self.tree;
+                let ar = &self.arena;
+                let first = match t.owner_floor(ar, req.owner, req.start, w) {
+                    Some(f) if ar.node(f).fl.end >= req.start => Some(f),
+                    Some(f) => t.owner_next(ar, f, w),
+                    None => t.owner_ceil(ar, req.owner, req.start, w),
+                };
+                first.filter(|&f| {
+                    w.checks += 1;
+                    posix_test_locks_conflict(req, &ar.node(f).fl)
+                })
+            }
+            LockIndex::Tree => self.tree.first_conflict(&self.arena, req, &mut self.work),
+        };
+        found.map(|id| self.node(id).fl)
+    }
+
+    /// The first lock in list order that request `req` conflicts with
+    /// (`posix_locks_conflict`).
+    fn posix_first_conflict(&mut self, req: &FileLock) -> Option<NodeId> {
+        match self.index {
+            LockIndex::List => {
+                for &id in &self.posix {
+                    self.work.checks += 1;
+                    if posix_locks_conflict(req, &self.arena.node(id).fl) {
+                        return Some(id);
+                    }
+                }
+                None
+            }
+            LockIndex::Tree => self.tree.first_conflict(&self.arena, req, &mut self.work),
+        }
     }
 
     /// `posix_lock_inode`: applies a POSIX or OFD request: blocks it, or merges, splits
@@ -469,7 +718,7 @@ impl Inner {
     pub fn posix_lock_inode(
         &mut self,
         mgr: &LockManager,
-        mut req: FileLock,
+        req: FileLock,
         slot: &mut Slot,
         sleep: bool,
         wl: &mut WakeList,
@@ -478,12 +727,7 @@ impl Inner {
     ) -> Attempt {
         debug_assert!(req.on_posix_list());
         if req.ty != LockType::Unlock {
-            let conflict = self
-                .posix
-                .iter()
-                .copied()
-                .find(|&id| posix_locks_conflict(&req, &self.node(id).fl));
-            if let Some(fl_id) = conflict {
+            if let Some(fl_id) = self.posix_first_conflict(&req) {
                 if let Some(c) = conflock {
                     *c = self.node(fl_id).fl;
                 }
@@ -509,13 +753,35 @@ impl Inner {
                 return self.block(mgr, fl_id, req, slot, orphans, wl, bg);
             }
         }
+        let r = match self.index {
+            LockIndex::List => self.posix_update_list(req, slot, wl, bg),
+            LockIndex::Tree => self.posix_update_tree(req, slot, wl, bg),
+        };
+        if r.is_some() {
+            tracing::trace!(target: "vfscale_locks::filelock", event = if lock_is_unlock(&req) { "unlock" } else { "lock" }, kind = ?req.kind, owner = ?req.owner, start = req.start, end = req.end);
+        }
+        Attempt::Done(Ok(()))
+    }
 
+    /// The second half of `posix_lock_inode` over Linux's list ([`LockIndex::List`]):
+    /// walks the owner's locks, merging, splitting and trimming. `None` when the request
+    /// was an unlock that changed nothing.
+    fn posix_update_list(
+        &mut self,
+        mut req: FileLock,
+        slot: &mut Slot,
+        wl: &mut WakeList,
+        bg: &mut BlockedGuard<'_>,
+    ) -> Option<()> {
         // The owner's locks are adjacent: find the first.
-        let mut i = self
-            .posix
-            .iter()
-            .position(|&id| posix_same_owner(&req, &self.node(id).fl))
-            .unwrap_or(self.posix.len());
+        let mut i = 0;
+        while i < self.posix.len() {
+            self.work.checks += 1;
+            if posix_same_owner(&req, &self.node(self.posix[i]).fl) {
+                break;
+            }
+            i += 1;
+        }
         // The record the request has become (`request = fl` in the kernel): its range
         // is written back from `req` at the end.
         let mut became: Option<NodeId> = None;
@@ -525,6 +791,7 @@ impl Inner {
         while i < self.posix.len() {
             let id = self.posix[i];
             let fl = self.node(id).fl;
+            self.work.checks += 1;
             if !posix_same_owner(&req, &fl) {
                 break;
             }
@@ -541,7 +808,7 @@ impl Inner {
                 req.start = req.start.min(fl.start);
                 req.end = req.end.max(fl.end);
                 if added {
-                    self.delete_lock(true, i, wl, bg);
+                    self.list_delete_lock(i, wl, bg);
                     continue;
                 }
                 became = Some(id);
@@ -568,7 +835,7 @@ impl Inner {
                 if fl.start >= req.start {
                     // The request covers this lock entirely.
                     if added {
-                        self.delete_lock(true, i, wl, bg);
+                        self.list_delete_lock(i, wl, bg);
                         continue;
                     }
                     let new = self.grant_record(req, slot, bg);
@@ -584,7 +851,7 @@ impl Inner {
 
         if !added {
             if lock_is_unlock(&req) {
-                return Attempt::Done(Ok(()));
+                return None;
             }
             let new = self.grant_record(req, slot, bg);
             self.posix.insert(i, new);
@@ -609,8 +876,143 @@ impl Inner {
             self.node_mut(l).fl.end = req.start - 1;
             self.wake_up_blocks(l, wl, bg);
         }
-        tracing::trace!(target: "vfscale_locks::filelock", event = if lock_is_unlock(&req) { "unlock" } else { "lock" }, kind = ?req.kind, owner = ?req.owner, start = req.start, end = req.end);
-        Attempt::Done(Ok(()))
+        Some(())
+    }
+
+    /// The second half of `posix_lock_inode` with [`LockIndex::Tree`]: the same walk
+    /// and the same changes in the same order as [`Inner::posix_update_list`], over the
+    /// owner's run in the index. It starts at the first of the owner's locks the list
+    /// walk would not skip (the walk skips every lock ending before `start - 1`), and a
+    /// record whose range changes leaves the index before the change and comes back
+    /// after it, with its run's list-order key.
+    fn posix_update_tree(
+        &mut self,
+        mut req: FileLock,
+        slot: &mut Slot,
+        wl: &mut WakeList,
+        bg: &mut BlockedGuard<'_>,
+    ) -> Option<()> {
+        // The owner's first lock the list walk would not skip, and the run's place in
+        // the list, taken before anything changes (a lock that replaces the owner's
+        // last one keeps it).
+        let (first, run) = {
+            let (t, ar, w) = (&self.tree, &self.arena, &mut self.work);
+            match t.owner_floor(ar, req.owner, req.start - 1, w) {
+                Some(f) if ar.node(f).fl.end >= req.start - 1 => (Some(f), Some(ar.node(f).ix.seq)),
+                Some(f) => (t.owner_next(ar, f, w), Some(ar.node(f).ix.seq)),
+                None => {
+                    let c = t.owner_ceil(ar, req.owner, req.start - 1, w);
+                    (c, c.map(|c| ar.node(c).ix.seq))
+                }
+            }
+        };
+        let mut cur = first;
+        let mut became: Option<NodeId> = None;
+        let mut added = false;
+        let mut left: Option<NodeId> = None;
+        let mut right: Option<NodeId> = None;
+        while let Some(id) = cur {
+            let fl = self.node(id).fl;
+            self.work.checks += 1;
+            debug_assert!(posix_same_owner(&req, &fl));
+            // The owner's next lock, looked up only when the walk goes on and before
+            // `id` can leave the index.
+            let next = |me: &mut Self| me.tree.owner_next(&me.arena, id, &mut me.work);
+            if req.ty == fl.ty {
+                if fl.end < req.start - 1 {
+                    cur = next(self);
+                    continue;
+                }
+                if fl.start - 1 > req.end {
+                    break;
+                }
+                cur = next(self);
+                req.start = req.start.min(fl.start);
+                req.end = req.end.max(fl.end);
+                if added {
+                    self.tree_delete_lock(id, wl, bg);
+                    continue;
+                }
+                became = Some(id);
+                added = true;
+            } else {
+                if fl.end < req.start {
+                    cur = next(self);
+                    continue;
+                }
+                if fl.start > req.end {
+                    break;
+                }
+                if lock_is_unlock(&req) {
+                    added = true;
+                }
+                if fl.start < req.start {
+                    left = Some(id);
+                }
+                if fl.end > req.end {
+                    right = Some(id);
+                    break;
+                }
+                cur = next(self);
+                if fl.start >= req.start {
+                    if added {
+                        self.tree_delete_lock(id, wl, bg);
+                        continue;
+                    }
+                    // The new record takes this one's place (it is indexed at the end,
+                    // under the run's key).
+                    let new = self.grant_record(req, slot, bg);
+                    self.tree.remove(&mut self.arena, id, &mut self.work);
+                    self.wake_up_blocks(id, wl, bg);
+                    self.release(id);
+                    became = Some(new);
+                    added = true;
+                }
+            }
+        }
+
+        let mut seq = run;
+        let mut run_key = |t: &mut PosixTree| *seq.get_or_insert_with(|| t.new_seq());
+        if !added {
+            if lock_is_unlock(&req) {
+                return None;
+            }
+            let new = self.grant_record(req, slot, bg);
+            let k = run_key(&mut self.tree);
+            self.tree.insert(&mut self.arena, new, k, &mut self.work);
+        } else if let Some(b) = became {
+            if self.node(b).ix.indexed {
+                self.tree.remove(&mut self.arena, b, &mut self.work);
+            }
+            let n = self.node_mut(b);
+            n.fl.start = req.start;
+            n.fl.end = req.end;
+            let k = run_key(&mut self.tree);
+            self.tree.insert(&mut self.arena, b, k, &mut self.work);
+        }
+        if let Some(r) = right {
+            let k = run_key(&mut self.tree);
+            self.tree.remove(&mut self.arena, r, &mut self.work);
+            if left == Some(r) {
+                // The request splits one lock in two: the left part is a new record.
+                let mut copy = self.node(r).fl;
+                copy.end = req.start - 1;
+                let l = self.alloc(copy);
+                self.tree.insert(&mut self.arena, l, k, &mut self.work);
+                left = None;
+            }
+            self.node_mut(r).fl.start = req.end + 1;
+            self.tree.insert(&mut self.arena, r, k, &mut self.work);
+            self.wake_up_blocks(r, wl, bg);
+        }
+        if let Some(l) = left {
+            let k = run_key(&mut self.tree);
+            self.tree.remove(&mut self.arena, l, &mut self.work);
+            self.node_mut(l).fl.end = req.start - 1;
+            self.tree.insert(&mut self.arena, l, k, &mut self.work);
+            self.wake_up_blocks(l, wl, bg);
+        }
+        Some(())
     }
 
     /// `flock_lock_inode`: applies a flock request. A conversion drops the old lock
@@ -633,7 +1035,7 @@ impl Inner {
             if self.node(self.flock[idx]).fl.ty == req.ty {
                 return Attempt::Done(Ok(()));
             }
-            self.delete_lock(false, idx, wl, bg);
+            self.flock_delete_lock(idx, wl, bg);
         }
         if lock_is_unlock(&req) {
             tracing::trace!(target: "vfscale_locks::filelock", event = "unlock", kind = "flock", file = req.file.0);
@@ -690,7 +1092,7 @@ impl FileLockContext {
             mgr: mgr.clone(),
             key,
             me: me.clone(),
-            inner: Mutex::new(Inner::with_line_sized_buffers()),
+            inner: Mutex::new(Inner::with_line_sized_buffers(mgr.settings().index)),
         })
     }
 
@@ -706,7 +1108,27 @@ impl FileLockContext {
 
     /// Counters of this inode.
     pub fn stats(&self) -> ContextStats {
-        self.inner.lock().stats
+        self.inner.lock().stats()
+    }
+
+    /// What this inode's locks occupy in memory (see [`ContextMemory`]). Walks every
+    /// record, under the inode's lock.
+    ///
+    /// ```
+    /// use vfscale_locks::*;
+    /// let mgr = LockManager::new();
+    /// let inode = FileLockContext::new(&mgr, InodeKey::default());
+    /// for i in 0..1000 {
+    ///     let f = OpenFile::new(i, AccessMode::ReadWrite);
+    ///     let mut fl = Flock::new(LockType::Write, 2 * i as i64, 1);
+    ///     inode.fcntl(Process::new(1), f, FcntlCmd::OfdSetLk, &mut fl).unwrap();
+    /// }
+    /// let m = inode.memory();
+    /// assert_eq!(m.posix_locks, 1000);
+    /// assert!(m.bytes_per_lock() <= 128.0, "{m:?}");
+    /// ```
+    pub fn memory(&self) -> ContextMemory {
+        self.inner.lock().memory()
     }
 
     /// Runs `f` with `flc_lock` (and the global lock, in that setting) held and the
@@ -726,7 +1148,7 @@ impl FileLockContext {
             let mut bg = BlockedGuard::new(&self.mgr);
             let r = f(&mut inner, &self.mgr, &mut wl, &mut bg);
             inner.run_handoff(&self.mgr, &mut wl, &mut bg);
-            let holds_locks = !inner.posix.is_empty() || !inner.flock.is_empty();
+            let holds_locks = !inner.posix_is_empty() || !inner.flock.is_empty();
             if holds_locks && !inner.listed {
                 inner.listed = true;
                 self.mgr.listing_register(self.me.clone());

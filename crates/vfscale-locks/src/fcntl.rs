@@ -288,7 +288,7 @@ impl FileLockContext {
             let empty = if req.kind == LockKind::Flock {
                 inner.flock.is_empty()
             } else {
-                inner.posix.is_empty()
+                inner.posix_is_empty()
             };
             if empty {
                 return;

@@ -39,6 +39,20 @@ pub enum ContextLock {
     Global,
 }
 
+/// How an inode finds its POSIX and OFD locks. Results are the same either way (the
+/// conformance tests replay every scenario with both); only the cost differs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum LockIndex {
+    /// An index over each inode's locks (two balanced trees, one by owner and start,
+    /// one an interval tree by start): set, unlock, conflict search and `F_GETLK` cost
+    /// O(log n + k) in the n locks held, k being the locks the request overlaps.
+    #[default]
+    Tree,
+    /// Linux's one list per inode: every call walks all of the inode's locks, O(n).
+    /// For the lab's comparisons.
+    List,
+}
+
 /// Experiment settings. Each switches only the mechanism its seed changed, so the lab
 /// can run "base" against "patched" in one process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -47,6 +61,8 @@ pub struct Settings {
     pub wake: WakeMode,
     /// Seed 000's setting.
     pub context_lock: ContextLock,
+    /// Issue 12's setting: how each inode finds its POSIX and OFD locks.
+    pub index: LockIndex,
 }
 
 /// Counters a run can read. None of them is written on a path that does not already

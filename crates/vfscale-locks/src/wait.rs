@@ -60,8 +60,8 @@ impl PendingLock {
             .inner
             .lock()
             .node(id)
-            .waiter
-            .clone()
+            .waiter()
+            .cloned()
             .expect("a blocked record");
         PendingLock {
             ctx,

@@ -13,7 +13,8 @@ use super::model::{
     StepResult, Tracker,
 };
 use vfscale_locks::{
-    FileId, FileLockContext, Flock, InodeKey, LockManager, LockType, OpenFile, PendingLock, Process, Settings,
+    ContextStats, FileId, FileLockContext, Flock, InodeKey, LockManager, LockType, OpenFile, PendingLock,
+    Process, Settings,
 };
 use vfscale_locks::{LockKind, LockRecord};
 
@@ -136,6 +137,12 @@ impl LibraryReplay {
             })
             .collect();
         canonical_listing(l)
+    }
+
+    /// The library's counters for `file` (see [`ContextStats`]), if the scenario opened
+    /// it: what the steps so far cost the lock manager.
+    pub fn file_stats(&self, file: &str) -> Option<ContextStats> {
+        self.runner.files.get(file).map(|c| c.stats())
     }
 
     /// The processes with a blocked call, and that call's step.
