@@ -11,7 +11,11 @@ use crate::{CtlLock, Settings, Shared};
 /// Lookup shards: a device is found by `number % LOOKUP_SHARDS`, so opens of different
 /// devices share no lock (the block layer's lookup of a `/dev/loopN` node takes no loop
 /// lock either).
-const LOOKUP_SHARDS: usize = 64;
+const LOOKUP_SHARDS: usize = if cfg!(any(vfscale_loom, vfscale_shuttle)) {
+    2
+} else {
+    64
+};
 
 /// The largest index plus one (`1 << MINORBITS`).
 pub const LOOP_MAX_DEVICES: u32 = 1 << 20;
@@ -177,7 +181,7 @@ impl LoopControl {
     /// lock (and a lookup shard's, briefly).
     pub fn open(&self, index: u32, mode: OpenMode) -> Result<LoopHandle, Errno> {
         let dev = self.lookup(index).ok_or(Errno::ENOENT)?;
-        dev.open(mode)
+        LoopDevice::open(&dev, mode)
     }
 
     /// The registry: `(index, backing path)`, sorted by index; the path is `None` for

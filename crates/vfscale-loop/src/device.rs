@@ -363,9 +363,9 @@ impl LoopDevice {
         self.lo.lock().openers
     }
 
-    pub(crate) fn open(self: &Arc<Self>, mode: OpenMode) -> Result<LoopHandle, Errno> {
-        let mut g = self.lock();
-        match self.state() {
+    pub(crate) fn open(this: &Arc<Self>, mode: OpenMode) -> Result<LoopHandle, Errno> {
+        let mut g = this.lock();
+        match this.state() {
             LoopState::Deleting | LoopState::Rundown => return Err(Errno::ENXIO),
             _ => {}
         }
@@ -376,17 +376,17 @@ impl LoopDevice {
             g.excl_holders += 1;
         }
         if g.openers == 0 {
-            let lbs = u64::from(self.block_size());
-            self.cache_block
-                .store(cache_block_for(lbs, self.size()), Ordering::Relaxed);
+            let lbs = u64::from(this.block_size());
+            this.cache_block
+                .store(cache_block_for(lbs, this.size()), Ordering::Relaxed);
         }
         g.openers += 1;
         drop(g);
-        self.handles.fetch_add(1, Ordering::Relaxed);
-        tracing::trace!(dev = self.number, ?mode, "loop open");
+        this.handles.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(dev = this.number, ?mode, "loop open");
         Ok(LoopHandle {
             desc: Arc::new(OpenDesc {
-                dev: self.clone(),
+                dev: this.clone(),
                 write: mode.write,
                 excl: mode.excl,
             }),

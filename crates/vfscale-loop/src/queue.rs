@@ -14,7 +14,11 @@
 
 use crate::sync::{current_cpu, AtomicPtr, AtomicU32, AtomicUsize, Condvar, Mutex, Ordering};
 
-const SHARDS: usize = 8;
+const SHARDS: usize = if cfg!(any(vfscale_loom, vfscale_shuttle)) {
+    2
+} else {
+    8
+};
 
 #[repr(align(128))]
 #[derive(Default)]

@@ -5,7 +5,11 @@ use std::time::Instant;
 
 use crate::sync::{current_cpu, AtomicU64, Mutex, MutexGuard, Ordering};
 
-const SHARDS: usize = 16;
+const SHARDS: usize = if cfg!(any(vfscale_loom, vfscale_shuttle)) {
+    2
+} else {
+    16
+};
 
 #[repr(align(128))]
 #[derive(Default)]
