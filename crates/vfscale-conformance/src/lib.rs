@@ -14,6 +14,7 @@
 //! | module | format (docs/) | library |
 //! |---|---|---|
 //! | [`locks`] | `docs/scenarios/locks.md` | `vfscale-locks` |
+//! | [`icache`] | `docs/scenarios/icache.md` | `vfscale-icache` (no kernel runner: the reference is a model of `fs/inode.c`) |
 //! | [`fd`] | `docs/scenarios/fd.md` | `vfscale-fdtable` (its kernel runner drives the `vfscale-fd-child` binary of this crate) |
 //! | [`loop_dev`] | `docs/scenarios/loop.md` | `vfscale-loop` (its kernel runner drives the real `/dev/loop-control` and `/dev/loopN` under an exclusive `flock`) |
 //!
@@ -24,5 +25,6 @@
 
 pub mod fd;
 pub mod format;
+pub mod icache;
 pub mod locks;
 pub mod loop_dev;
