@@ -50,12 +50,22 @@ const DEFAULT_DIR: &str = "/dev/shm";
 #[derive(Clone, Debug)]
 pub struct KernelOptions {
     /// The directory in which the fresh scratch directory is made (`/dev/shm` when
-    /// `None`). It must be on tmpfs.
+    /// `None`). Any filesystem will do, a FUSE mount for one; the lock listing
+    /// ([`replay_with_listing`]) is read from `/proc/locks` and so only on tmpfs, where
+    /// the kernel keeps the locks: a FUSE server's locks are not in the client's
+    /// `/proc/locks`.
     pub dir: Option<PathBuf>,
     /// How long the system may take to settle after a step (and a child to start, a
     /// call that cannot block to return, an exiting child to end) before the replay
     /// gives up.
     pub settle_timeout: Duration,
+    /// How long every outstanding call must have been seen asleep in its lock call,
+    /// unchanged, before the system counts as settled. Zero on tmpfs, where a lock
+    /// call sleeps only when it waits for a lock. On a FUSE mount a call also sleeps
+    /// while its request is with the server, and a lock the server drops at `RELEASE`
+    /// (sent after `close(2)` has returned) wakes waiters a little later: see
+    /// [`KernelOptions::in_dir`].
+    pub quiet: Duration,
 }
 
 impl Default for KernelOptions {
@@ -63,6 +73,27 @@ impl Default for KernelOptions {
         KernelOptions {
             dir: None,
             settle_timeout: Duration::from_secs(10),
+            quiet: Duration::ZERO,
+        }
+    }
+}
+
+/// [`KernelOptions::quiet`] off tmpfs.
+pub const QUIET_OFF_TMPFS: Duration = Duration::from_millis(60);
+
+impl KernelOptions {
+    /// Options to replay in `dir`, on whatever filesystem it is: off tmpfs, the system
+    /// counts as settled only after [`QUIET_OFF_TMPFS`] without change.
+    pub fn in_dir(dir: &Path) -> KernelOptions {
+        let quiet = if check_tmpfs(dir).is_ok() {
+            Duration::ZERO
+        } else {
+            QUIET_OFF_TMPFS
+        };
+        KernelOptions {
+            dir: Some(dir.to_owned()),
+            quiet,
+            ..KernelOptions::default()
         }
     }
 }
@@ -80,14 +111,25 @@ pub fn replay(scn: &Scenario) -> Result<Vec<StepResult>, ReplayError> {
 /// All children are killed and reaped, and the scratch directory removed, whatever the
 /// outcome.
 pub fn replay_with(scn: &Scenario, opts: &KernelOptions) -> Result<Vec<StepResult>, ReplayError> {
-    replay_with_listing(scn, opts).map(|(r, _)| r)
+    replay_in(scn, opts, false).map(|(r, _)| r)
 }
 
 /// Replays `scn` and returns, with the results, the kernel's lock listing (`/proc/locks`)
 /// of the scenario's files after the last step has settled, with scenario names.
+/// Only on tmpfs (see [`KernelOptions::dir`]).
 pub fn replay_with_listing(
     scn: &Scenario,
     opts: &KernelOptions,
+) -> Result<(Vec<StepResult>, Vec<NamedListing>), ReplayError> {
+    let parent = opts.dir.as_deref().unwrap_or(Path::new(DEFAULT_DIR));
+    check_tmpfs(parent).map_err(|e| ReplayError::Kernel(format!("the lock listing needs tmpfs: {e}")))?;
+    replay_in(scn, opts, true)
+}
+
+fn replay_in(
+    scn: &Scenario,
+    opts: &KernelOptions,
+    with_listing: bool,
 ) -> Result<(Vec<StepResult>, Vec<NamedListing>), ReplayError> {
     let parent = opts.dir.as_deref().unwrap_or(Path::new(DEFAULT_DIR));
     let mut runner = Runner::new(scn, opts, parent).map_err(ReplayError::Kernel)?;
@@ -97,7 +139,11 @@ pub fn replay_with_listing(
         .enumerate()
         .map(|(index, step)| runner.step(index, step))
         .collect::<Result<Vec<_>, _>>()?;
-    let listing = runner.listing().map_err(ReplayError::Kernel)?;
+    let listing = if with_listing {
+        runner.listing().map_err(ReplayError::Kernel)?
+    } else {
+        Vec::new()
+    };
     Ok((results, listing))
 }
 
@@ -821,14 +867,13 @@ struct ScratchDir {
 }
 
 impl ScratchDir {
-    /// Makes a fresh `vfscale-<pid>-<n>` directory (mode 0700) under `parent`, which must
-    /// be on tmpfs, and opens it.
+    /// Makes a fresh `vfscale-<pid>-<n>` directory (mode 0700) under `parent` and opens
+    /// it.
     fn create(parent: &Path) -> Result<ScratchDir, String> {
         use std::os::unix::fs::DirBuilderExt as _;
         use std::sync::atomic::{AtomicU64, Ordering};
         static SERIAL: AtomicU64 = AtomicU64::new(0);
 
-        check_tmpfs(parent)?;
         for _ in 0..100 {
             // Unique among live processes; a stale one left by a process that had the
             // same pid only costs another try.
@@ -1071,10 +1116,16 @@ impl<'a> Runner<'a> {
         let deadline = deadline_after(self.opts.settle_timeout);
         let mut nap = FIRST_NAP;
         let mut previous = None;
+        // When the current run of unchanged quiet passes began.
+        let mut quiet_since = Instant::now();
         while !outstanding.is_empty() {
             let quiet = self.pass(at, &mut outstanding, &mut finished)?;
             if quiet.is_some() && quiet == previous {
-                break;
+                if quiet_since.elapsed() >= self.opts.quiet {
+                    break;
+                }
+            } else {
+                quiet_since = Instant::now();
             }
             previous = quiet;
             if Instant::now() >= deadline {

@@ -1,0 +1,1049 @@
+//! The FUSE side: one [`Conn`] per mountpoint (connection), all sharing one [`Server`].
+//! Each operation resolves node ids through the inode table, file handles through the
+//! handle table, and runs its system call on the source.
+
+use std::ffi::{CString, OsStr};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, RequestId, TimeOrNow, WriteFlags,
+};
+
+use crate::handles::Handle;
+use crate::inodes::{Inode, Kind};
+use crate::locks::{Interrupts, LockReq};
+use crate::sys::{self, AsCaller};
+use crate::Server;
+
+fn errno(e: io::Error) -> Errno {
+    Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+/// Unwraps a `Result<_, io::Error>` or answers the reply with its errno and returns.
+macro_rules! tri {
+    ($e:expr, $reply:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => return $reply.error(errno(e)),
+        }
+    };
+}
+
+/// Unwraps an `Option` or answers the reply with `$err` and returns.
+macro_rules! some {
+    ($e:expr, $reply:expr, $err:expr) => {
+        match $e {
+            Some(v) => v,
+            None => return $reply.error($err),
+        }
+    };
+}
+
+fn time(sec: i64, nsec: i64) -> SystemTime {
+    if sec >= 0 {
+        UNIX_EPOCH + Duration::new(sec as u64, nsec as u32)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(sec.unsigned_abs()) + Duration::from_nanos(nsec as u64)
+    }
+}
+
+fn file_type(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn dirent_type(t: u8) -> FileType {
+    match t {
+        libc::DT_DIR => FileType::Directory,
+        libc::DT_LNK => FileType::Symlink,
+        libc::DT_FIFO => FileType::NamedPipe,
+        libc::DT_SOCK => FileType::Socket,
+        libc::DT_CHR => FileType::CharDevice,
+        libc::DT_BLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+/// The attributes of `inode` as the kernel sees them: the source's, with the node id as
+/// inode number (the source's inode number, see `inodes.rs`).
+fn attr(inode: &Inode, st: &libc::stat64) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(inode.id),
+        size: st.st_size as u64,
+        blocks: st.st_blocks as u64,
+        atime: time(st.st_atime, st.st_atime_nsec),
+        mtime: time(st.st_mtime, st.st_mtime_nsec),
+        ctime: time(st.st_ctime, st.st_ctime_nsec),
+        crtime: UNIX_EPOCH,
+        kind: file_type(st.st_mode),
+        perm: (st.st_mode & 0o7777) as u16,
+        nlink: st.st_nlink as u32,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        rdev: st.st_rdev as u32,
+        blksize: st.st_blksize as u32,
+        flags: 0,
+    }
+}
+
+/// One connection: a mountpoint of the server.
+pub struct Conn {
+    idx: usize,
+    srv: Arc<Server>,
+    intr: Arc<Interrupts>,
+    passthrough: AtomicBool,
+    destroyed: AtomicBool,
+}
+
+impl Conn {
+    /// Connection number `idx` of `srv`.
+    pub fn new(idx: usize, srv: Arc<Server>) -> Conn {
+        Conn {
+            idx,
+            srv,
+            intr: Arc::new(Interrupts::default()),
+            passthrough: AtomicBool::new(false),
+            destroyed: AtomicBool::new(false),
+        }
+    }
+
+    fn inode(&self, id: INodeNo) -> Option<Arc<Inode>> {
+        self.srv.inodes.get(id.0)
+    }
+
+    fn handle(&self, fh: FileHandle) -> Option<Arc<Handle>> {
+        self.srv.handles.get(self.idx, fh.0)
+    }
+
+    fn ttl(&self) -> Duration {
+        self.srv.opts.ttl
+    }
+
+    /// Looks `name` up in `parent` and counts one lookup: the entry to reply with.
+    fn lookup_entry(&self, parent: &Inode, name: &OsStr) -> io::Result<(Arc<Inode>, FileAttr)> {
+        let c = sys::component(name)?;
+        let fd = sys::openat_beneath(parent.fd(), &c, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+        let st = sys::stat_fd(fd.as_fd())?;
+        let inode = self.srv.inodes.lookup(self.idx, fd, &st);
+        let a = attr(&inode, &st);
+        Ok((inode, a))
+    }
+
+    fn dir(&self, id: INodeNo) -> Result<Arc<Inode>, Errno> {
+        let i = self.inode(id).ok_or(Errno::ENOENT)?;
+        if i.kind != Kind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        Ok(i)
+    }
+
+    /// The passthrough backing file of `inode` on this connection, registered from `file`
+    /// if no open handle has one.
+    fn backing(
+        &self,
+        inode: &Inode,
+        file: BorrowedFd<'_>,
+        reg: impl FnOnce(BorrowedFd<'_>) -> io::Result<fuser::BackingId>,
+    ) -> Option<Arc<fuser::BackingId>> {
+        if !self.passthrough.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut slot = inode.backing[self.idx].lock();
+        if let Some(b) = slot.upgrade() {
+            return Some(b);
+        }
+        match reg(file) {
+            Ok(b) => {
+                let b = Arc::new(b);
+                *slot = Arc::downgrade(&b);
+                Some(b)
+            }
+            Err(e) => {
+                // Not permitted here (no CAP_SYS_ADMIN, stacking depth): serve I/O ourselves.
+                if std::env::var_os("VFSCALEFS_DEBUG").is_some() {
+                    eprintln!("vfscalefs: connection {}: passthrough off: {e}", self.idx);
+                }
+                self.passthrough.store(false, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    fn release_handle(&self, fh: u64) {
+        if let Some(h) = self.srv.handles.remove(self.idx, fh) {
+            self.srv.locks.release(&h, fh);
+            let inode = h.inode.clone();
+            drop(h);
+            if inode.open_dec() {
+                self.srv.inodes.try_evict(&inode);
+            }
+        }
+    }
+
+    fn lock_req(
+        &self,
+        req: &Request,
+        fh: FileHandle,
+        owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+    ) -> LockReq {
+        LockReq {
+            conn: self.idx,
+            unique: req.unique().0,
+            fh: fh.0,
+            lock_owner: owner.0,
+            start,
+            end,
+            typ,
+            pid,
+        }
+    }
+
+    /// Ends the connection: parked requests are interrupted, open handles released (their
+    /// locks dropped), the kernel's lookups forgotten. Idempotent.
+    pub fn shutdown(&self) {
+        if self.destroyed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.intr.interrupt_all();
+        for (fh, h) in self.srv.handles.of_connection(self.idx) {
+            drop(h);
+            self.release_handle(fh);
+        }
+        self.srv.inodes.drop_connection(self.idx);
+    }
+
+    fn entry_after_create(&self, parent: &Inode, name: &OsStr, reply: ReplyEntry) {
+        match self.lookup_entry(parent, name) {
+            Ok((_, a)) => reply.entry(&self.ttl(), &a, Generation(0)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+}
+
+/// `/proc/self/fd/N` of an inode's `O_PATH` descriptor, for path-only calls. Refused for
+/// symbolic links: the magic link must never lead past one.
+fn inode_path(inode: &Inode) -> io::Result<CString> {
+    if inode.kind == Kind::Symlink {
+        return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+    }
+    Ok(sys::proc_path(inode.fd()))
+}
+
+fn timespec(t: Option<TimeOrNow>) -> libc::timespec {
+    match t {
+        None => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        Some(TimeOrNow::Now) => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        },
+        Some(TimeOrNow::SpecificTime(t)) => match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => libc::timespec {
+                tv_sec: d.as_secs() as libc::time_t,
+                tv_nsec: d.subsec_nanos() as libc::c_long,
+            },
+            Err(e) => {
+                let d = e.duration();
+                let mut sec = -(d.as_secs() as i64);
+                let mut nsec = -(d.subsec_nanos() as i64);
+                if nsec < 0 {
+                    sec -= 1;
+                    nsec += 1_000_000_000;
+                }
+                libc::timespec {
+                    tv_sec: sec as libc::time_t,
+                    tv_nsec: nsec as libc::c_long,
+                }
+            }
+        },
+    }
+}
+
+fn cname(name: &OsStr) -> io::Result<CString> {
+    CString::new(name.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+impl Filesystem for Conn {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // Without these the kernel keeps locks to itself and none reach the server.
+        config
+            .add_capabilities(InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS)
+            .map_err(|missing| io::Error::other(format!("the kernel lacks lock forwarding ({missing:?})")))?;
+        let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        let _ = config.set_max_background(64);
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        if self.srv.opts.passthrough
+            && root
+            && config.capabilities().contains(InitFlags::FUSE_PASSTHROUGH)
+            && config.set_max_stack_depth(self.srv.stack_depth).is_ok()
+            && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+        {
+            self.passthrough.store(true, Ordering::Relaxed);
+        }
+        if std::env::var_os("VFSCALEFS_DEBUG").is_some() {
+            eprintln!(
+                "vfscalefs: connection {}: protocol {:?}, passthrough {}",
+                self.idx,
+                config.kernel_abi(),
+                if self.passthrough.load(Ordering::Relaxed) {
+                    "on"
+                } else {
+                    "off"
+                }
+            );
+        }
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        self.shutdown();
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let p = match self.dir(parent) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let (_, a) = tri!(self.lookup_entry(&p, name), reply);
+        reply.entry(&self.ttl(), &a, Generation(0));
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.srv.inodes.forget(self.idx, ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let i = some!(self.inode(ino), reply, Errno::ENOENT);
+        let st = tri!(sys::stat_fd(i.fd()), reply);
+        reply.attr(&self.ttl(), &attr(&i, &st));
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let i = some!(self.inode(ino), reply, Errno::ENOENT);
+        let h = fh.and_then(|fh| self.handle(fh));
+        if uid.is_some() || gid.is_some() {
+            let u = uid.unwrap_or(u32::MAX);
+            let g = gid.unwrap_or(u32::MAX);
+            // SAFETY: empty path with AT_EMPTY_PATH acts on the O_PATH descriptor itself.
+            let r = unsafe {
+                libc::fchownat(
+                    i.fd().as_raw_fd(),
+                    c"".as_ptr(),
+                    u,
+                    g,
+                    libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+                )
+            };
+            tri!(sys::cvt(r), reply);
+        }
+        if let Some(m) = mode {
+            let p = tri!(inode_path(&i), reply);
+            // SAFETY: a NUL-terminated path.
+            tri!(sys::cvt(unsafe { libc::chmod(p.as_ptr(), m & 0o7777) }), reply);
+        }
+        if let Some(sz) = size {
+            let r = match &h {
+                // SAFETY: plain syscall on a descriptor the handle owns.
+                Some(h) => unsafe { libc::ftruncate64(h.fd().as_raw_fd(), sz as i64) },
+                None => {
+                    let p = tri!(inode_path(&i), reply);
+                    // SAFETY: a NUL-terminated path.
+                    unsafe { libc::truncate64(p.as_ptr(), sz as i64) }
+                }
+            };
+            tri!(sys::cvt(r), reply);
+        }
+        if atime.is_some() || mtime.is_some() {
+            let ts = [timespec(atime), timespec(mtime)];
+            let r = if i.kind == Kind::Symlink {
+                // SAFETY: empty path with AT_EMPTY_PATH on the O_PATH descriptor.
+                unsafe { libc::utimensat(i.fd().as_raw_fd(), c"".as_ptr(), ts.as_ptr(), libc::AT_EMPTY_PATH) }
+            } else {
+                let p = tri!(inode_path(&i), reply);
+                // SAFETY: a NUL-terminated path and two timespecs.
+                unsafe { libc::utimensat(libc::AT_FDCWD, p.as_ptr(), ts.as_ptr(), 0) }
+            };
+            tri!(sys::cvt(r), reply);
+        }
+        let st = tri!(sys::stat_fd(i.fd()), reply);
+        reply.attr(&self.ttl(), &attr(&i, &st));
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let i = some!(self.inode(ino), reply, Errno::ENOENT);
+        let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+        // SAFETY: `buf` is writable for its length; empty path reads the O_PATH link.
+        let n = unsafe {
+            libc::readlinkat(
+                i.fd().as_raw_fd(),
+                c"".as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        let n = tri!(sys::cvt_size(n), reply);
+        reply.data(&buf[..n]);
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let p = match self.dir(parent) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let c = tri!(sys::component(name), reply);
+        {
+            let _as = AsCaller::new(req.uid(), req.gid());
+            // SAFETY: a NUL-terminated single component relative to an O_PATH dir.
+            let r = unsafe { libc::mknodat(p.fd().as_raw_fd(), c.as_ptr(), mode, rdev as libc::dev_t) };
+            tri!(sys::cvt(r), reply);
+        }
+        self.entry_after_create(&p, name, reply);
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+        let p = match self.dir(parent) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let c = tri!(sys::component(name), reply);
+        {
+            let _as = AsCaller::new(req.uid(), req.gid());
+            // SAFETY: as in mknod.
+            let r = unsafe { libc::mkdirat(p.fd().as_raw_fd(), c.as_ptr(), mode) };
+            tri!(sys::cvt(r), reply);
+        }
+        self.entry_after_create(&p, name, reply);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let p = match self.dir(parent) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let c = tri!(sys::component(name), reply);
+        // SAFETY: as in mknod.
+        tri!(
+            sys::cvt(unsafe { libc::unlinkat(p.fd().as_raw_fd(), c.as_ptr(), 0) }),
+            reply
+        );
+        reply.ok();
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let p = match self.dir(parent) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let c = tri!(sys::component(name), reply);
+        // SAFETY: as in mknod.
+        tri!(
+            sys::cvt(unsafe { libc::unlinkat(p.fd().as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) }),
+            reply
+        );
+        reply.ok();
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let p = match self.dir(parent) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let c = tri!(sys::component(link_name), reply);
+        let t = tri!(cname(target.as_os_str()), reply);
+        {
+            let _as = AsCaller::new(req.uid(), req.gid());
+            // SAFETY: NUL-terminated target and name; the target is stored, not followed.
+            let r = unsafe { libc::symlinkat(t.as_ptr(), p.fd().as_raw_fd(), c.as_ptr()) };
+            tri!(sys::cvt(r), reply);
+        }
+        self.entry_after_create(&p, link_name, reply);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let (p, np) = match (self.dir(parent), self.dir(newparent)) {
+            (Ok(p), Ok(np)) => (p, np),
+            (Err(e), _) | (_, Err(e)) => return reply.error(e),
+        };
+        let c = tri!(sys::component(name), reply);
+        let nc = tri!(sys::component(newname), reply);
+        // SAFETY: NUL-terminated single components relative to O_PATH directories.
+        let r = unsafe {
+            libc::renameat2(
+                p.fd().as_raw_fd(),
+                c.as_ptr(),
+                np.fd().as_raw_fd(),
+                nc.as_ptr(),
+                flags.bits(),
+            )
+        };
+        tri!(sys::cvt(r), reply);
+        reply.ok();
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let i = some!(self.inode(ino), reply, Errno::ENOENT);
+        let np = match self.dir(newparent) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let nc = tri!(sys::component(newname), reply);
+        // SAFETY: AT_EMPTY_PATH links the O_PATH descriptor's inode itself.
+        let mut r = unsafe {
+            libc::linkat(
+                i.fd().as_raw_fd(),
+                c"".as_ptr(),
+                np.fd().as_raw_fd(),
+                nc.as_ptr(),
+                libc::AT_EMPTY_PATH,
+            )
+        };
+        if r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) && i.kind != Kind::Symlink
+        {
+            // Without CAP_DAC_READ_SEARCH: through the magic link, which names exactly
+            // this inode.
+            let p = sys::proc_path(i.fd());
+            // SAFETY: NUL-terminated paths.
+            r = unsafe {
+                libc::linkat(
+                    libc::AT_FDCWD,
+                    p.as_ptr(),
+                    np.fd().as_raw_fd(),
+                    nc.as_ptr(),
+                    libc::AT_SYMLINK_FOLLOW,
+                )
+            };
+        }
+        tri!(sys::cvt(r), reply);
+        self.entry_after_create(&np, newname, reply);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let i = some!(self.inode(ino), reply, Errno::ENOENT);
+        match i.kind {
+            Kind::Symlink => return reply.error(Errno::ELOOP),
+            Kind::Special => return reply.error(Errno::ENXIO),
+            Kind::File | Kind::Dir => {}
+        }
+        let flags = flags.0 & !(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+        let file = tri!(sys::reopen(i.fd(), flags), reply);
+        let backing = if i.kind == Kind::File {
+            self.backing(&i, file.as_fd(), |fd| reply.open_backing(fd))
+        } else {
+            None
+        };
+        let h = Handle::new(i.clone(), file, flags, self.idx, backing.clone());
+        i.open_inc();
+        let fh = match self.srv.handles.insert(h) {
+            Ok(fh) => fh,
+            Err(e) => {
+                if i.open_dec() {
+                    self.srv.inodes.try_evict(&i);
+                }
+                return reply.error(Errno::from_i32(e));
+            }
+        };
+        match backing {
+            Some(b) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &b),
+            None => reply.opened(FileHandle(fh), FopenFlags::empty()),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let h = some!(self.handle(fh), reply, Errno::EBADF);
+        let mut buf = vec![0u8; size as usize];
+        let mut done = 0;
+        while done < buf.len() {
+            // SAFETY: the unfilled tail of `buf` is writable.
+            let n = unsafe {
+                libc::pread64(
+                    h.fd().as_raw_fd(),
+                    buf[done..].as_mut_ptr().cast(),
+                    buf.len() - done,
+                    (offset + done as u64) as i64,
+                )
+            };
+            let n = tri!(sys::cvt_size(n), reply);
+            if n == 0 {
+                break;
+            }
+            done += n;
+        }
+        reply.data(&buf[..done]);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let h = some!(self.handle(fh), reply, Errno::EBADF);
+        let mut done = 0;
+        while done < data.len() {
+            // SAFETY: `data[done..]` is readable for its length.
+            let n = unsafe {
+                libc::pwrite64(
+                    h.fd().as_raw_fd(),
+                    data[done..].as_ptr().cast(),
+                    data.len() - done,
+                    (offset + done as u64) as i64,
+                )
+            };
+            match sys::cvt_size(n) {
+                Ok(n) => done += n,
+                Err(e) if done == 0 => return reply.error(errno(e)),
+                Err(_) => break,
+            }
+        }
+        reply.written(done as u32);
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
+        let h = some!(self.handle(fh), reply, Errno::EBADF);
+        // Never ENOSYS: the kernel would stop sending FLUSH, and POSIX locks would
+        // outlive close(2).
+        self.srv.locks.flush(&h.inode, self.idx, lock_owner.0);
+        // What close(2) of a duplicate does on the source (write-back errors of NFS, say).
+        // SAFETY: dup of a descriptor the handle owns, closed at once.
+        let d = unsafe { libc::dup(h.fd().as_raw_fd()) };
+        if d >= 0 {
+            // SAFETY: `d` is ours.
+            if unsafe { libc::close(d) } < 0 {
+                return reply.error(errno(io::Error::last_os_error()));
+            }
+        }
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.release_handle(fh.0);
+        reply.ok();
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        let h = some!(self.handle(fh), reply, Errno::EBADF);
+        let fd = h.fd().as_raw_fd();
+        // SAFETY: plain syscalls on a descriptor the handle owns.
+        let r = unsafe {
+            if datasync {
+                libc::fdatasync(fd)
+            } else {
+                libc::fsync(fd)
+            }
+        };
+        tri!(sys::cvt(r), reply);
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let i = match self.dir(ino) {
+            Ok(i) => i,
+            Err(e) => return reply.error(e),
+        };
+        let flags = (flags.0 & !(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_ACCMODE))
+            | libc::O_RDONLY
+            | libc::O_DIRECTORY;
+        let file = tri!(sys::reopen(i.fd(), flags), reply);
+        let h = Handle::new(i.clone(), file, flags, self.idx, None);
+        i.open_inc();
+        match self.srv.handles.insert(h) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => {
+                if i.open_dec() {
+                    self.srv.inodes.try_evict(&i);
+                }
+                reply.error(Errno::from_i32(e))
+            }
+        }
+    }
+
+    fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let h = some!(self.handle(fh), reply, Errno::EBADF);
+        let Some(pos) = &h.dir else {
+            return reply.error(Errno::ENOTDIR);
+        };
+        let _g = pos.lock();
+        tri!(sys::seek_to(h.fd(), offset as i64), reply);
+        let mut buf = vec![0u8; 32 * 1024];
+        'outer: loop {
+            let entries = tri!(sys::getdents(h.fd(), &mut buf), reply);
+            if entries.is_empty() {
+                break;
+            }
+            for e in entries {
+                if reply.add(
+                    INodeNo(e.ino),
+                    e.off as u64,
+                    dirent_type(e.kind),
+                    OsStr::from_bytes(&e.name),
+                ) {
+                    break 'outer;
+                }
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.release_handle(fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        self.fsync(req, ino, fh, datasync, reply);
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let mut st = std::mem::MaybeUninit::<libc::statvfs64>::uninit();
+        // SAFETY: `st` is written on success; the root descriptor is O_PATH, which
+        // fstatvfs accepts.
+        let r = unsafe { libc::fstatvfs64(self.srv.inodes.root().fd().as_raw_fd(), st.as_mut_ptr()) };
+        tri!(sys::cvt(r), reply);
+        // SAFETY: fstatvfs succeeded.
+        let st = unsafe { st.assume_init() };
+        reply.statfs(
+            st.f_blocks,
+            st.f_bfree,
+            st.f_bavail,
+            st.f_files,
+            st.f_ffree,
+            st.f_bsize as u32,
+            st.f_namemax as u32,
+            st.f_frsize as u32,
+        );
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let i = some!(self.inode(ino), reply, Errno::ENOENT);
+        let p = tri!(inode_path(&i), reply);
+        let n = tri!(cname(name), reply);
+        // SAFETY: NUL-terminated path and name, `value` readable for its length.
+        let r = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), flags) };
+        tri!(sys::cvt(r), reply);
+        reply.ok();
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let i = some!(self.inode(ino), reply, Errno::ENOENT);
+        let p = tri!(inode_path(&i), reply);
+        let n = tri!(cname(name), reply);
+        let mut buf = vec![0u8; size as usize];
+        // SAFETY: NUL-terminated path and name; `buf` writable for its length.
+        let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        let len = tri!(sys::cvt_size(r), reply);
+        if size == 0 {
+            reply.size(len as u32);
+        } else {
+            reply.data(&buf[..len]);
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let i = some!(self.inode(ino), reply, Errno::ENOENT);
+        let p = tri!(inode_path(&i), reply);
+        let mut buf = vec![0u8; size as usize];
+        // SAFETY: NUL-terminated path; `buf` writable for its length.
+        let r = unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        let len = tri!(sys::cvt_size(r), reply);
+        if size == 0 {
+            reply.size(len as u32);
+        } else {
+            reply.data(&buf[..len]);
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let i = some!(self.inode(ino), reply, Errno::ENOENT);
+        let p = tri!(inode_path(&i), reply);
+        let n = tri!(cname(name), reply);
+        // SAFETY: NUL-terminated path and name.
+        tri!(
+            sys::cvt(unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) }),
+            reply
+        );
+        reply.ok();
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        // default_permissions: the kernel checks; this is only asked for by old kernels.
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let p = match self.dir(parent) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let c = tri!(sys::component(name), reply);
+        let flags = flags & !(libc::O_NOCTTY | libc::O_CLOEXEC);
+        let file = {
+            let _as = AsCaller::new(req.uid(), req.gid());
+            tri!(
+                sys::openat_beneath(p.fd(), &c, flags | libc::O_CREAT | libc::O_NOFOLLOW, mode),
+                reply
+            )
+        };
+        let st = tri!(sys::stat_fd(file.as_fd()), reply);
+        let path_fd = tri!(sys::reopen(file.as_fd(), libc::O_PATH), reply);
+        let inode = self.srv.inodes.lookup(self.idx, path_fd, &st);
+        let a = attr(&inode, &st);
+        let backing = self.backing(&inode, file.as_fd(), |fd| reply.open_backing(fd));
+        let h = Handle::new(inode.clone(), file, flags, self.idx, backing.clone());
+        inode.open_inc();
+        let fh = match self.srv.handles.insert(h) {
+            Ok(fh) => fh,
+            Err(e) => {
+                if inode.open_dec() {
+                    self.srv.inodes.try_evict(&inode);
+                }
+                return reply.error(Errno::from_i32(e));
+            }
+        };
+        match backing {
+            Some(b) => reply.created_passthrough(
+                &self.ttl(),
+                &a,
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::empty(),
+                &b,
+            ),
+            None => reply.created(
+                &self.ttl(),
+                &a,
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::empty(),
+            ),
+        }
+    }
+
+    fn getlk(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        let h = some!(self.handle(fh), reply, Errno::EBADF);
+        let r = self.lock_req(req, fh, lock_owner, start, end, typ, pid);
+        self.srv.locks.getlk(&h, &r, reply);
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let h = some!(self.handle(fh), reply, Errno::EBADF);
+        let r = self.lock_req(req, fh, lock_owner, start, end, typ, pid);
+        self.srv.locks.setlk(&h, &r, sleep, &self.intr, reply);
+    }
+
+    fn flock(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        op: i32,
+        reply: ReplyEmpty,
+    ) {
+        let h = some!(self.handle(fh), reply, Errno::EBADF);
+        let r = self.lock_req(req, fh, lock_owner, 0, 0, 0, req.pid());
+        self.srv.locks.flock(&h, &r, op, &self.intr, reply);
+    }
+
+    fn interrupt(&self, _req: &Request, unique: RequestId) -> Result<(), Errno> {
+        self.intr.interrupt(unique.0);
+        Ok(())
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let h = some!(self.handle(fh), reply, Errno::EBADF);
+        // SAFETY: plain syscall on a descriptor the handle owns.
+        let r = unsafe { libc::fallocate64(h.fd().as_raw_fd(), mode, offset as i64, length as i64) };
+        tri!(sys::cvt(r), reply);
+        reply.ok();
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let h = some!(self.handle(fh), reply, Errno::EBADF);
+        // SAFETY: plain syscall on a descriptor the handle owns.
+        let r = unsafe { libc::lseek64(h.fd().as_raw_fd(), offset, whence) };
+        if r < 0 {
+            return reply.error(errno(io::Error::last_os_error()));
+        }
+        reply.offset(r);
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        _ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        let hi = some!(self.handle(fh_in), reply, Errno::EBADF);
+        let ho = some!(self.handle(fh_out), reply, Errno::EBADF);
+        let mut oi = offset_in as i64;
+        let mut oo = offset_out as i64;
+        // SAFETY: descriptors the handles own; offsets are ours to update.
+        let r = unsafe {
+            libc::copy_file_range(
+                hi.fd().as_raw_fd(),
+                &mut oi,
+                ho.fd().as_raw_fd(),
+                &mut oo,
+                len.min(u32::MAX as u64) as usize,
+                0,
+            )
+        };
+        let n = tri!(sys::cvt_size(r), reply);
+        reply.written(n as u32);
+    }
+}

@@ -1,0 +1,118 @@
+//! Open files: one `vfscale-fdtable` entry per open file description the kernel opened
+//! (`OPEN`, `CREATE`, `OPENDIR`). The FUSE file handle (`fh`) is the entry's descriptor
+//! number, so it is unique across all connections while the file is open and is the
+//! owner of the file's flock lock ([`vfscale_locks::FileId`]).
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use vfscale_fdtable::{AllocPolicy, Fd, FdTable, Settings};
+use vfscale_locks::{AccessMode, OwnerId};
+
+use crate::inodes::Inode;
+
+/// One open file description.
+pub struct Handle {
+    /// The inode it was opened on.
+    pub inode: Arc<Inode>,
+    /// The source file, opened with the client's flags.
+    file: OwnedFd,
+    /// Its access mode (for the lock calls' `EBADF` checks).
+    pub mode: AccessMode,
+    /// The connection that opened it.
+    pub conn: usize,
+    /// A directory's reading position lock (serializes seek + getdents).
+    pub dir: Option<Mutex<()>>,
+    /// The POSIX lock owners that set locks through this handle (see `locks.rs`).
+    pub owners: Mutex<Vec<OwnerId>>,
+    /// The kernel passthrough backing file, while this handle uses it.
+    pub backing: Option<Arc<fuser::BackingId>>,
+}
+
+impl Handle {
+    /// A handle on `inode` over the source file `file`.
+    pub fn new(
+        inode: Arc<Inode>,
+        file: OwnedFd,
+        flags: i32,
+        conn: usize,
+        backing: Option<Arc<fuser::BackingId>>,
+    ) -> Handle {
+        let mode = match flags & libc::O_ACCMODE {
+            libc::O_WRONLY => AccessMode::Write,
+            libc::O_RDWR => AccessMode::ReadWrite,
+            _ => AccessMode::Read,
+        };
+        let dir = (inode.kind == crate::inodes::Kind::Dir).then(|| Mutex::new(()));
+        Handle {
+            inode,
+            file,
+            mode,
+            conn,
+            dir,
+            owners: Mutex::new(Vec::new()),
+            backing,
+        }
+    }
+
+    /// The source file.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
+/// The server's open files.
+pub struct Handles {
+    table: FdTable<Handle>,
+}
+
+impl Handles {
+    /// A table that can hold `limit` open files (the raised `RLIMIT_NOFILE`).
+    pub fn new(limit: u32) -> Handles {
+        let settings = Settings {
+            policy: AllocPolicy::PerThread,
+            ..Settings::default()
+        };
+        let nr_open = limit.max(vfscale_fdtable::DEFAULT_RLIMIT_NOFILE);
+        Handles {
+            table: FdTable::with_limits(settings, nr_open, nr_open),
+        }
+    }
+
+    /// Installs `h`; its file handle. `EMFILE` when the table is full.
+    pub fn insert(&self, h: Handle) -> Result<u64, i32> {
+        self.table
+            .open(Arc::new(h), false)
+            .map(|fd| fd.0 as u64)
+            .map_err(|e| e.raw())
+    }
+
+    /// The handle `fh` of connection `conn`.
+    pub fn get(&self, conn: usize, fh: u64) -> Option<Arc<Handle>> {
+        let fd = u32::try_from(fh).ok()?;
+        self.table.get(Fd(fd)).filter(|h| h.conn == conn)
+    }
+
+    /// Removes handle `fh` of connection `conn`, returning it.
+    pub fn remove(&self, conn: usize, fh: u64) -> Option<Arc<Handle>> {
+        let h = self.get(conn, fh)?;
+        self.table.close(Fd(fh as u32)).ok()?;
+        Some(h)
+    }
+
+    /// Every open handle of connection `conn`, with its file handle.
+    pub fn of_connection(&self, conn: usize) -> Vec<(u64, Arc<Handle>)> {
+        self.table
+            .iter()
+            .into_iter()
+            .filter(|(_, h, _)| h.conn == conn)
+            .map(|(fd, h, _)| (fd.0 as u64, h))
+            .collect()
+    }
+
+    /// The table's capacity.
+    pub fn limit(&self) -> u32 {
+        self.table.rlimit_nofile()
+    }
+}

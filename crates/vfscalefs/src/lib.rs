@@ -1,0 +1,397 @@
+//! vfscalefs: a passthrough FUSE filesystem whose file locks are served by
+//! `vfscale-locks`, whose open files are `vfscale-fdtable` entries and whose inode table
+//! keys every inode by its source identity, so that several mountpoints of one source,
+//! served by one process, share one lock manager: a lock taken through one mountpoint
+//! conflicts with one taken through another.
+//!
+//! ```text
+//! vfscalefs SOURCE MOUNTPOINT [MOUNTPOINT...] [-o allow_other,...]
+//! ```
+//!
+//! # Structure
+//!
+//! | piece | module | what it holds |
+//! |---|---|---|
+//! | [`Server`] | here | what all connections share: inode table, handle table, lock manager |
+//! | [`fs::Conn`] | `fs.rs` | one connection (mountpoint): the FUSE operations |
+//! | [`inodes::InodeTable`] | `inodes.rs` | node id ↔ `(st_dev, st_ino)`, lookup counts per connection, eviction |
+//! | [`handles::Handles`] | `handles.rs` | open files: `fh` = a `vfscale-fdtable` descriptor |
+//! | [`locks::Locks`] | `locks.rs` | `GETLK`/`SETLK`/`SETLKW`/flock, parked waiters, `FLUSH`/`RELEASE`, `INTERRUPT` |
+//! | `sys` | `sys.rs` | `openat2(RESOLVE_BENEATH)`, `/proc/self/fd` reopening, per-thread credentials |
+//!
+//! # Invariants
+//!
+//! * **Nothing outside SOURCE.** Every name the kernel sends is checked to be one path
+//!   component (not `.`/`..`, no `/`) and resolved with `openat2(RESOLVE_BENEATH |
+//!   RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)` under the `O_PATH` descriptor of its
+//!   parent; the server never follows a symbolic link (the client kernel reads and
+//!   follows them itself). Other calls act on an inode's own `O_PATH` descriptor, or on
+//!   `/proc/self/fd/N` of it, never for a symbolic link.
+//! * **Permissions are the kernel's** (`default_permissions`); `allow_other` only when
+//!   asked. Files, directories, nodes and symbolic links are created with the caller's
+//!   fs uid and gid (`setfsuid`/`setfsgid` on the dispatch thread), so they belong to the
+//!   caller as on the source.
+//! * **One inode per source inode**, whichever connection reached it; its node id is the
+//!   same on every connection, and it stays in the table while any connection holds a
+//!   lookup or any handle is open on it.
+//! * **No lock outlives its owner's close**: `FLUSH` drops the flushing owner's POSIX
+//!   locks, `RELEASE` what is left through the released file (OFD-style locks, the
+//!   flock lock); a connection that ends releases all its handles.
+//! * **No dispatch thread sleeps on a lock**: a `SETLKW` that must wait is parked and
+//!   answered by the lock driver when granted, or `EINTR` when interrupted.
+//!
+//! # Lock order
+//!
+//! inode table shard → (nothing). Per inode: `lock_owners` → the lock context's inode
+//! lock (`flc_lock`, inside `vfscale-locks`) → a waiter's state. A connection's
+//! interrupt table → a waiter's state (interrupting). The driver's task map and queue
+//! are leaves. No path holds two shards, two inodes' locks, or any lock across a reply.
+//!
+//! # One process, two mountpoints
+//!
+//! The kernel gives each connection its own node ids and its own `lock_owner` keys (it
+//! scrambles them per connection). Inodes and lock contexts are keyed by the source
+//! identity, shared, but owners cannot be matched across connections: **one process
+//! seen through two mountpoints is two POSIX owners.** Its locks through one mountpoint
+//! conflict with its own locks through the other (on a local filesystem they would
+//! merge), and closing a descriptor drops only the locks taken through that mountpoint.
+//!
+//! # OFD locks
+//!
+//! Protocol 7.45 forwards an OFD lock as a POSIX lock whose owner is the open file; the
+//! server cannot tell them apart. Consequences: a blocked OFD request takes part in
+//! deadlock detection (it can fail with `EDEADLK`, which Linux never returns for OFD
+//! locks); `F_GETLK` on an OFD holder reports the holder's pid (Linux: -1), while
+//! `F_OFD_GETLK` reports -1 whoever holds the lock (the client kernel fills it in).
+//! OFD locks are dropped at `RELEASE`, which the kernel sends after `close(2)` has
+//! returned, so another process may briefly still see the lock after the close.
+//! Likewise for flock locks: `RELEASE` drops them.
+
+#![warn(missing_docs)]
+
+pub mod fs;
+pub mod handles;
+pub mod inodes;
+pub mod locks;
+pub mod sys;
+
+use std::fmt;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fuser::{Config, MountOption, Session, SessionACL};
+
+use crate::handles::Handles;
+use crate::inodes::InodeTable;
+use crate::locks::Locks;
+
+/// How the server runs.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// How long the kernel may cache attributes and names.
+    pub ttl: Duration,
+    /// Use the kernel's FUSE passthrough for reads and writes where it is available.
+    pub passthrough: bool,
+    /// Let other users than the one mounting use the filesystem.
+    pub allow_other: bool,
+    /// Dispatch threads per mountpoint.
+    pub threads: usize,
+    /// Mount read-only.
+    pub read_only: bool,
+    /// Allow device nodes (`dev`) and set-user-ID bits (`suid`) to take effect.
+    pub dev: bool,
+    /// As `dev`, for `suid`.
+    pub suid: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+        Options {
+            ttl: Duration::from_secs(1),
+            passthrough: true,
+            allow_other: false,
+            threads: (2 * cpus).clamp(4, 16),
+            read_only: false,
+            dev: false,
+            suid: false,
+        }
+    }
+}
+
+impl Options {
+    /// Applies a comma-separated `-o` list.
+    pub fn parse_o(&mut self, list: &str) -> Result<(), String> {
+        for opt in list.split(',').filter(|s| !s.is_empty()) {
+            let (k, v) = match opt.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (opt, None),
+            };
+            let num = |v: Option<&str>| -> Result<u64, String> {
+                v.ok_or(format!("option {k} needs a value"))?
+                    .parse::<u64>()
+                    .map_err(|_| format!("option {k}: not a number: {}", v.unwrap_or("")))
+            };
+            match k {
+                "allow_other" => self.allow_other = true,
+                "default_permissions" | "rw" => {}
+                "ro" => self.read_only = true,
+                "dev" => self.dev = true,
+                "suid" => self.suid = true,
+                "passthrough" => self.passthrough = true,
+                "nopassthrough" => self.passthrough = false,
+                "threads" => self.threads = num(v)?.clamp(1, 1024) as usize,
+                "ttl" | "attr_timeout" | "entry_timeout" => self.ttl = Duration::from_millis(num(v)?),
+                _ => return Err(format!("unknown option {opt:?}")),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What every connection shares.
+pub struct Server {
+    inodes: InodeTable,
+    handles: Handles,
+    locks: Locks,
+    opts: Options,
+    stack_depth: u32,
+}
+
+impl Server {
+    /// A server of `source` for `conns` connections.
+    pub fn new(source: &Path, conns: usize, opts: Options) -> Result<Arc<Server>, Error> {
+        let root = sys::open_root(source).map_err(|e| Error::Source(source.to_owned(), e))?;
+        // Stacked on an overlayfs source, the passthrough needs room for one more level.
+        let stack_depth = match nix::sys::statfs::fstatfs(root.as_fd()) {
+            Ok(s) if s.filesystem_type() == nix::sys::statfs::OVERLAYFS_SUPER_MAGIC => 2,
+            _ => 1,
+        };
+        let inodes = InodeTable::new(root, conns).map_err(|e| Error::Source(source.to_owned(), e))?;
+        let limit = nofile_limit();
+        Ok(Arc::new(Server {
+            inodes,
+            handles: Handles::new(limit),
+            locks: Locks::new(),
+            opts,
+            stack_depth,
+        }))
+    }
+
+    /// The inode table.
+    pub fn inodes(&self) -> &InodeTable {
+        &self.inodes
+    }
+
+    /// The lock side.
+    pub fn locks(&self) -> &Locks {
+        &self.locks
+    }
+
+    /// How many files the handle table can hold.
+    pub fn handle_limit(&self) -> u32 {
+        self.handles.limit()
+    }
+}
+
+/// Why the server could not start or ended badly.
+#[derive(Debug)]
+pub enum Error {
+    /// The source directory cannot be served.
+    Source(PathBuf, std::io::Error),
+    /// A mountpoint cannot be used.
+    Mountpoint(PathBuf, String),
+    /// A connection ended with an error.
+    Session(PathBuf, std::io::Error),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Source(p, e) => write!(f, "source {}: {e}", p.display()),
+            Error::Mountpoint(p, e) => write!(f, "mountpoint {}: {e}", p.display()),
+            Error::Session(p, e) => write!(f, "{}: {e}", p.display()),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Raises `RLIMIT_NOFILE` as far as allowed (to `fs.nr_open` as root) and returns the
+/// soft limit now in force: every open file and every known inode holds a descriptor.
+pub fn raise_nofile() -> u32 {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((_, mut hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 1024;
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        if let Ok(s) = std::fs::read_to_string("/proc/sys/fs/nr_open") {
+            if let Ok(n) = s.trim().parse::<u64>() {
+                hard = hard.max(n);
+            }
+        }
+    }
+    if setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_err() {
+        if let Ok((_, h)) = getrlimit(Resource::RLIMIT_NOFILE) {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, h, h);
+        }
+    }
+    nofile_limit()
+}
+
+fn nofile_limit() -> u32 {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft.min(u32::MAX as u64) as u32)
+        .unwrap_or(1024)
+}
+
+fn check_mountpoint(p: &Path) -> Result<(), Error> {
+    let m = std::fs::metadata(p).map_err(|e| Error::Mountpoint(p.to_owned(), e.to_string()))?;
+    if !m.is_dir() {
+        return Err(Error::Mountpoint(p.to_owned(), "not a directory".into()));
+    }
+    Ok(())
+}
+
+/// Lazily detaches the mount at `p` (the last resort when it is busy).
+fn detach(p: &Path) {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
+    } else {
+        let _ = std::process::Command::new("fusermount3")
+            .arg("-u")
+            .arg("-z")
+            .arg(p)
+            .status();
+    }
+}
+
+/// Mounts `source` on every mountpoint, serves until all are unmounted (by `umount`, or
+/// by [`serve`]'s signal handling on `SIGINT`/`SIGTERM`/`SIGHUP`), and returns.
+pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<(), Error> {
+    use nix::sys::signal::{SigSet, Signal};
+
+    let md = std::fs::metadata(source).map_err(|e| Error::Source(source.to_owned(), e))?;
+    if !md.is_dir() {
+        return Err(Error::Source(
+            source.to_owned(),
+            std::io::Error::from_raw_os_error(libc::ENOTDIR),
+        ));
+    }
+    for m in mountpoints {
+        check_mountpoint(m)?;
+    }
+    raise_nofile();
+    // SAFETY: umask has no preconditions. The client applies the caller's umask; the
+    // server must not apply its own on top.
+    unsafe { libc::umask(0) };
+
+    // Every thread started from here on inherits this mask: the signals are taken by
+    // the one thread that waits for them.
+    let mut sigs = SigSet::empty();
+    sigs.add(Signal::SIGINT);
+    sigs.add(Signal::SIGTERM);
+    sigs.add(Signal::SIGHUP);
+    sigs.thread_block()
+        .map_err(|e| Error::Source(source.to_owned(), e.into()))?;
+
+    let srv = Server::new(source, mountpoints.len(), opts.clone())?;
+    let fsname = source.canonicalize().unwrap_or_else(|_| source.to_owned());
+    let mut options = vec![
+        MountOption::FSName(fsname.to_string_lossy().into_owned()),
+        MountOption::Subtype("vfscalefs".into()),
+        MountOption::DefaultPermissions,
+    ];
+    if opts.read_only {
+        options.push(MountOption::RO);
+    }
+    if opts.dev {
+        options.push(MountOption::Dev);
+    }
+    if opts.suid {
+        options.push(MountOption::Suid);
+    }
+    let mut config = Config::default();
+    config.mount_options = options;
+    config.acl = if opts.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(opts.threads.max(1));
+    config.clone_fd = true;
+
+    let mut sessions = Vec::new();
+    let mut unmounters = Vec::new();
+    for (i, mp) in mountpoints.iter().enumerate() {
+        match Session::new(fs::Conn::new(i, srv.clone()), mp, &config) {
+            Ok(mut s) => {
+                unmounters.push((mp.clone(), s.unmount_callable()));
+                sessions.push((mp.clone(), s));
+            }
+            Err(e) => {
+                for (p, mut u) in unmounters {
+                    if u.unmount().is_err() {
+                        detach(&p);
+                    }
+                }
+                return Err(Error::Mountpoint(mp.clone(), e.to_string()));
+            }
+        }
+    }
+
+    let threads: Vec<_> = sessions
+        .into_iter()
+        .map(|(mp, s)| {
+            let name = format!("vfscalefs-conn-{}", mp.display());
+            let h = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || s.run())
+                .expect("spawn a connection thread");
+            (mp, h)
+        })
+        .collect();
+
+    std::thread::Builder::new()
+        .name("vfscalefs-signals".into())
+        .spawn(move || {
+            if sigs.wait().is_ok() {
+                for (p, mut u) in unmounters {
+                    if u.unmount().is_err() {
+                        // Busy: detach it; the connection ends when its last user closes.
+                        eprintln!(
+                            "vfscalefs: {} is busy; detached, it goes away when no longer used",
+                            p.display()
+                        );
+                        detach(&p);
+                    }
+                }
+            }
+        })
+        .expect("spawn the signal thread");
+
+    let mut result = Ok(());
+    for (mp, h) in threads {
+        match h.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                if result.is_ok() {
+                    result = Err(Error::Session(mp, e));
+                }
+            }
+            Err(_) => {
+                if result.is_ok() {
+                    result = Err(Error::Session(
+                        mp,
+                        std::io::Error::other("a dispatch thread panicked"),
+                    ));
+                }
+            }
+        }
+    }
+    result
+}

@@ -1,0 +1,346 @@
+//! The system calls the server makes on the source tree, behind small safe wrappers:
+//! resolution beneath an inode (`openat2` with `RESOLVE_BENEATH`), reopening an `O_PATH`
+//! descriptor, `stat`, directory reading, xattrs, and the per-thread credentials a
+//! request runs with (`setfsuid`/`setfsgid`).
+
+use std::ffi::{CStr, CString, OsStr};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+
+/// The result of a system call that returns -1 and sets `errno`.
+fn check(r: libc::c_long) -> io::Result<libc::c_long> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// `EINVAL` unless `name` is one path component: not empty, not `.` or `..`, no `/` and
+/// no NUL. The kernel never sends anything else; this makes sure nothing else can make
+/// a `*at` call leave its directory.
+pub fn component(name: &OsStr) -> io::Result<CString> {
+    let b = name.as_bytes();
+    if b.is_empty() || b == b"." || b == b".." || b.contains(&b'/') || b.contains(&0) {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    CString::new(b).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// The resolution every name lookup uses: stay beneath the directory, follow no symbolic
+/// link and no magic link (a final symlink is opened itself, with `O_PATH|O_NOFOLLOW`).
+const BENEATH: u64 = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+
+/// `struct open_how` of `openat2(2)`.
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// `openat2(dir, name, flags, mode)` resolved beneath `dir`.
+pub fn openat_beneath(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC) as u64,
+        mode: if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 {
+            (mode & 0o7777) as u64
+        } else {
+            0
+        },
+        resolve: BENEATH,
+    };
+    loop {
+        // SAFETY: `name` is NUL-terminated and `how` is a valid `open_how` of the size
+        // passed; the kernel returns a new descriptor that we own.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                &how as *const OpenHow,
+                std::mem::size_of::<OpenHow>(),
+            )
+        };
+        match check(r) {
+            // SAFETY: a fresh descriptor returned by openat2.
+            Ok(fd) => return Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }),
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Opens the source directory itself (`O_PATH|O_DIRECTORY`).
+pub fn open_root(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let c =
+        CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: `c` is NUL-terminated; the result is a new descriptor we own.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `/proc/self/fd/N` for an `O_PATH` descriptor: the way to reach exactly the inode it
+/// refers to (reopen it, or use path-only calls such as `chmod`, `truncate`, xattrs).
+pub fn proc_path(fd: BorrowedFd<'_>) -> CString {
+    CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL in a number")
+}
+
+/// Opens the inode an `O_PATH` descriptor refers to with `flags` (never creating).
+/// The caller has checked that it is a regular file or a directory: a magic link to a
+/// symbolic link must not be followed.
+pub fn reopen(fd: BorrowedFd<'_>, flags: i32) -> io::Result<OwnedFd> {
+    let p = proc_path(fd);
+    let flags = (flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_TRUNC)) | libc::O_CLOEXEC;
+    // SAFETY: `p` is NUL-terminated; the result is a new descriptor we own.
+    let r = unsafe { libc::open(p.as_ptr(), flags) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(r) })
+}
+
+/// `fstatat(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW)`.
+pub fn stat_fd(fd: BorrowedFd<'_>) -> io::Result<libc::stat64> {
+    let mut st = std::mem::MaybeUninit::<libc::stat64>::uninit();
+    // SAFETY: the empty path is NUL-terminated; `st` is written on success.
+    let r = unsafe {
+        libc::fstatat64(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstatat succeeded and filled `st`.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// An error from a plain libc call that returns -1.
+pub fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// As [`cvt`] for calls returning `ssize_t`.
+pub fn cvt_size(r: libc::ssize_t) -> io::Result<usize> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// One entry of a directory, as `getdents64` gives it.
+pub struct DirEntry {
+    /// Inode number in the source.
+    pub ino: u64,
+    /// The cookie that positions the stream just after this entry.
+    pub off: i64,
+    /// `DT_*`.
+    pub kind: u8,
+    /// The name.
+    pub name: Vec<u8>,
+}
+
+/// Reads the next batch of entries from directory `fd` at its current position.
+/// An empty vector at the end of the directory.
+pub fn getdents(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Vec<DirEntry>> {
+    // SAFETY: `buf` is writable for its length; the kernel writes at most that much.
+    let n = unsafe { libc::syscall(libc::SYS_getdents64, fd.as_raw_fd(), buf.as_mut_ptr(), buf.len()) };
+    let n = check(n)? as usize;
+    let mut out = Vec::new();
+    let mut pos = 0;
+    // struct linux_dirent64 { u64 d_ino; i64 d_off; u16 d_reclen; u8 d_type; char d_name[]; }
+    while pos + 19 <= n {
+        let ino = u64::from_ne_bytes(buf[pos..pos + 8].try_into().expect("8 bytes"));
+        let off = i64::from_ne_bytes(buf[pos + 8..pos + 16].try_into().expect("8 bytes"));
+        let reclen = u16::from_ne_bytes(buf[pos + 16..pos + 18].try_into().expect("2 bytes")) as usize;
+        let kind = buf[pos + 18];
+        if reclen == 0 || pos + reclen > n {
+            break;
+        }
+        let name_bytes = &buf[pos + 19..pos + reclen];
+        let len = name_bytes
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(name_bytes.len());
+        out.push(DirEntry {
+            ino,
+            off,
+            kind,
+            name: name_bytes[..len].to_vec(),
+        });
+        pos += reclen;
+    }
+    Ok(out)
+}
+
+/// `lseek(fd, off, SEEK_SET)`.
+pub fn seek_to(fd: BorrowedFd<'_>, off: i64) -> io::Result<()> {
+    // SAFETY: plain syscall on a descriptor we hold.
+    let r = unsafe { libc::lseek64(fd.as_raw_fd(), off, libc::SEEK_SET) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The capabilities `setfsuid` drops from the effective set when the fs uid leaves 0
+/// (`CAP_FS_MASK`) and that a request running as its caller gets back: permission was
+/// checked by the client kernel (`default_permissions`), so the source must not check
+/// again with the server's supplementary groups instead of the caller's.
+/// `CAP_CHOWN`, `CAP_DAC_OVERRIDE`, `CAP_DAC_READ_SEARCH`, `CAP_FOWNER`, `CAP_FSETID`
+/// (bits 0 to 4 of `linux/capability.h`).
+const FS_CAPS: u32 = 0b1_1111;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// Raises the filesystem capabilities in this thread's effective set (they stay in its
+/// permitted set across `setfsuid`).
+fn raise_fs_caps() {
+    let mut hdr = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: header and a two-element data array as capget(2) expects for version 3.
+    if unsafe { libc::syscall(libc::SYS_capget, &mut hdr as *mut CapHeader, data.as_mut_ptr()) } < 0 {
+        return;
+    }
+    data[0].effective |= FS_CAPS & data[0].permitted;
+    // SAFETY: as above; capset with pid 0 changes the calling thread only.
+    unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) };
+}
+
+/// Runs a request as its caller: files and directories it creates belong to `uid`/`gid`
+/// (and inherit a set-group-ID directory's group, as on the source). Per thread, undone
+/// on drop. A no-op when the server is not root or the caller is root.
+pub struct AsCaller {
+    switched: bool,
+}
+
+impl AsCaller {
+    /// Switches this thread's fs uid and gid.
+    pub fn new(uid: u32, gid: u32) -> AsCaller {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 || (uid == 0 && gid == 0) {
+            return AsCaller { switched: false };
+        }
+        // SAFETY: setfsgid/setfsuid change this thread's credentials only; they cannot
+        // fail in a way that matters here (root may set any id).
+        unsafe {
+            libc::setfsgid(gid);
+            libc::setfsuid(uid);
+        }
+        if uid != 0 {
+            raise_fs_caps();
+        }
+        AsCaller { switched: true }
+    }
+}
+
+impl Drop for AsCaller {
+    fn drop(&mut self) {
+        if self.switched {
+            // SAFETY: back to root's fs ids; returning fsuid to 0 restores the
+            // filesystem capabilities from the permitted set.
+            unsafe {
+                libc::setfsuid(0);
+                libc::setfsgid(0);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    fn err(r: io::Result<OwnedFd>) -> i32 {
+        r.err().and_then(|e| e.raw_os_error()).unwrap_or(0)
+    }
+
+    #[test]
+    fn names_are_single_components() {
+        for bad in ["", ".", "..", "a/b", "/etc"] {
+            assert!(component(OsStr::new(bad)).is_err(), "{bad:?} accepted");
+        }
+        assert!(component(OsStr::new("...")).is_ok());
+        assert!(component(OsStr::new("a b")).is_ok());
+    }
+
+    /// Nothing resolves outside the directory: not by `..`, not by a symbolic link
+    /// (absolute or relative), not by a magic link; a final symlink opened with
+    /// `O_PATH|O_NOFOLLOW` is the link itself.
+    #[test]
+    fn resolution_stays_beneath() {
+        let d = std::env::temp_dir().join(format!("vfscalefs-sys-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("sub")).unwrap();
+        std::os::unix::fs::symlink("/etc", d.join("abs")).unwrap();
+        std::os::unix::fs::symlink("../..", d.join("sub/up")).unwrap();
+        let root = open_root(&d).unwrap();
+        let c = |s: &str| CString::new(s).unwrap();
+        assert_eq!(
+            err(openat_beneath(root.as_fd(), &c(".."), libc::O_PATH, 0)),
+            libc::EXDEV
+        );
+        assert_eq!(
+            err(openat_beneath(root.as_fd(), &c("sub/../.."), libc::O_PATH, 0)),
+            libc::EXDEV
+        );
+        assert_eq!(
+            err(openat_beneath(root.as_fd(), &c("abs/passwd"), libc::O_RDONLY, 0)),
+            libc::ELOOP
+        );
+        assert_eq!(
+            err(openat_beneath(root.as_fd(), &c("sub/up/x"), libc::O_RDONLY, 0)),
+            libc::ELOOP
+        );
+        assert_eq!(
+            err(openat_beneath(
+                root.as_fd(),
+                &c("/proc/self/root/etc"),
+                libc::O_PATH,
+                0
+            )),
+            libc::EXDEV
+        );
+        let link = openat_beneath(root.as_fd(), &c("abs"), libc::O_PATH | libc::O_NOFOLLOW, 0).unwrap();
+        let st = stat_fd(link.as_fd()).unwrap();
+        assert_eq!(
+            st.st_mode & libc::S_IFMT,
+            libc::S_IFLNK,
+            "the link itself, not /etc"
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}

@@ -1,0 +1,238 @@
+//! Server-side locks on a vfscalefs mount, with real processes: the lock corpus replayed
+//! by the kernel runner on the mount must give what the kernel gives on tmpfs, and the
+//! things only a FUSE server can get wrong (a waiter that must not hold a dispatch
+//! thread, interrupts, locks dropped at RELEASE, two mountpoints) are checked directly.
+
+mod common;
+
+use std::fs::OpenOptions;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{cannot_mount, say, Mounted};
+use vfscale_conformance::locks::{kernel, render_results, KernelOptions, Op, Scenario};
+
+fn corpus() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/locks")
+}
+
+fn uses_ofd(scn: &Scenario) -> bool {
+    scn.steps
+        .iter()
+        .any(|s| matches!(&s.op, Op::Fcntl { cmd, .. } if cmd.is_ofd()))
+}
+
+/// The corpus scenarios without OFD locks, replayed on the mount: results identical to
+/// the kernel's on tmpfs (the recorded `X.expected`, which `locks_kernel_diff` checks
+/// against the live kernel). No `/proc/locks` comparison: the locks are the server's.
+#[test]
+fn corpus_on_the_mount_matches_tmpfs() {
+    if let Some(why) = cannot_mount() {
+        return say(&format!("SKIP: {why}"));
+    }
+    if let Err(why) = kernel::available() {
+        return say(&format!("SKIP: the kernel runner cannot run here: {why}"));
+    }
+    let m = Mounted::start(1, "").expect("mount");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(corpus())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    files.sort();
+    let opts = KernelOptions::in_dir(&m.mounts[0]);
+    let (mut ran, mut skipped, mut failures) = (0, 0, Vec::new());
+    let start = Instant::now();
+    for f in &files {
+        let scn = Scenario::parse(&std::fs::read_to_string(f).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        if uses_ofd(&scn) {
+            skipped += 1;
+            continue;
+        }
+        let expected = std::fs::read_to_string(f.with_extension("expected")).unwrap();
+        match kernel::replay_with(&scn, &opts) {
+            Ok(r) => {
+                let got = render_results(&r);
+                if got != expected {
+                    failures.push(format!(
+                        "{}: differs from tmpfs\n--- on vfscalefs\n{got}--- on tmpfs\n{expected}",
+                        f.display()
+                    ));
+                }
+            }
+            Err(e) => failures.push(format!("{}: {e}", f.display())),
+        }
+        ran += 1;
+    }
+    assert!(ran >= 30, "only {ran} scenarios without OFD locks");
+    assert!(
+        failures.is_empty(),
+        "{} of {ran} differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    say(&format!(
+        "lock corpus on vfscalefs: {ran} scenarios identical to tmpfs ({skipped} with OFD locks left out) in {:.1} s",
+        start.elapsed().as_secs_f64()
+    ));
+}
+
+fn setlk(fd: i32, cmd: i32, ty: i32, start: i64, len: i64) -> Result<(), nix::errno::Errno> {
+    // SAFETY: a zeroed flock is valid; fields set below.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = ty as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    fl.l_start = start;
+    fl.l_len = len;
+    // SAFETY: fcntl with a valid flock pointer.
+    let r = unsafe { libc::fcntl(fd, cmd, &mut fl) };
+    if r < 0 {
+        Err(nix::errno::Errno::last())
+    } else {
+        Ok(())
+    }
+}
+
+/// The OFD lock of an open file goes at its last close (the kernel's RELEASE), and a
+/// POSIX lock of one process through one mountpoint conflicts with another's through the
+/// other mountpoint.
+#[test]
+fn release_drops_ofd_locks_and_mountpoints_share_locks() {
+    if let Some(why) = cannot_mount() {
+        return say(&format!("SKIP: {why}"));
+    }
+    let m = Mounted::start(2, "").expect("mount");
+    let a = m.mounts[0].join("f");
+    let b = m.mounts[1].join("f");
+    let f1 = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&a)
+        .unwrap();
+    let f2 = OpenOptions::new().read(true).write(true).open(&b).unwrap();
+    setlk(f1.as_raw_fd(), libc::F_OFD_SETLK, libc::F_WRLCK, 0, 10).unwrap();
+    assert_eq!(
+        setlk(f2.as_raw_fd(), libc::F_OFD_SETLK, libc::F_WRLCK, 5, 1),
+        Err(nix::errno::Errno::EAGAIN),
+        "an OFD lock through one mountpoint must conflict with one through the other"
+    );
+    drop(f1);
+    // RELEASE is sent after close(2) returns: the lock goes shortly after.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        match setlk(f2.as_raw_fd(), libc::F_OFD_SETLK, libc::F_WRLCK, 5, 1) {
+            Ok(()) => break,
+            Err(nix::errno::Errno::EAGAIN) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Err(e) => panic!("the OFD lock was not dropped at release: {e}"),
+        }
+    }
+    // A POSIX lock held by a child through mountpoint 0 blocks this process through 1.
+    let mut child = Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import fcntl,time,sys\nf=open({:?},'r+')\nfcntl.lockf(f,fcntl.LOCK_EX|fcntl.LOCK_NB,1,20)\nprint('locked',flush=True)\ntime.sleep(30)",
+            a.display().to_string()
+        ))
+        .stdout(std::process::Stdio::piped())
+        .spawn();
+    let Ok(ref mut c) = child else {
+        return say("SKIP (POSIX part): python3 is not installed");
+    };
+    use std::io::BufRead as _;
+    let mut line = String::new();
+    std::io::BufReader::new(c.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "locked");
+    let f3 = OpenOptions::new().read(true).write(true).open(&b).unwrap();
+    let r = setlk(f3.as_raw_fd(), libc::F_SETLK, libc::F_WRLCK, 20, 1);
+    let _ = c.kill();
+    let _ = c.wait();
+    assert_eq!(
+        r,
+        Err(nix::errno::Errno::EAGAIN),
+        "a POSIX lock through mountpoint 0 must block one through 1"
+    );
+}
+
+/// A waiter parked in the server holds no dispatch thread: with one dispatch thread and
+/// several blocked flock(1) waiters, other requests are still served; a waiter killed
+/// with SIGKILL goes away at once (not stuck in D state); SIGINT ends a wait.
+#[test]
+fn waiters_hold_no_thread_and_can_be_killed() {
+    if let Some(why) = cannot_mount() {
+        return say(&format!("SKIP: {why}"));
+    }
+    if let Some(why) = common::missing_tool("flock") {
+        return say(&format!("SKIP: {why}"));
+    }
+    let m = Mounted::start(1, "threads=1").expect("mount");
+    let f = m.mounts[0].join("lockfile");
+    std::fs::write(&f, b"x").unwrap();
+    // -o: the lock stays with flock(1) itself, not with the sleep it runs.
+    let mut holder = Command::new("flock")
+        .arg("-o")
+        .arg(&f)
+        .arg("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut waiters: Vec<_> = (0..4)
+        .map(|_| Command::new("flock").arg(&f).arg("true").spawn().unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    // Still served: a stat, a write and a read through the one dispatch thread.
+    let t = Instant::now();
+    std::fs::write(m.mounts[0].join("other"), b"hello").unwrap();
+    assert_eq!(std::fs::read(m.mounts[0].join("other")).unwrap(), b"hello");
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "requests were held up by parked waiters"
+    );
+    // SIGKILL: reaped at once.
+    let w = waiters.pop().unwrap();
+    let pid = nix::unistd::Pid::from_raw(w.id() as i32);
+    let t = Instant::now();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    let mut w = w;
+    w.wait().unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "a killed waiter took {:?} to die",
+        t.elapsed()
+    );
+    // SIGINT: the waiter ends (flock(1) has no handler; the default action kills it).
+    let w = waiters.pop().unwrap();
+    let t = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(w.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let mut w = w;
+    let st = w.wait().unwrap();
+    assert!(!st.success());
+    assert!(t.elapsed() < Duration::from_secs(2));
+    // The holder goes: the remaining waiters are granted, one after the other.
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    for mut w in waiters {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(st) = w.try_wait().unwrap() {
+                assert!(st.success());
+                break;
+            }
+            assert!(Instant::now() < deadline, "a waiter was never granted");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
