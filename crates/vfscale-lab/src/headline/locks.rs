@@ -78,9 +78,7 @@ pub fn lockperf(report: &Report) -> Vec<Finding> {
                 .map(|s| units::format(s.mean, Unit::Plain))
             };
             if let (Some(lib), Some(pre)) = (gl("library"), gl("library-prepatch")) {
-                text.push_str(&format!(
-                    "; global-lock acquisitions/op {lib} (prepatch {pre})"
-                ));
+                text.push_str(&format!("; global-lock acquisitions/op {lib} (prepatch {pre})"));
             }
         }
         out.push(Finding {
