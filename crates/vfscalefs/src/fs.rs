@@ -19,7 +19,7 @@ use fuser::{
 };
 
 use crate::handles::Handle;
-use crate::inodes::{Inode, Kind};
+use crate::inodes::{Inode, Kind, Node};
 use crate::locks::{Interrupts, LockReq};
 use crate::sys::{self, AsCaller};
 use crate::Server;
@@ -123,7 +123,7 @@ impl Conn {
         }
     }
 
-    fn inode(&self, id: INodeNo) -> Option<Arc<Inode>> {
+    fn inode(&self, id: INodeNo) -> Option<Node> {
         self.srv.inodes.get(id.0)
     }
 
@@ -136,16 +136,16 @@ impl Conn {
     }
 
     /// Looks `name` up in `parent` and counts one lookup: the entry to reply with.
-    fn lookup_entry(&self, parent: &Inode, name: &OsStr) -> io::Result<(Arc<Inode>, FileAttr)> {
+    fn lookup_entry(&self, parent: &Inode, name: &OsStr) -> io::Result<(Node, FileAttr)> {
         let c = sys::component(name)?;
         let fd = sys::openat_beneath(parent.fd(), &c, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
         let st = sys::stat_fd(fd.as_fd())?;
-        let inode = self.srv.inodes.lookup(self.idx, fd, &st);
+        let inode = self.srv.inodes.lookup(self.idx, fd, &st)?;
         let a = attr(&inode, &st);
         Ok((inode, a))
     }
 
-    fn dir(&self, id: INodeNo) -> Result<Arc<Inode>, Errno> {
+    fn dir(&self, id: INodeNo) -> Result<Node, Errno> {
         let i = self.inode(id).ok_or(Errno::ENOENT)?;
         if i.kind != Kind::Dir {
             return Err(Errno::ENOTDIR);
@@ -188,11 +188,6 @@ impl Conn {
     fn release_handle(&self, fh: u64) {
         if let Some(h) = self.srv.handles.remove(self.idx, fh) {
             self.srv.locks.release(&h, fh);
-            let inode = h.inode.clone();
-            drop(h);
-            if inode.open_dec() {
-                self.srv.inodes.try_evict(&inode);
-            }
         }
     }
 
@@ -590,15 +585,9 @@ impl Filesystem for Conn {
             None
         };
         let h = Handle::new(i.clone(), file, flags, self.idx, backing.clone());
-        i.open_inc();
         let fh = match self.srv.handles.insert(h) {
             Ok(fh) => fh,
-            Err(e) => {
-                if i.open_dec() {
-                    self.srv.inodes.try_evict(&i);
-                }
-                return reply.error(Errno::from_i32(e));
-            }
+            Err(e) => return reply.error(Errno::from_i32(e)),
         };
         match backing {
             Some(b) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &b),
@@ -728,15 +717,9 @@ impl Filesystem for Conn {
             | libc::O_DIRECTORY;
         let file = tri!(sys::reopen(i.fd(), flags), reply);
         let h = Handle::new(i.clone(), file, flags, self.idx, None);
-        i.open_inc();
         match self.srv.handles.insert(h) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-            Err(e) => {
-                if i.open_dec() {
-                    self.srv.inodes.try_evict(&i);
-                }
-                reply.error(Errno::from_i32(e))
-            }
+            Err(e) => reply.error(Errno::from_i32(e)),
         }
     }
 
@@ -893,19 +876,13 @@ impl Filesystem for Conn {
         };
         let st = tri!(sys::stat_fd(file.as_fd()), reply);
         let path_fd = tri!(sys::reopen(file.as_fd(), libc::O_PATH), reply);
-        let inode = self.srv.inodes.lookup(self.idx, path_fd, &st);
+        let inode = tri!(self.srv.inodes.lookup(self.idx, path_fd, &st), reply);
         let a = attr(&inode, &st);
         let backing = self.backing(&inode, file.as_fd(), |fd| reply.open_backing(fd));
         let h = Handle::new(inode.clone(), file, flags, self.idx, backing.clone());
-        inode.open_inc();
         let fh = match self.srv.handles.insert(h) {
             Ok(fh) => fh,
-            Err(e) => {
-                if inode.open_dec() {
-                    self.srv.inodes.try_evict(&inode);
-                }
-                return reply.error(Errno::from_i32(e));
-            }
+            Err(e) => return reply.error(Errno::from_i32(e)),
         };
         match backing {
             Some(b) => reply.created_passthrough(

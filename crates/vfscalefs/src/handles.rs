@@ -10,12 +10,12 @@ use parking_lot::Mutex;
 use vfscale_fdtable::{AllocPolicy, Fd, FdTable, Settings};
 use vfscale_locks::{AccessMode, OwnerId};
 
-use crate::inodes::Inode;
+use crate::inodes::Node;
 
 /// One open file description.
 pub struct Handle {
     /// The inode it was opened on.
-    pub inode: Arc<Inode>,
+    pub inode: Node,
     /// The source file, opened with the client's flags.
     file: OwnedFd,
     /// Its access mode (for the lock calls' `EBADF` checks).
@@ -33,7 +33,7 @@ pub struct Handle {
 impl Handle {
     /// A handle on `inode` over the source file `file`.
     pub fn new(
-        inode: Arc<Inode>,
+        inode: Node,
         file: OwnedFd,
         flags: i32,
         conn: usize,

@@ -1,34 +1,38 @@
-//! The inode table: FUSE node ids ↔ source inodes, with the kernel's lookup counts.
+//! The inode table: FUSE node ids ↔ source inodes, on `vfscale-icache`.
 //!
-//! This module is the one boundary behind which the table lives, so that it can become
-//! `vfscale-icache` (issue 9) without touching the rest of the server. What it provides
-//! is what the server needs from an inode cache:
+//! This module is the one boundary between the server and its inode cache. Each source
+//! inode the kernel knows is one `vfscale-icache` inode of one superblock, whose data
+//! ([`Inode`]) is what the server keeps per inode:
 //!
-//! * **Identity.** An inode is keyed by its source identity `(st_dev, st_ino)`, shared by
-//!   every connection (mountpoint): whichever mountpoint a file is reached through, it is
-//!   one [`Inode`], with one lock context. Its node id is the same on every connection.
-//! * **Lookup counts.** Every reply that hands the kernel a node id (lookup, create,
-//!   mkdir, mknod, symlink, link) counts one lookup on that connection; `forget` takes
-//!   them back. Counts are kept per connection so that one mountpoint going away
-//!   (unmount) drops exactly its own references.
-//! * **Eviction.** An inode leaves the table when no connection holds a lookup and no
-//!   handle is open on it ([`InodeTable::try_evict`]). The open count matters because
-//!   `RELEASE` is sent in the background and may arrive after `FORGET`: the lock context
-//!   must outlive the handles whose locks it holds.
-//! * **Coalesced lookups.** Concurrent lookups of one inode end in one [`Inode`]: the
-//!   key is learnt by opening and `stat`ing the name (the load), and insertion is
-//!   insert-if-absent under the shard lock, so the thread that loses the race drops its
-//!   descriptor and takes the winner's inode.
+//! * **Identity.** The cache is hashed by node id and tested on the source identity
+//!   `(st_dev, st_ino)`, shared by every connection (mountpoint): whichever mountpoint a
+//!   file is reached through, it is one inode with one lock context and the same node id.
+//!   The node id is the source inode number where it can be (so `st_ino` through the
+//!   mount is the source's and matches readdir's `d_ino`); a source inode on another
+//!   device than the source root, or numbered 1 or with the top bit set, gets a made-up
+//!   id (top bit set, a hash of its identity; two identities hashing alike would be
+//!   refused with `EIO`, a chance of about one in 2^62 per pair).
+//! * **Coalesced lookups (`I_NEW`).** A lookup learns the identity by opening and
+//!   `stat`ing the name, then calls `iget5_locked`: the first task to miss inserts the
+//!   inode `I_NEW`, fills it (its `O_PATH` descriptor) and unlocks it; every other task
+//!   looking up the same inode meanwhile waits for that load and takes the same inode,
+//!   dropping its own descriptor.
+//! * **Lookup counts and forget.** Every reply that hands the kernel a node id (lookup,
+//!   create, mkdir, mknod, symlink, link) counts one lookup on that connection; `forget`
+//!   takes them back. While any connection holds a lookup the inode is *pinned*: it keeps
+//!   one reference of its own. Counts are per connection, so one mountpoint going away
+//!   drops exactly its own.
+//! * **Eviction when the kernel forgets.** `drop_inode` always says "evict": an inode
+//!   leaves the cache at its last `iput`, that is when no connection holds a lookup (the
+//!   pin is gone) and nothing else holds a reference. Open handles hold one, so an inode
+//!   (and its lock context, with the locks taken through the handle) outlives a `FORGET`
+//!   that arrives before the handle's `RELEASE` (`RELEASE` is sent in the background).
 //!
 //! # Locks
 //!
-//! The table is split into [`SHARDS`] shards, each a mutex over two maps (id → inode,
-//! key → inode). A node id is the source inode number where it can be (so `st_ino`
-//! through the mount is the source's), else a made-up id that carries its shard in its
-//! low bits; either way an inode's id and key hash to the same shard, so both maps of one
-//! inode are under one lock and no lock or counter is shared by all inodes.
-//! Lookup counts are atomics; they are *incremented* only under the shard lock, which
-//! makes the eviction check (all counts zero, re-checked under the lock) final.
+//! The cache's own (per-chain hash locks, per-CPU lists; lookups take none). Per inode,
+//! `pin` serializes the lookup-count transitions that pin and unpin it; an unpinned
+//! reference is dropped after `pin` is released.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -36,14 +40,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
+use vfscale_icache::{Iget, InodeCache, InodeRef, Settings, SuperBlock, SuperOperations};
 use vfscale_locks::{FileLockContext, LockManager, OwnerId};
-
-/// Number of shards (a power of two); a node id's low bits name its shard.
-pub const SHARDS: usize = 64;
-const SHARD_BITS: u32 = SHARDS.trailing_zeros();
 
 /// The FUSE node id of the root (`FUSE_ROOT_ID`).
 pub const ROOT_ID: u64 = 1;
+
+/// Made-up node ids have this bit (see the module docs).
+const SYNTHETIC: u64 = 1 << 63;
 
 /// A source inode's identity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -53,18 +57,6 @@ pub struct BackingKey {
     /// `st_ino` of the source file.
     pub ino: u64,
 }
-
-fn mix(x: u64) -> usize {
-    // Inode numbers are dense, so their low bits spread well already; fold in some
-    // higher ones.
-    ((x ^ (x >> 17)) as usize) & (SHARDS - 1)
-}
-
-/// Node ids with this bit are made up (a source inode whose number cannot serve: it is
-/// on another device than the source root, or is 1 or has this bit); the others are the
-/// source inode number, so `st_ino` through the mount is the source's and matches the
-/// `d_ino` of directory entries.
-const SYNTHETIC: u64 = 1 << 63;
 
 /// What kind of file an inode is (it never changes for one `(st_dev, st_ino)`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,7 +83,26 @@ impl Kind {
     }
 }
 
-/// One source inode the kernel knows about.
+/// The superblock operations of the source: every last `iput` evicts.
+pub struct Ops {
+    conns: usize,
+}
+
+impl SuperOperations for Ops {
+    type Data = Inode;
+
+    fn alloc_inode(&self, ino: u64) -> Inode {
+        // Only iget5_locked (with its own `set`) makes inodes here.
+        Inode::new(ino, BackingKey { dev: 0, ino }, Kind::Special, self.conns)
+    }
+
+    fn drop_inode(&self, _inode: &vfscale_icache::Inode<Self>) -> bool {
+        // The kernel has forgotten it and no handle is open: evict now, keep no LRU.
+        true
+    }
+}
+
+/// What the server keeps per source inode (the cache inode's data).
 pub struct Inode {
     /// Its FUSE node id (the same on every connection), also its `st_ino` through the
     /// mount.
@@ -100,12 +111,12 @@ pub struct Inode {
     pub key: BackingKey,
     /// Its kind.
     pub kind: Kind,
-    /// An `O_PATH` descriptor of the source inode: every operation on it starts here.
-    fd: OwnedFd,
+    /// An `O_PATH` descriptor of the source inode, set while the inode is `I_NEW`.
+    fd: OnceLock<OwnedFd>,
     /// Lookups held by each connection's kernel.
     lookups: Box<[AtomicU64]>,
-    /// Open handles on this inode (all connections).
-    open: AtomicU64,
+    /// The inode's own reference while any connection holds a lookup.
+    pin: Mutex<Option<InodeRef<Ops>>>,
     /// The inode's lock context, made on first use.
     locks: OnceLock<Arc<FileLockContext>>,
     /// Per connection, the kernel passthrough backing file registered for this inode
@@ -127,14 +138,14 @@ impl std::fmt::Debug for Inode {
 }
 
 impl Inode {
-    fn new(id: u64, key: BackingKey, kind: Kind, fd: OwnedFd, conns: usize) -> Inode {
+    fn new(id: u64, key: BackingKey, kind: Kind, conns: usize) -> Inode {
         Inode {
             id,
             key,
             kind,
-            fd,
+            fd: OnceLock::new(),
             lookups: (0..conns).map(|_| AtomicU64::new(0)).collect(),
-            open: AtomicU64::new(0),
+            pin: Mutex::new(None),
             locks: OnceLock::new(),
             backing: (0..conns).map(|_| Mutex::new(Weak::new())).collect(),
             lock_owners: Mutex::new(HashMap::new()),
@@ -143,7 +154,10 @@ impl Inode {
 
     /// The `O_PATH` descriptor of the source inode.
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+        self.fd
+            .get()
+            .expect("an inode is loaded before it is handed out")
+            .as_fd()
     }
 
     /// The inode's lock context, made on first use and keyed by the source identity.
@@ -163,22 +177,8 @@ impl Inode {
         self.locks.get()
     }
 
-    /// A handle was opened on this inode.
-    pub fn open_inc(&self) {
-        self.open.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// A handle was released; true when none remains.
-    pub fn open_dec(&self) -> bool {
-        self.open.fetch_sub(1, Ordering::AcqRel) == 1
-    }
-
     fn total_lookups(&self) -> u64 {
         self.lookups.iter().map(|c| c.load(Ordering::Acquire)).sum()
-    }
-
-    fn idle(&self) -> bool {
-        self.open.load(Ordering::Acquire) == 0 && self.total_lookups() == 0
     }
 
     /// Lookups held by connection `conn` (tests and statistics).
@@ -187,21 +187,28 @@ impl Inode {
     }
 }
 
-#[derive(Default)]
-struct Shard {
-    by_id: HashMap<u64, Arc<Inode>>,
-    by_key: HashMap<BackingKey, Arc<Inode>>,
-    next: u64,
+/// A reference to an inode (`ihold` on clone, `iput` on drop).
+#[derive(Clone)]
+pub struct Node(InodeRef<Ops>);
+
+impl std::ops::Deref for Node {
+    type Target = Inode;
+    fn deref(&self) -> &Inode {
+        self.0.data()
+    }
 }
 
-/// Cache-line aligned, so that two shards' locks never share a line.
-#[repr(align(128))]
-struct Padded(Mutex<Shard>);
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&**self, f)
+    }
+}
 
 /// The table.
 pub struct InodeTable {
-    shards: Box<[Padded]>,
-    root: Arc<Inode>,
+    cache: InodeCache<Ops>,
+    sb: SuperBlock<Ops>,
+    root: Node,
     root_dev: u64,
     conns: usize,
 }
@@ -209,8 +216,16 @@ pub struct InodeTable {
 /// Table counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TableStats {
-    /// Inodes in the table, the root included.
-    pub inodes: usize,
+    /// Inodes in the cache, the root included.
+    pub inodes: u64,
+}
+
+fn mix(key: &BackingKey) -> u64 {
+    // splitmix64 of the identity, for made-up ids.
+    let mut z = key.ino ^ key.dev.rotate_left(32) ^ 0x9E37_79B9_7F4A_7C15;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 impl InodeTable {
@@ -221,43 +236,26 @@ impl InodeTable {
             dev: st.st_dev,
             ino: st.st_ino,
         };
-        let root = Arc::new(Inode::new(ROOT_ID, key, Kind::Dir, root_fd, conns));
-        let shards: Box<[Padded]> = (0..SHARDS)
-            .map(|_| Padded(Mutex::new(Shard::default())))
-            .collect();
-        let t = InodeTable {
-            shards,
+        let cache = InodeCache::new(Settings::default());
+        let sb = cache.mount(Ops { conns });
+        let root = match sb.iget5_locked(
+            ROOT_ID,
+            move |i| i.data().key == key,
+            move || (ROOT_ID, Inode::new(ROOT_ID, key, Kind::Dir, conns)),
+        ) {
+            Some(Iget::New(n)) => {
+                let _ = n.data().fd.set(root_fd);
+                Node(n.unlock_new_inode())
+            }
+            _ => return Err(std::io::Error::other("the root inode is already cached")),
+        };
+        Ok(InodeTable {
+            cache,
+            sb,
             root,
             root_dev: st.st_dev,
             conns,
-        };
-        t.shards[t.key_shard(&key)]
-            .0
-            .lock()
-            .by_key
-            .insert(key, t.root.clone());
-        Ok(t)
-    }
-
-    /// Whether `key` gets its inode number as node id.
-    fn natural(&self, key: &BackingKey) -> bool {
-        key.dev == self.root_dev && key.ino != ROOT_ID && key.ino & SYNTHETIC == 0 && key.ino != 0
-    }
-
-    fn key_shard(&self, key: &BackingKey) -> usize {
-        if self.natural(key) {
-            mix(key.ino)
-        } else {
-            mix(key.ino ^ key.dev.rotate_left(29))
-        }
-    }
-
-    fn id_shard(id: u64) -> usize {
-        if id & SYNTHETIC != 0 {
-            (id as usize) & (SHARDS - 1)
-        } else {
-            mix(id)
-        }
+        })
     }
 
     /// Number of connections the table counts lookups for.
@@ -266,93 +264,178 @@ impl InodeTable {
     }
 
     /// The root inode.
-    pub fn root(&self) -> &Arc<Inode> {
+    pub fn root(&self) -> &Node {
         &self.root
     }
 
-    /// The inode with node id `id`, if the table has it.
-    pub fn get(&self, id: u64) -> Option<Arc<Inode>> {
+    /// The node id of a source identity.
+    fn id_for(&self, key: &BackingKey) -> u64 {
+        if *key == self.root.key {
+            ROOT_ID
+        } else if key.dev == self.root_dev && key.ino > ROOT_ID && key.ino & SYNTHETIC == 0 {
+            key.ino
+        } else {
+            SYNTHETIC | (mix(key) >> 1)
+        }
+    }
+
+    /// The inode with node id `id`, if the cache has it (lock-free lookup).
+    pub fn get(&self, id: u64) -> Option<Node> {
         if id == ROOT_ID {
             return Some(self.root.clone());
         }
-        self.shards[Self::id_shard(id)].0.lock().by_id.get(&id).cloned()
+        self.sb.ilookup5(id, move |i| i.data().id == id).map(Node)
     }
 
-    /// Counts one lookup of the inode `fd` refers to (its `stat` is `st`) on connection
-    /// `conn`: the existing inode if the table has one with that identity (and `fd` is
-    /// dropped), else a new one that keeps `fd`.
-    pub fn lookup(&self, conn: usize, fd: OwnedFd, st: &libc::stat64) -> Arc<Inode> {
+    /// Counts one lookup, on connection `conn`, of the inode `fd` refers to (its `stat`
+    /// is `st`): the cached inode if there is one (and `fd` is dropped), else a new one
+    /// loaded with `fd`. Concurrent lookups of one inode wait for its load (`I_NEW`).
+    pub fn lookup(&self, conn: usize, fd: OwnedFd, st: &libc::stat64) -> std::io::Result<Node> {
         let key = BackingKey {
             dev: st.st_dev,
             ino: st.st_ino,
         };
-        let idx = self.key_shard(&key);
-        let mut s = self.shards[idx].0.lock();
-        if let Some(i) = s.by_key.get(&key) {
-            i.lookups[conn].fetch_add(1, Ordering::AcqRel);
-            return i.clone();
-        }
-        let id = if self.natural(&key) {
-            key.ino
-        } else {
-            s.next += 1;
-            SYNTHETIC | (s.next << SHARD_BITS) | idx as u64
+        let id = self.id_for(&key);
+        let kind = Kind::from_mode(st.st_mode);
+        let conns = self.conns;
+        let got = self.sb.iget5_locked(
+            id,
+            move |i| i.data().key == key,
+            move || (id, Inode::new(id, key, kind, conns)),
+        );
+        let node = match got {
+            Some(Iget::Cached(r)) => Node(r),
+            Some(Iget::New(n)) => {
+                if id & SYNTHETIC != 0
+                    && self
+                        .sb
+                        .ilookup5(id, move |i| i.data().id == id && i.data().key != key)
+                        .is_some()
+                {
+                    n.iget_failed();
+                    return Err(std::io::Error::other("node id collision"));
+                }
+                let _ = n.data().fd.set(fd);
+                Node(n.unlock_new_inode())
+            }
+            None => return Err(std::io::Error::from_raw_os_error(libc::EAGAIN)),
         };
-        let inode = Arc::new(Inode::new(id, key, Kind::from_mode(st.st_mode), fd, self.conns));
-        inode.lookups[conn].store(1, Ordering::Release);
-        s.by_id.insert(id, inode.clone());
-        s.by_key.insert(key, inode.clone());
-        inode
+        let mut pin = node.pin.lock();
+        node.lookups[conn].fetch_add(1, Ordering::AcqRel);
+        if pin.is_none() && node.id != ROOT_ID {
+            *pin = Some(node.0.clone());
+        }
+        drop(pin);
+        Ok(node)
     }
 
     /// `FORGET`: connection `conn`'s kernel drops `n` lookups of node `id`.
     pub fn forget(&self, conn: usize, id: u64, n: u64) {
-        let Some(inode) = self.get(id) else { return };
-        let c = &inode.lookups[conn];
-        let mut cur = c.load(Ordering::Acquire);
-        loop {
-            let new = cur.saturating_sub(n);
-            match c.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => break,
-                Err(v) => cur = v,
+        let Some(node) = self.get(id) else { return };
+        let unpinned = {
+            let mut pin = node.pin.lock();
+            let c = &node.lookups[conn];
+            let cur = c.load(Ordering::Acquire);
+            c.store(cur.saturating_sub(n), Ordering::Release);
+            if node.total_lookups() == 0 {
+                pin.take()
+            } else {
+                None
             }
-        }
-        self.try_evict(&inode);
+        };
+        drop(unpinned); // iput: evicts if nothing else holds the inode
     }
 
-    /// Removes `inode` from the table if no connection looks it up and no handle is
-    /// open on it (checked again under its shard lock). The root stays.
-    pub fn try_evict(&self, inode: &Arc<Inode>) {
-        if inode.id == ROOT_ID || !inode.idle() {
-            return;
-        }
-        let mut s = self.shards[self.key_shard(&inode.key)].0.lock();
-        if !inode.idle() {
-            return;
-        }
-        if s.by_id.get(&inode.id).is_some_and(|i| Arc::ptr_eq(i, inode)) {
-            s.by_id.remove(&inode.id);
-            s.by_key.remove(&inode.key);
-        }
-    }
-
-    /// A connection ended: its kernel's lookups are gone. Evicts what nobody holds.
+    /// A connection ended: its kernel's lookups are gone.
     pub fn drop_connection(&self, conn: usize) {
-        for shard in self.shards.iter() {
-            let mut s = shard.0.lock();
-            for i in s.by_id.values() {
-                i.lookups[conn].store(0, Ordering::Release);
+        let mut all = Vec::new();
+        self.sb.for_each_inode(|r| all.push(r.clone()));
+        let mut unpinned = Vec::new();
+        for r in &all {
+            let d = r.data();
+            let mut pin = d.pin.lock();
+            d.lookups[conn].store(0, Ordering::Release);
+            if d.total_lookups() == 0 {
+                unpinned.extend(pin.take());
             }
-            s.by_id.retain(|_, i| !i.idle());
-            let Shard { by_id, by_key, .. } = &mut *s;
-            by_key.retain(|_, i| i.id == ROOT_ID || by_id.contains_key(&i.id));
         }
-        self.root.lookups[conn].store(0, Ordering::Release);
+        drop(unpinned);
+        drop(all);
     }
 
     /// Counters.
     pub fn stats(&self) -> TableStats {
-        let inodes = self.shards.iter().map(|s| s.0.lock().by_id.len()).sum::<usize>() + 1;
-        TableStats { inodes }
+        TableStats {
+            inodes: self.cache.stats().nr_inodes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CString;
+
+    fn open(dir: &std::path::Path, name: &str) -> (OwnedFd, libc::stat64) {
+        let root = crate::sys::open_root(dir).unwrap();
+        let fd = crate::sys::openat_beneath(
+            root.as_fd(),
+            &CString::new(name).unwrap(),
+            libc::O_PATH | libc::O_NOFOLLOW,
+            0,
+        )
+        .unwrap();
+        let st = crate::sys::stat_fd(fd.as_fd()).unwrap();
+        (fd, st)
+    }
+
+    /// Concurrent lookups of one file end in one inode, counted per connection; the
+    /// inode is evicted when every connection has forgotten it and no reference (an open
+    /// handle's) is left, not before.
+    #[test]
+    fn lookups_coalesce_and_forget_evicts() {
+        let d = std::env::temp_dir().join(format!("vfscalefs-inodes-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("f"), b"x").unwrap();
+        let table = Arc::new(InodeTable::new(crate::sys::open_root(&d).unwrap(), 2).unwrap());
+        let ids: Vec<u64> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..8)
+                .map(|t| {
+                    let (table, d) = (&table, &d);
+                    s.spawn(move || {
+                        let (fd, st) = open(d, "f");
+                        table.lookup(t % 2, fd, &st).unwrap().id
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let (_, st) = open(&d, "f");
+        assert!(
+            ids.iter().all(|&i| i == st.st_ino),
+            "one inode, its node id the source ino: {ids:?}"
+        );
+        assert_eq!(table.stats().inodes, 2, "the root and the file");
+        let node = table.get(st.st_ino).unwrap();
+        assert_eq!((node.lookups(0), node.lookups(1)), (4, 4));
+        table.forget(0, st.st_ino, 4);
+        assert!(table.get(st.st_ino).is_some(), "connection 1 still holds it");
+        // An open handle's reference keeps it past the last forget.
+        table.forget(1, st.st_ino, 4);
+        assert!(table.get(st.st_ino).is_some(), "a reference is still held");
+        drop(node);
+        assert!(
+            table.get(st.st_ino).is_none(),
+            "forgotten by all and unreferenced: evicted"
+        );
+        assert_eq!(table.stats().inodes, 1);
+        // Looked up again: a fresh inode, and a connection's end drops its lookups.
+        let (fd, st) = open(&d, "f");
+        drop(table.lookup(1, fd, &st).unwrap());
+        assert!(table.get(st.st_ino).is_some());
+        table.drop_connection(1);
+        assert!(table.get(st.st_ino).is_none());
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }

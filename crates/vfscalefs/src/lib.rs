@@ -14,7 +14,7 @@
 //! |---|---|---|
 //! | [`Server`] | here | what all connections share: inode table, handle table, lock manager |
 //! | [`fs::Conn`] | `fs.rs` | one connection (mountpoint): the FUSE operations |
-//! | [`inodes::InodeTable`] | `inodes.rs` | node id ↔ `(st_dev, st_ino)`, lookup counts per connection, eviction |
+//! | [`inodes::InodeTable`] | `inodes.rs` | the `vfscale-icache` inode cache: node id ↔ `(st_dev, st_ino)`, `I_NEW`-coalesced lookups, lookup counts per connection, eviction when forgotten |
 //! | [`handles::Handles`] | `handles.rs` | open files: `fh` = a `vfscale-fdtable` descriptor |
 //! | [`locks::Locks`] | `locks.rs` | `GETLK`/`SETLK`/`SETLKW`/flock, parked waiters, `FLUSH`/`RELEASE`, `INTERRUPT` |
 //! | `sys` | `sys.rs` | `openat2(RESOLVE_BENEATH)`, `/proc/self/fd` reopening, per-thread credentials |
@@ -32,8 +32,8 @@
 //!   fs uid and gid (`setfsuid`/`setfsgid` on the dispatch thread), so they belong to the
 //!   caller as on the source.
 //! * **One inode per source inode**, whichever connection reached it; its node id is the
-//!   same on every connection, and it stays in the table while any connection holds a
-//!   lookup or any handle is open on it.
+//!   same on every connection, and it stays in the cache while any connection holds a
+//!   lookup or any handle is open on it (a handle holds a reference).
 //! * **No lock outlives its owner's close**: `FLUSH` drops the flushing owner's POSIX
 //!   locks, `RELEASE` what is left through the released file (OFD-style locks, the
 //!   flock lock); a connection that ends releases all its handles.
@@ -42,10 +42,12 @@
 //!
 //! # Lock order
 //!
-//! inode table shard → (nothing). Per inode: `lock_owners` → the lock context's inode
-//! lock (`flc_lock`, inside `vfscale-locks`) → a waiter's state. A connection's
-//! interrupt table → a waiter's state (interrupting). The driver's task map and queue
-//! are leaves. No path holds two shards, two inodes' locks, or any lock across a reply.
+//! The inode cache's locks (inside `vfscale-icache`) are taken only inside its calls; an
+//! inode's `pin` is held around its lookup counts and released before the reference it
+//! held is put. Per inode: `lock_owners` → the lock context's inode lock (`flc_lock`,
+//! inside `vfscale-locks`) → a waiter's state. A connection's interrupt table → a
+//! waiter's state (interrupting). The driver's task map and queue are leaves. No path
+//! holds two inodes' locks, or any lock across a reply.
 //!
 //! # One process, two mountpoints
 //!

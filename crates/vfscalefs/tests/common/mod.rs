@@ -68,7 +68,7 @@ impl Drop for TempDir {
 
 fn is_fuse(p: &Path) -> bool {
     nix::sys::statfs::statfs(p)
-        .map(|s| s.filesystem_type().0 as i64 == FUSE_MAGIC)
+        .map(|s| s.filesystem_type().0 == FUSE_MAGIC)
         .unwrap_or(false)
 }
 
