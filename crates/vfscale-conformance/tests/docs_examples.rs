@@ -57,6 +57,13 @@ fn replay(format: &str, text: &str) -> String {
                 &vfscale_conformance::loop_dev::library::replay(&s).unwrap(),
             )
         }
+        "icache" => {
+            use vfscale_conformance::icache;
+            let s = icache::Scenario::parse(text).unwrap();
+            let lib = icache::render_results(&icache::library::replay(&s).unwrap());
+            assert_eq!(lib, icache::render_results(&icache::model::replay(&s).unwrap()));
+            lib
+        }
         other => panic!("docs/scenarios/{other}.md: no replay for this format in the test"),
     }
 }

@@ -42,6 +42,12 @@ pub enum Command {
     /// The format: docs/scenarios/loop.md in the repository.
     #[command(subcommand)]
     Loop(crate::loop_cmd::LoopCommand),
+    /// Inode cache: replay inode-cache scenarios against the library and the reference
+    /// model of fs/inode.c.
+    ///
+    /// The format: docs/scenarios/icache.md in the repository.
+    #[command(subcommand)]
+    Icache(crate::icache_cmd::IcacheCommand),
 }
 
 /// `vfscale locks ...`.

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 mod cli;
+mod icache_cmd;
 mod lab_cmd;
 mod loop_cmd;
 mod replay_cmd;
@@ -21,6 +22,7 @@ fn main() -> ExitCode {
         cli::Command::Fd(cli::FdCommand::Replay(a)) => replay_cmd::fd_replay(&a),
         cli::Command::Fd(cli::FdCommand::Check(a)) => replay_cmd::fd_check(&a),
         cli::Command::Loop(c) => loop_cmd::run(c),
+        cli::Command::Icache(c) => icache_cmd::run(c),
     };
     match r {
         Ok(code) => code,

@@ -1,0 +1,173 @@
+//! loom models of the two lock-free hand-offs: the `I_NEW` hand-off (a loader fills the
+//! inode and unlocks it or fails, racing a second lookup of the same key) and a lock-free
+//! lookup racing the eviction of the inode it finds. Run with
+//! `RUSTFLAGS="--cfg vfscale_loom" CARGO_TARGET_DIR=target/loom cargo test -p vfscale-icache --release --test loom`.
+#![cfg(vfscale_loom)]
+
+use loom::cell::UnsafeCell;
+use loom::sync::atomic::{AtomicUsize, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+use vfscale_icache::*;
+
+/// The filesystem's inode: a plain (non-atomic) field written while I_NEW, read by whoever
+/// gets the inode afterwards. loom reports a data race if the hand-off does not order them.
+struct Data {
+    value: UnsafeCell<u64>,
+}
+
+// SAFETY: `value` is written only by the loader while the inode is I_NEW and read only
+// after the load ended (that ordering is what the model checks).
+unsafe impl Sync for Data {}
+
+#[derive(Default)]
+struct Counts {
+    allocs: AtomicUsize,
+    evicts: AtomicUsize,
+    destroys: AtomicUsize,
+}
+
+#[derive(Clone, Default)]
+struct Fs(Arc<Counts>);
+
+impl SuperOperations for Fs {
+    type Data = Data;
+    fn alloc_inode(&self, _ino: u64) -> Data {
+        self.0.allocs.fetch_add(1, Ordering::SeqCst);
+        Data {
+            value: UnsafeCell::new(0),
+        }
+    }
+    fn evict_inode(&self, _inode: &Inode<Self>) {
+        self.0.evicts.fetch_add(1, Ordering::SeqCst);
+        thread::yield_now();
+    }
+    fn destroy_inode(&self, _inode: &Inode<Self>) {
+        self.0.destroys.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn read(r: &Inode<Fs>) -> u64 {
+    r.data().value.with(|p| unsafe { *p })
+}
+
+fn load(n: NewInode<Fs>, v: u64) -> InodeRef<Fs> {
+    n.data().value.with_mut(|p| unsafe { *p = v });
+    n.unlock_new_inode()
+}
+
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(f);
+}
+
+/// Two lookups of one key: exactly one loads it; the other gets the loaded inode (no data
+/// race on the filesystem's fields, no lost wake-up: both threads finish).
+#[test]
+fn i_new_handoff_loads_once() {
+    model(|| {
+        let fs = Fs::default();
+        let cache = InodeCache::new(Settings::default());
+        let sb = Arc::new(cache.mount(fs.clone()));
+        let sb2 = sb.clone();
+        let t = thread::spawn(move || match sb2.iget_locked(1).unwrap() {
+            Iget::New(n) => (true, read(&load(n, 7))),
+            Iget::Cached(r) => (false, read(&r)),
+        });
+        let mine = match sb.iget_locked(1).unwrap() {
+            Iget::New(n) => (true, read(&load(n, 7))),
+            Iget::Cached(r) => (false, read(&r)),
+        };
+        let theirs = t.join().unwrap();
+        assert_eq!(mine.1, 7);
+        assert_eq!(theirs.1, 7);
+        assert!(mine.0 != theirs.0, "exactly one loader: {mine:?} {theirs:?}");
+        assert_eq!(cache.stats().loads, 1);
+    });
+}
+
+/// The loader fails (iget_failed) while another task looks the key up: the other task
+/// either becomes the loader or gets nothing bad; the failed inode is evicted once.
+#[test]
+fn iget_failed_handoff() {
+    model(|| {
+        let fs = Fs::default();
+        let cache = InodeCache::new(Settings::default());
+        let sb = Arc::new(cache.mount(fs.clone()));
+        let Some(Iget::New(n)) = sb.iget_locked(1) else {
+            panic!()
+        };
+        let sb2 = sb.clone();
+        let t = thread::spawn(move || match sb2.iget_locked(1).unwrap() {
+            Iget::New(n) => read(&load(n, 9)),
+            Iget::Cached(r) => read(&r),
+        });
+        n.iget_failed();
+        assert_eq!(t.join().unwrap(), 9, "the waiter must load it itself");
+        assert_eq!(fs.0.evicts.load(Ordering::SeqCst), 1);
+        assert_eq!(cache.stats().loads, 2);
+    });
+}
+
+/// A lock-free lookup racing the last iput of an unlinked inode: the lookup gets the inode
+/// only before its eviction started (never I_FREEING), else nothing; one eviction, one
+/// destroy, whatever the interleaving.
+#[test]
+fn lookup_races_eviction() {
+    model(|| {
+        let fs = Fs::default();
+        let cache = InodeCache::new(Settings::default());
+        let sb = Arc::new(cache.mount(fs.clone()));
+        let Some(Iget::New(n)) = sb.iget_locked(1) else {
+            panic!()
+        };
+        let r = load(n, 3);
+        r.clear_nlink();
+        let sb2 = sb.clone();
+        let t = thread::spawn(move || {
+            if let Some(x) = sb2.ilookup(1) {
+                assert!(
+                    !x.state().flags.contains(InodeFlags::FREEING),
+                    "returned an inode being evicted"
+                );
+                assert_eq!(read(&x), 3);
+            }
+        });
+        drop(r);
+        t.join().unwrap();
+        assert_eq!(fs.0.evicts.load(Ordering::SeqCst), 1);
+        assert_eq!(fs.0.destroys.load(Ordering::SeqCst), 1);
+        assert_eq!(cache.stats().nr_inodes, 0);
+    });
+}
+
+/// An iget racing the eviction of its key: it waits for the eviction (or finds nothing)
+/// and loads a new inode; never two live inodes with one key.
+#[test]
+fn iget_waits_for_eviction() {
+    model(|| {
+        let fs = Fs::default();
+        let cache = InodeCache::new(Settings::default());
+        let sb = Arc::new(cache.mount(fs.clone()));
+        let Some(Iget::New(n)) = sb.iget_locked(1) else {
+            panic!()
+        };
+        let r = load(n, 3);
+        r.clear_nlink();
+        let sb2 = sb.clone();
+        let t = thread::spawn(move || match sb2.iget_locked(1).unwrap() {
+            Iget::New(n) => {
+                let r = load(n, 4);
+                r.clear_nlink();
+            }
+            Iget::Cached(r) => assert_eq!(read(&r), 3),
+        });
+        drop(r);
+        t.join().unwrap();
+        let c = &fs.0;
+        assert_eq!(c.evicts.load(Ordering::SeqCst), c.allocs.load(Ordering::SeqCst));
+        assert_eq!(c.destroys.load(Ordering::SeqCst), c.allocs.load(Ordering::SeqCst));
+        assert_eq!(cache.stats().nr_inodes, 0);
+    });
+}

@@ -1,0 +1,164 @@
+//! Shuttle: many tasks loading, failing loads, dropping, unlinking, pruning, walking and
+//! unmounting one superblock at once, under randomized schedules. Checked: no lost wake-up
+//! (every task finishes), no inode returned after its eviction started, no double load of
+//! one key, every inode evicted at most once and destroyed exactly once (counted), and
+//! nothing left at the end.
+//! Run: `RUSTFLAGS="--cfg vfscale_shuttle" CARGO_TARGET_DIR=target/shuttle cargo test -p vfscale-icache --release --test shuttle`
+#![cfg(vfscale_shuttle)]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use shuttle::sync::Mutex;
+use shuttle::thread;
+use vfscale_icache::*;
+
+const KEYS: u64 = 3;
+
+#[derive(Default)]
+struct Counts {
+    allocs: AtomicUsize,
+    next: AtomicU64,
+    /// Per object: (evictions, destroys).
+    per_obj: Mutex<HashMap<u64, (u32, u32)>>,
+}
+
+struct Data {
+    obj: u64,
+    loaded: AtomicU64,
+}
+
+#[derive(Clone, Default)]
+struct Fs(Arc<Counts>);
+
+impl SuperOperations for Fs {
+    type Data = Data;
+    fn alloc_inode(&self, _ino: u64) -> Data {
+        self.0.allocs.fetch_add(1, Ordering::SeqCst);
+        Data {
+            obj: self.0.next.fetch_add(1, Ordering::SeqCst),
+            loaded: AtomicU64::new(0),
+        }
+    }
+    fn evict_inode(&self, inode: &Inode<Self>) {
+        // A slow eviction: let lookups meet the I_FREEING inode.
+        thread::yield_now();
+        let mut m = self.0.per_obj.lock().unwrap();
+        let e = m.entry(inode.data().obj).or_default();
+        e.0 += 1;
+        assert_eq!(e.0, 1, "object {} evicted twice", inode.data().obj);
+        drop(m);
+        thread::yield_now();
+    }
+    fn destroy_inode(&self, inode: &Inode<Self>) {
+        let mut m = self.0.per_obj.lock().unwrap();
+        let e = m.entry(inode.data().obj).or_default();
+        e.1 += 1;
+        assert_eq!(e.1, 1, "object {} destroyed twice", inode.data().obj);
+    }
+}
+
+fn scenario(settings: Settings, umount_midway: bool) {
+    let fs = Fs::default();
+    let cache = InodeCache::new(settings);
+    let sb = Arc::new(cache.mount(fs.clone()));
+    let loading: Arc<Vec<AtomicBool>> = Arc::new((0..KEYS).map(|_| AtomicBool::new(false)).collect());
+    let hs: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (sb, loading) = (sb.clone(), loading.clone());
+            thread::spawn(move || {
+                for i in 0..4u64 {
+                    let key = (t + i) % KEYS;
+                    match sb.iget_locked(key) {
+                        Some(Iget::New(n)) => {
+                            assert!(
+                                !loading[key as usize].swap(true, Ordering::SeqCst),
+                                "key {key} loaded twice at once"
+                            );
+                            n.data().loaded.store(1, Ordering::SeqCst);
+                            loading[key as usize].store(false, Ordering::SeqCst);
+                            match (t + i) % 4 {
+                                0 => n.iget_failed(),
+                                1 => {
+                                    let r = n.unlock_new_inode();
+                                    r.clear_nlink();
+                                }
+                                2 => n.discard_new_inode(),
+                                _ => drop(n.unlock_new_inode()),
+                            }
+                        }
+                        Some(Iget::Cached(r)) => {
+                            assert_eq!(
+                                r.data().loaded.load(Ordering::SeqCst),
+                                1,
+                                "returned before its load ended"
+                            );
+                            assert!(
+                                !r.state().flags.contains(InodeFlags::FREEING),
+                                "returned while being evicted"
+                            );
+                            if i == 2 {
+                                r.mark_dontcache();
+                            }
+                        }
+                        None => panic!("no I_CREATING inode in this scenario"),
+                    }
+                    match (t, i) {
+                        (0, 1) => {
+                            sb.prune_icache_sb(2);
+                        }
+                        (1, 2) => {
+                            sb.for_each_inode(|r| assert_eq!(r.data().loaded.load(Ordering::SeqCst), 1))
+                        }
+                        (2, 1) if umount_midway => {
+                            sb.umount();
+                        }
+                        _ => {}
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let sb = Arc::try_unwrap(sb).unwrap();
+    assert_eq!(sb.umount(), 0, "no busy inode once every task is done");
+    drop(sb);
+    let st = cache.stats();
+    assert_eq!(st.nr_inodes, 0);
+    assert_eq!(st.nr_unused, 0);
+    let c = &fs.0;
+    let m = c.per_obj.lock().unwrap();
+    assert_eq!(
+        m.values().filter(|(_, d)| *d == 1).count(),
+        c.allocs.load(Ordering::SeqCst),
+        "every object destroyed once"
+    );
+    assert_eq!(
+        m.values().filter(|(e, _)| *e == 1).count() as u64,
+        st.loads,
+        "every loaded object evicted once"
+    );
+}
+
+#[test]
+fn load_drop_prune_umount_scalable() {
+    shuttle::check_random(|| scenario(Settings::default(), false), 300);
+}
+
+#[test]
+fn load_drop_prune_umount_midway() {
+    shuttle::check_random(|| scenario(Settings::default(), true), 300);
+}
+
+#[test]
+fn load_drop_prune_prepatch() {
+    shuttle::check_random(|| scenario(Settings::prepatch(), true), 200);
+}
+
+#[test]
+fn load_drop_prune_pct() {
+    shuttle::check_pct(|| scenario(Settings::default(), true), 200, 3);
+}
