@@ -1122,9 +1122,18 @@ impl<F: SuperOperations> SuperBlock<F> {
         })
     }
 
-    /// `insert_inode_locked4`: as `insert_inode_locked`, by the inode's hash value and
-    /// `test`.
+    /// `insert_inode_locked4`: as `insert_inode_locked`, by the inode's hash value (see
+    /// [`SuperBlock::new_inode_with`]) and `test`.
     pub fn insert_inode_locked4(
+        &self,
+        inode: InodeRef<F>,
+        test: impl Fn(&Inode<F>) -> bool + Send + Sync + 'static,
+    ) -> Result<NewInode<F>, InsertBusy<F>> {
+        self.insert_inode_locked4_start(inode, test).wait()
+    }
+
+    /// `insert_inode_locked4` that returns instead of blocking.
+    pub fn insert_inode_locked4_start(
         &self,
         inode: InodeRef<F>,
         test: impl Fn(&Inode<F>) -> bool + Send + Sync + 'static,

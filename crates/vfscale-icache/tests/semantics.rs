@@ -439,3 +439,25 @@ fn superblocks_do_not_share_inodes() {
     drop(b);
     assert_eq!(cache.stats().nr_inodes, 0);
 }
+
+#[test]
+fn insert_inode_locked4_by_hash_value_and_test() {
+    let (_c, sb, _) = setup(Settings::default());
+    let mk = |key: u64| common::Obj {
+        obj: key,
+        loaded: Default::default(),
+    };
+    let a = sb.new_inode_with(100, 7, mk(1));
+    let n = sb.insert_inode_locked4(a, |i| i.data().obj == 1).unwrap();
+    let a = n.unlock_new_inode();
+    // Same hash value, another key: inserted too; the same key: EBUSY.
+    let b = sb.new_inode_with(101, 7, mk(2));
+    let b = sb
+        .insert_inode_locked4(b, |i| i.data().obj == 2)
+        .unwrap()
+        .unlock_new_inode();
+    let c = sb.new_inode_with(102, 7, mk(1));
+    assert!(sb.insert_inode_locked4(c, |i| i.data().obj == 1).is_err());
+    assert_eq!(sb.ilookup5(7, |i| i.data().obj == 2).unwrap(), b);
+    assert_eq!(sb.ilookup5(7, |i| i.data().obj == 1).unwrap(), a);
+}
