@@ -1,10 +1,127 @@
-//! The `inodes` experiment's headline — being built with its workload (see
-//! /work/notes/LAB_READY.md).
+//! Seed 002 (inode cache scalability): the `inodes` experiment's two lines.
+//!
+//! 1. Scaling: each phase's rate at the largest task count over its 1-task rate for
+//!    `library` (target ≥ 1.8× at 2 tasks), and `library` against `library-prepatch` and
+//!    the fastest user alternative at that count (target: faster, significantly).
+//! 2. Counters: global lock acquisitions per operation (target: exactly 0 for `library`,
+//!    ≥ 1 for `library-prepatch`) and the cold walk's loads per distinct inode (target:
+//!    exactly 1 for `library`).
 
-use super::Finding;
+use super::{metric, task_counts, Finding, Ratio, Targets};
+use crate::export::units::{self, Unit};
 use crate::result::Report;
 
-/// The experiment's lines (none until its workload is built).
-pub fn findings(_report: &Report) -> Vec<Finding> {
-    Vec::new()
+const W: &str = "inodes";
+const RATE: &str = "ops_per_sec";
+const PHASES: [&str; 5] = ["create", "walk", "chmod", "unlink", "cold-walk"];
+const ALTERNATIVES: [&str; 3] = ["rwlock-hashmap", "dashmap", "moka"];
+
+/// The experiment's lines (none when it did not run).
+pub fn findings(report: &Report) -> Vec<Finding> {
+    let counts = task_counts(report, W, "library", "walk");
+    let (Some(&one), Some(&n)) = (counts.first(), counts.last()) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    // Line 1: scaling (n tasks over 1) per phase, and the worst ratio against prepatch
+    // and against the alternatives over the phases.
+    let mut t = Targets::new();
+    let mut scale = Vec::new();
+    for p in PHASES {
+        let (Some(hi), Some(lo)) = (
+            metric(report, W, "library", p, n, RATE),
+            metric(report, W, "library", p, one, RATE),
+        ) else {
+            continue;
+        };
+        let r = Ratio::of(RATE, hi, lo);
+        scale.push(format!("{p} {}", units::format_ratio(r.value)));
+        if n == 2 && one == 1 && p != "cold-walk" {
+            t.check(r.value >= 1.8, format!("{p} {}", units::format_ratio(r.value)));
+        }
+    }
+    let mut vs = Vec::new();
+    if n >= 2 {
+        for other in std::iter::once("library-prepatch").chain(ALTERNATIVES) {
+            let worst = PHASES
+                .iter()
+                .filter_map(|p| {
+                    let a = metric(report, W, "library", p, n, RATE)?;
+                    let b = metric(report, W, other, p, n, RATE)?;
+                    Some((*p, Ratio::of(RATE, a, b)))
+                })
+                .min_by(|a, b| a.1.value.total_cmp(&b.1.value));
+            if let Some((p, r)) = worst {
+                vs.push(format!("{other} ≥ {} ({p})", units::format_ratio(r.value)));
+                t.check_ratio(&r, 1.0, true, &format!("vs {other} ({p})"));
+            }
+        }
+    }
+    if !scale.is_empty() {
+        let mut text = format!("inodes library {n}/{one} tasks: {}", scale.join(", "));
+        if !vs.is_empty() {
+            text.push_str(&format!("; vs {}", vs.join(", ")));
+        }
+        out.push(Finding {
+            seed: "seed 002",
+            text,
+            status: t.status(),
+        });
+    }
+    // Line 2: counters.
+    let mut t = Targets::new();
+    let mut parts = Vec::new();
+    let per_op = "global_lock_acquisitions_per_op";
+    let max_over = |target: &str| {
+        PHASES
+            .iter()
+            .filter_map(|p| metric(report, W, target, p, n, per_op).map(|s| s.mean))
+            .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
+    };
+    let min_over = |target: &str| {
+        PHASES
+            .iter()
+            .filter_map(|p| metric(report, W, target, p, n, per_op).map(|s| s.mean))
+            .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.min(x))))
+    };
+    if let Some(lib) = max_over("library") {
+        parts.push(format!(
+            "global locks/op library {}",
+            units::format(lib, Unit::Plain)
+        ));
+        t.check(lib == 0.0, "library takes a global lock");
+    }
+    if let Some(pre) = min_over("library-prepatch") {
+        parts.push(format!("prepatch ≥ {}", units::format(pre, Unit::Plain)));
+        t.check(pre >= 1.0, "prepatch under 1 global lock per op");
+    }
+    let loads = "loads_per_distinct_inode";
+    if let Some(l) = metric(report, W, "library", "cold-walk", n, loads) {
+        let mut s = format!(
+            "cold-walk loads/inode library {}",
+            units::format(l.mean, Unit::Plain)
+        );
+        let others: Vec<String> = ALTERNATIVES
+            .iter()
+            .filter_map(|o| {
+                metric(report, W, o, "cold-walk", n, loads)
+                    .map(|x| format!("{o} {}", units::format(x.mean, Unit::Plain)))
+            })
+            .collect();
+        if !others.is_empty() {
+            s.push_str(&format!(" ({})", others.join(", ")));
+        }
+        parts.push(s);
+        if n == 2 {
+            t.check(l.mean == 1.0, "library loads an inode twice");
+        }
+    }
+    if !parts.is_empty() {
+        out.push(Finding {
+            seed: "seed 002",
+            text: format!("inodes, {n} tasks: {}", parts.join("; ")),
+            status: t.status(),
+        });
+    }
+    out
 }
