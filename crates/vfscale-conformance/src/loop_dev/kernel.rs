@@ -32,7 +32,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::CString;
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -177,19 +177,63 @@ fn read_sys(i: u32, what: &str) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
+/// Opens `/dev/loop{i}` with `flags` (`O_CLOEXEC` added): the descriptor or the errno.
+pub fn open_device(i: u32, flags: i32) -> Result<OwnedFd, i32> {
+    open_raw(&dev_path(i), flags)
+}
+
+/// Whether device `i` is bound (sysfs shows its `loop/backing_file`).
+pub fn is_bound(i: u32) -> bool {
+    read_sys(i, "loop/backing_file").is_some()
+}
+
+/// `LOOP_CONFIGURE` on the open device `dev`: binds it to `backing` (a descriptor, or -1)
+/// with the given block size, offset, size limit, flags and file name.
+pub fn configure(
+    dev: BorrowedFd<'_>,
+    backing: RawFd,
+    block_size: u32,
+    offset: u64,
+    sizelimit: u64,
+    flags: u32,
+    name: Option<&str>,
+) -> Result<(), i32> {
+    // SAFETY: loop_config is plain data; all-zero is a valid value.
+    let mut cfg: ld::loop_config = unsafe { std::mem::zeroed() };
+    cfg.fd = backing as u32;
+    cfg.block_size = block_size;
+    cfg.info.lo_offset = offset;
+    cfg.info.lo_sizelimit = sizelimit;
+    cfg.info.lo_flags = flags;
+    if let Some(n) = name {
+        copy_name(&mut cfg.info.lo_file_name, n);
+    }
+    // SAFETY: LOOP_CONFIGURE reads a loop_config.
+    unsafe { ioctl_ptr(dev.as_raw_fd(), ld::LOOP_CONFIGURE, &mut cfg) }.map(|_| ())
+}
+
+/// `LOOP_CLR_FD` on the open device `dev` (the detach happens at its last close).
+pub fn clear(dev: BorrowedFd<'_>) -> Result<(), i32> {
+    ioctl_int(dev.as_raw_fd(), ld::LOOP_CLR_FD, 0).map(|_| ())
+}
+
 /// Whether unbound device `i` is fresh: not read-only, no write cache.
 fn is_fresh(i: u32) -> bool {
     read_sys(i, "ro").as_deref() == Some("0")
         && read_sys(i, "queue/write_cache").as_deref() == Some("write through")
 }
 
-/// The control device, open and exclusively locked for the life of the value.
-struct Control {
+/// The control device, open and exclusively locked (`flock(2)`) for the life of the
+/// value: the one lock every user of real loop devices here (this runner, the lab's
+/// kernel target, their tests) holds while it changes anything.
+pub struct Control {
     fd: OwnedFd,
 }
 
 impl Control {
-    fn open() -> Result<Control, Unavailable> {
+    /// Opens `/dev/loop-control` and waits for the exclusive lock (`Unavailable` without
+    /// the device or the permission, or when [`request_stop`] interrupts the wait).
+    pub fn open() -> Result<Control, Unavailable> {
         if !Path::new(LOOP_CONTROL).exists() {
             return Err(Unavailable(format!("there is no {LOOP_CONTROL}")));
         }
@@ -216,11 +260,13 @@ impl Control {
         Ok(Control { fd })
     }
 
-    fn add(&self, i: i64) -> Result<i64, i32> {
+    /// `LOOP_CTL_ADD`: the new index, or the errno.
+    pub fn add(&self, i: i64) -> Result<i64, i32> {
         ioctl_int(self.fd.as_raw_fd(), ld::LOOP_CTL_ADD, i as libc::c_ulong)
     }
 
-    fn remove(&self, i: i64) -> Result<i64, i32> {
+    /// `LOOP_CTL_REMOVE`.
+    pub fn remove(&self, i: i64) -> Result<i64, i32> {
         ioctl_int(self.fd.as_raw_fd(), ld::LOOP_CTL_REMOVE, i as libc::c_ulong)
     }
 }
@@ -290,7 +336,7 @@ fn restore(ctl: &Control) -> Result<(), String> {
         }
         for i in bound {
             if let Ok(fd) = open_raw(&dev_path(i), libc::O_RDONLY) {
-                let _ = ioctl_int(fd.as_raw_fd(), ld::LOOP_CLR_FD, 0);
+                let _ = clear(fd.as_fd());
                 drop(fd);
             }
         }
@@ -517,18 +563,13 @@ impl Runner {
             } => {
                 let (fd, _) = self.handle(at, handle)?;
                 let bfd = self.backing_fd(at, backing)?;
-                // SAFETY: loop_config is plain data; all-zero is a valid value.
-                let mut cfg: ld::loop_config = unsafe { std::mem::zeroed() };
-                cfg.fd = bfd as u32;
-                cfg.block_size = *block_size;
-                cfg.info.lo_offset = *offset;
-                cfg.info.lo_sizelimit = *sizelimit;
-                cfg.info.lo_flags = *flags;
-                if let Backing::File(n) = backing {
-                    copy_name(&mut cfg.info.lo_file_name, n);
-                }
-                // SAFETY: LOOP_CONFIGURE reads a loop_config.
-                r(unsafe { ioctl_ptr(fd, ld::LOOP_CONFIGURE, &mut cfg) })
+                let name = match backing {
+                    Backing::File(n) => Some(n.as_str()),
+                    _ => None,
+                };
+                // SAFETY: the descriptor is the handle's, open for the whole step.
+                let dev = unsafe { BorrowedFd::borrow_raw(fd) };
+                r(configure(dev, bfd, *block_size, *offset, *sizelimit, *flags, name).map(|_| 0))
             }
             Op::SetFd { handle, backing } => {
                 let (fd, _) = self.handle(at, handle)?;
@@ -542,7 +583,8 @@ impl Runner {
             }
             Op::ClrFd { handle } => {
                 let (fd, _) = self.handle(at, handle)?;
-                r(ioctl_int(fd, ld::LOOP_CLR_FD, 0))
+                // SAFETY: the descriptor is the handle's, open for the whole step.
+                r(clear(unsafe { BorrowedFd::borrow_raw(fd) }).map(|_| 0))
             }
             Op::SetStatus64 {
                 handle,

@@ -1,10 +1,307 @@
-//! The `loop_dev` experiment's headline — being built with its workload (see
-//! /work/notes/LAB_READY.md).
+//! Seed 004: loop devices, a lock per device instead of one control lock (issue 10).
+//!
+//! Two lines: the locks (the boot's lock wait against the prepatch design at 2, 8 and 64
+//! tasks, and control-lock acquisitions per open/close and configure/clear), and the
+//! speed (the open/close storm on own devices from 1 to 2 tasks, block I/O against
+//! `pread` on the backing file).
 
-use super::Finding;
+use super::{metric, skip_reason, task_counts, Finding, Ratio, Status, Targets};
+use crate::export::units::{self, Unit};
 use crate::result::Report;
 
-/// The experiment's lines (none until its workload is built).
-pub fn findings(_report: &Report) -> Vec<Finding> {
-    Vec::new()
+const W: &str = "loop";
+const SEED: &str = "seed 004";
+
+/// The experiment's lines (none when the run has no loop rows).
+pub fn findings(report: &Report) -> Vec<Finding> {
+    let mut out = Vec::new();
+    if let Some(f) = locks(report) {
+        out.push(f);
+    }
+    if let Some(f) = speed(report) {
+        out.push(f);
+    }
+    if out.is_empty() {
+        if let Some(why) = skip_reason(report, W, "library") {
+            out.push(Finding {
+                seed: SEED,
+                text: "loop devices on the library".into(),
+                status: Status::Skipped(why),
+            });
+        }
+    }
+    out
+}
+
+fn mean(report: &Report, target: &str, mode: &str, n: usize, m: &str) -> Option<f64> {
+    metric(report, W, target, mode, n, m).map(|s| s.mean)
+}
+
+/// Boot lock wait (library ≤ 1/10 of prepatch at 2, 8 and 64 tasks, prepatch's > 0) and
+/// control-lock acquisitions per operation (0 for open/close and configure/clear on the
+/// library, ≥ 1 prepatch).
+fn locks(report: &Report) -> Option<Finding> {
+    let wait = "lock_wait_sec";
+    let mut t = Targets::new();
+    let mut parts = Vec::new();
+    let boot_tasks: Vec<usize> = task_counts(report, W, "library", "boot")
+        .into_iter()
+        .filter(|n| mean(report, "library-prepatch", "boot", *n, wait).is_some())
+        .collect();
+    if !boot_tasks.is_empty() {
+        let (mut lib, mut pre) = (Vec::new(), Vec::new());
+        for &n in &boot_tasks {
+            let (Some(l), Some(p)) = (
+                mean(report, "library", "boot", n, wait),
+                mean(report, "library-prepatch", "boot", n, wait),
+            ) else {
+                continue;
+            };
+            lib.push(units::format(l, Unit::Seconds));
+            pre.push(units::format(p, Unit::Seconds));
+            if [2, 8, 64].contains(&n) {
+                t.check(p > 0.0, format!("prepatch boot wait 0 at {n} tasks"));
+                t.check(
+                    l <= p / 10.0,
+                    format!("boot wait at {n} tasks above 1/10 of prepatch's"),
+                );
+            }
+        }
+        let devices = mean(report, "library", "boot", boot_tasks[0], "devices").unwrap_or(0.0);
+        parts.push(format!(
+            "boot of {} devices, {} tasks: lock wait {} (prepatch {})",
+            devices,
+            boot_tasks
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join("/"),
+            lib.join("/"),
+            pre.join("/")
+        ));
+    }
+    let ctl = "ctl_lock_acquisitions_per_op";
+    let mut acq = Vec::new();
+    for (mode, what) in [("open-close", "open/close"), ("configure", "configure/clear")] {
+        let counts = task_counts(report, W, "library", mode);
+        let lib: Vec<f64> = counts
+            .iter()
+            .filter_map(|&n| mean(report, "library", mode, n, ctl))
+            .collect();
+        if lib.is_empty() {
+            continue;
+        }
+        let lib_max = lib.iter().copied().fold(0.0, f64::max);
+        t.check(lib_max == 0.0, format!("{what} takes the control lock"));
+        let pre: Vec<f64> = task_counts(report, W, "library-prepatch", mode)
+            .iter()
+            .filter_map(|&n| mean(report, "library-prepatch", mode, n, ctl))
+            .collect();
+        let mut s = format!("{what} {}", units::format(lib_max, Unit::Plain));
+        if let Some(p) = pre.iter().copied().reduce(f64::min) {
+            t.check(p >= 1.0, format!("prepatch {what} under 1 control lock per op"));
+            s.push_str(&format!(" (prepatch {})", units::format(p, Unit::Plain)));
+        }
+        acq.push(s);
+    }
+    if !acq.is_empty() {
+        parts.push(format!("control-lock acquisitions/op {}", acq.join(", ")));
+    }
+    if parts.is_empty() {
+        return None;
+    }
+    Some(Finding {
+        seed: SEED,
+        text: format!("loop {}", parts.join("; ")),
+        status: t.status(),
+    })
+}
+
+/// The open/close storm on own devices from 1 to 2 tasks (≥ 1.8×, the kernel's beside
+/// it) and reads through the library at ≥ 90% of `pread` on the backing file.
+fn speed(report: &Report) -> Option<Finding> {
+    let rate = "ops_per_sec";
+    let mut t = Targets::new();
+    let mut parts = Vec::new();
+    let scaling = |target: &str| {
+        let (one, two) = (
+            metric(report, W, target, "open-close", 1, rate)?,
+            metric(report, W, target, "open-close", 2, rate)?,
+        );
+        Some(Ratio::of(rate, two, one))
+    };
+    if let Some(r) = scaling("library") {
+        t.check(
+            r.value >= 1.8,
+            format!("2 tasks/1 task {} (target ≥ 1.8×)", units::format_ratio(r.value)),
+        );
+        let mut s = format!("open/close own devices 1→2 tasks {}", r.text());
+        if let Some(k) = scaling("kernel") {
+            s.push_str(&format!(" (kernel {})", units::format_ratio(k.value)));
+        }
+        parts.push(s);
+    }
+    let io: Vec<(usize, f64)> = task_counts(report, W, "library", "io")
+        .into_iter()
+        .filter_map(|n| {
+            let dev = mean(report, "library", "io", n, rate)?;
+            let direct = mean(report, "library", "io", n, "direct_ops_per_sec")?;
+            Some((n, dev / direct))
+        })
+        .collect();
+    if !io.is_empty() {
+        for &(n, r) in &io {
+            t.check(
+                r >= 0.9,
+                format!("io at {n} tasks {:.0}% of pread (target ≥ 90%)", r * 100.0),
+            );
+        }
+        parts.push(format!(
+            "4 KiB reads {} of pread ({} tasks)",
+            io.iter()
+                .map(|(_, r)| format!("{:.0}%", r * 100.0))
+                .collect::<Vec<_>>()
+                .join("/"),
+            io.iter()
+                .map(|(n, _)| n.to_string())
+                .collect::<Vec<_>>()
+                .join("/")
+        ));
+    }
+    if parts.is_empty() {
+        return None;
+    }
+    Some(Finding {
+        seed: SEED,
+        text: format!("loop library: {}", parts.join("; ")),
+        status: t.status(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::result::{Meta, Row, Summary};
+
+    fn meta() -> Meta {
+        Meta {
+            nproc: 2,
+            kernel: String::new(),
+            commit: String::new(),
+            date: String::new(),
+            command: String::new(),
+        }
+    }
+
+    /// Adds metrics to the row of (target, mode, tasks), making it if needed.
+    fn put(rows: &mut Vec<Row>, target: &str, mode: &str, tasks: usize, metrics: &[(&str, &[f64])]) {
+        let i = match rows
+            .iter()
+            .position(|r| r.target == target && r.mode == mode && r.tasks == tasks)
+        {
+            Some(i) => i,
+            None => {
+                rows.push(Row::new(W, target, mode, tasks));
+                rows.len() - 1
+            }
+        };
+        for (k, v) in metrics {
+            rows[i].metrics.insert(k.to_string(), Summary::of(k, v));
+        }
+    }
+
+    fn report(lib_wait: f64, two_tasks: f64, io: f64) -> Report {
+        let mut rows = Vec::new();
+        for n in [2, 8, 64] {
+            put(
+                &mut rows,
+                "library",
+                "boot",
+                n,
+                &[("lock_wait_sec", &[lib_wait]), ("devices", &[69.0])],
+            );
+            put(
+                &mut rows,
+                "library-prepatch",
+                "boot",
+                n,
+                &[("lock_wait_sec", &[1e-3])],
+            );
+        }
+        for mode in ["open-close", "configure"] {
+            put(
+                &mut rows,
+                "library",
+                mode,
+                1,
+                &[("ctl_lock_acquisitions_per_op", &[0.0])],
+            );
+            put(
+                &mut rows,
+                "library-prepatch",
+                mode,
+                1,
+                &[("ctl_lock_acquisitions_per_op", &[2.0])],
+            );
+        }
+        put(
+            &mut rows,
+            "library",
+            "open-close",
+            1,
+            &[("ops_per_sec", &[1e6, 1e6])],
+        );
+        put(
+            &mut rows,
+            "library",
+            "open-close",
+            2,
+            &[("ops_per_sec", &[two_tasks, two_tasks])],
+        );
+        put(
+            &mut rows,
+            "library",
+            "io",
+            1,
+            &[("ops_per_sec", &[io * 1e6]), ("direct_ops_per_sec", &[1e6])],
+        );
+        Report {
+            meta: meta(),
+            results: rows,
+            skipped: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_targets_are_checked() {
+        let f = findings(&report(0.0, 1.9e6, 0.95));
+        assert_eq!(f.len(), 2, "{f:?}");
+        assert_eq!(f[0].status, Status::Met, "{}", f[0].line());
+        assert_eq!(f[1].status, Status::Met, "{}", f[1].line());
+        assert!(
+            f[0].text.contains("boot of 69 devices, 2/8/64 tasks"),
+            "{}",
+            f[0].text
+        );
+
+        let f = findings(&report(1e-3, 1.2e6, 0.5));
+        let Status::Missed(m) = &f[0].status else {
+            panic!("{}", f[0].line())
+        };
+        assert_eq!(m.len(), 3, "{m:?}");
+        let Status::Missed(m) = &f[1].status else {
+            panic!("{}", f[1].line())
+        };
+        assert_eq!(m.len(), 2, "{m:?}");
+    }
+
+    #[test]
+    fn no_rows_no_lines() {
+        let empty = Report {
+            meta: meta(),
+            results: Vec::new(),
+            skipped: Vec::new(),
+        };
+        assert!(findings(&empty).is_empty());
+    }
 }
