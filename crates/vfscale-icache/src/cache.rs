@@ -16,9 +16,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::epoch::Domain;
 use crate::inode::*;
-use crate::sync::{
-    current_cpu, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering,
-};
+use crate::sync::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::wait::{WaitOutcome, WaitTable, Waiter};
 use crate::{CacheStats, HashLock, Lookup, Lru, SbList, Settings, SuperOperations};
 
@@ -43,6 +41,33 @@ impl<F: SuperOperations> InodePtr<F> {
     unsafe fn get<'a>(self) -> &'a Inode<F> {
         // SAFETY: by the caller's contract.
         unsafe { self.0.as_ref() }
+    }
+}
+
+/// The shard a thread uses for per-CPU structures: assigned round-robin the first time a
+/// thread asks, then fixed. Linux indexes per-CPU data by the current CPU; in userspace a
+/// thread may migrate at any time and asking the kernel (`sched_getcpu`) on every
+/// operation costs more than it saves, while a fixed slot per thread spreads threads over
+/// the shards just as well (no two threads share one while threads ≤ shards).
+fn shard_hint() -> usize {
+    #[cfg(any(vfscale_loom, vfscale_shuttle))]
+    {
+        0
+    }
+    #[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
+    {
+        use std::cell::Cell;
+        static NEXT: StdAtomicUsize = StdAtomicUsize::new(0);
+        thread_local!(static SLOT: Cell<usize> = const { Cell::new(usize::MAX) });
+        SLOT.with(|s| {
+            let v = s.get();
+            if v != usize::MAX {
+                return v;
+            }
+            let v = NEXT.fetch_add(1, Ordering::Relaxed);
+            s.set(v);
+            v
+        })
     }
 }
 
@@ -80,11 +105,11 @@ pub(crate) struct CacheInner<F: SuperOperations> {
 
 impl<F: SuperOperations> CacheInner<F> {
     fn counters(&self) -> &Counters {
-        &self.counters[current_cpu() & (self.shards - 1)]
+        &self.counters[shard_hint() & (self.shards - 1)]
     }
 
     fn shard_of_cpu(&self) -> usize {
-        current_cpu() & (self.shards - 1)
+        shard_hint() & (self.shards - 1)
     }
 
     fn bucket(&self, sb: &SbInner<F>, hashval: u64) -> &Bucket<F> {

@@ -111,10 +111,14 @@
 //!   walk the chain, and take the found inode's own `i_lock` to check its state and take
 //!   a reference. Inodes are freed a grace period after eviction. An iget hit writes
 //!   only the inode's own cache lines.
+//! * **Shards** stand for CPUs: a thread takes a shard round-robin the first time it
+//!   needs one and keeps it (asking the kernel for the current CPU on every operation
+//!   costs more than it saves, and a thread may migrate anyway); there are as many
+//!   shards as CPUs ([`Settings::shards`]).
 //! * **Superblock lists**: one list per CPU shard, each with its own lock (seed 002's
 //!   `dlist`); an inode remembers its shard, so create and evict on different CPUs do not
 //!   meet. `evict_inodes` and [`SuperBlock::for_each_inode`] visit every shard.
-//! * **LRU**: one list per CPU shard (the CPU of the `iput` that put the inode there).
+//! * **LRU**: one list per CPU shard (the shard of the `iput` that put the inode there).
 //!   Linux's `list_lru` is split per NUMA node; per CPU goes further, so two CPUs'
 //!   `iput`s never meet on one lock. The shrinker splits a scan over the shards in
 //!   proportion to their lengths, as `shrink_slab` splits it over nodes. The order within
