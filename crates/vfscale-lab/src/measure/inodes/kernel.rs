@@ -1,7 +1,13 @@
-//! The `kernel` target: the same phases as real system calls on a private tmpfs directory
-//! (or `--dir`), one thread per task, each in its own subdirectory. The cold walk is
-//! skipped: tmpfs keeps every inode in memory (its dentries pin them), so there is no
-//! cache to drop.
+//! The kernel targets: the same phases as real system calls, one thread per task, each in
+//! its own subdirectory.
+//!
+//! * `kernel`: a private tmpfs directory (or `--dir`). The cold walk is skipped: tmpfs
+//!   keeps every inode in memory (its dentries pin them), so there is no cache to drop.
+//! * `kernel-ext4`: ext4 made by `mkfs.ext4` on a loop device the lab sets up and tears
+//!   down itself (backing file on tmpfs, 256 MiB journal), under an exclusive `flock` on
+//!   `/dev/loop-control` as every vfscale user of loop devices takes it. Its cold walk
+//!   drops the kernel's caches (`sync`, `/proc/sys/vm/drop_caches` = 3) and then every
+//!   task walks every task's directory in the same order.
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -41,7 +47,7 @@ impl Drop for Scratch {
     }
 }
 
-fn phase(p: &str, dir: &Path, files: u64) -> Result<(), Skip> {
+fn phase(p: &str, dir: &Path, files: u64, all: &[PathBuf]) -> Result<(), Skip> {
     match p {
         "create" => {
             for i in 0..files {
@@ -59,6 +65,11 @@ fn phase(p: &str, dir: &Path, files: u64) -> Result<(), Skip> {
                 }
                 // SAFETY: our own descriptor.
                 unsafe { libc::close(fd) };
+            }
+        }
+        "cold-walk" => {
+            for d in all {
+                phase("walk", d, files, &[])?;
             }
         }
         "walk" | "chmod" | "unlink" => {
@@ -91,7 +102,12 @@ fn phase(p: &str, dir: &Path, files: u64) -> Result<(), Skip> {
 
 /// Runs the phases with `tasks` threads and `files` files each.
 pub fn run(tasks: usize, files: u64, phases: &[&str], dir: Option<&Path>) -> Result<Sample, Skip> {
-    let base = dir.unwrap_or(Path::new(SHM_DIR));
+    run_in(tasks, files, phases, dir.unwrap_or(Path::new(SHM_DIR)), false)
+}
+
+/// Runs the phases in a fresh directory under `base`; `drop_caches`: also the cold walk,
+/// after dropping the kernel's caches.
+fn run_in(tasks: usize, files: u64, phases: &[&str], base: &Path, drop_caches: bool) -> Result<Sample, Skip> {
     let root = base.join(format!(
         "vfscale-inodes.{}.{}",
         std::process::id(),
@@ -103,7 +119,12 @@ pub fn run(tasks: usize, files: u64, phases: &[&str], dir: Option<&Path>) -> Res
     for d in &dirs {
         std::fs::create_dir(d).map_err(|e| Skip(format!("mkdir {}: {e}", d.display())))?;
     }
-    let kernel_phases: Vec<&str> = ["create", "walk", "chmod", "unlink"].into_iter().collect();
+    let kernel_phases: Vec<&str> = if drop_caches {
+        vec!["create", "walk", "chmod", "cold-walk", "unlink"]
+    } else {
+        vec!["create", "walk", "chmod", "unlink"]
+    };
+    let dirs = &dirs;
     let start = Arc::new(Barrier::new(tasks + 1));
     let end = Arc::new(Barrier::new(tasks + 1));
     let mut s = Sample::new();
@@ -118,7 +139,7 @@ pub fn run(tasks: usize, files: u64, phases: &[&str], dir: Option<&Path>) -> Res
                     for p in kp {
                         start.wait();
                         if err.is_none() {
-                            err = phase(p, d, files).err();
+                            err = phase(p, d, files, dirs).err();
                         }
                         end.wait();
                     }
@@ -127,13 +148,23 @@ pub fn run(tasks: usize, files: u64, phases: &[&str], dir: Option<&Path>) -> Res
             })
             .collect();
         for p in &kernel_phases {
+            if *p == "cold-walk" {
+                if let Err(e) = drop_kernel_caches() {
+                    failed.get_or_insert(e);
+                }
+            }
             start.wait();
             let t0 = Instant::now();
             end.wait();
             let secs = t0.elapsed().as_secs_f64();
+            let per_task = if *p == "cold-walk" {
+                files * tasks as u64
+            } else {
+                files
+            };
             s.insert(
                 format!("{p}/ops_per_sec"),
-                (files * tasks as u64) as f64 / secs.max(1e-9),
+                (per_task * tasks as u64) as f64 / secs.max(1e-9),
             );
         }
         for h in hs {
@@ -145,12 +176,145 @@ pub fn run(tasks: usize, files: u64, phases: &[&str], dir: Option<&Path>) -> Res
     if let Some(e) = failed {
         return Err(e);
     }
-    if phases.contains(&"cold-walk") {
+    if phases.contains(&"cold-walk") && !drop_caches {
         s.insert(
             format!("{SKIP_PREFIX}cold-walk: tmpfs pins its inodes (no cache to drop)"),
             0.0,
         );
     }
-    let _ = dir;
     Ok(s)
+}
+
+/// `sync` and `echo 3 > /proc/sys/vm/drop_caches` (root only).
+fn drop_kernel_caches() -> Result<(), Skip> {
+    // SAFETY: sync takes no arguments.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3").map_err(|e| Skip(format!("drop_caches: {e}")))
+}
+
+fn tool(name: &str) -> Option<PathBuf> {
+    ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+        .iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.exists())
+}
+
+/// Whether ext4 on a loop device can be set up here.
+pub fn available_ext4() -> Result<(), Skip> {
+    // SAFETY: geteuid has no arguments and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(Skip(
+            "kernel-ext4 needs root (loop devices, mount, drop_caches)".into(),
+        ));
+    }
+    for t in ["mkfs.ext4", "losetup"] {
+        if tool(t).is_none() {
+            return Err(Skip(format!("kernel-ext4 needs {t} (e2fsprogs, util-linux)")));
+        }
+    }
+    if !Path::new("/dev/loop-control").exists() {
+        return Err(Skip("kernel-ext4 needs /dev/loop-control".into()));
+    }
+    available()
+}
+
+fn command(args: &[&str]) -> Result<String, Skip> {
+    let bin = tool(args[0]).ok_or_else(|| Skip(format!("{} is missing", args[0])))?;
+    let out = std::process::Command::new(bin)
+        .args(&args[1..])
+        .output()
+        .map_err(|e| Skip(format!("{}: {e}", args[0])))?;
+    if !out.status.success() {
+        return Err(Skip(format!(
+            "{} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The ext4 setup, undone in reverse order when dropped: the `/dev/loop-control` lock,
+/// the backing file, the loop device, the mount.
+struct Ext4 {
+    ctl: Option<std::fs::File>,
+    backing: PathBuf,
+    dev: Option<String>,
+    mnt: PathBuf,
+    mounted: bool,
+}
+
+impl Drop for Ext4 {
+    fn drop(&mut self) {
+        if self.mounted {
+            let m = cpath(&self.mnt);
+            // SAFETY: a valid C path.
+            unsafe { libc::umount2(m.as_ptr(), 0) };
+        }
+        if let Some(d) = &self.dev {
+            let _ = command(&["losetup", "-d", d]);
+        }
+        let _ = std::fs::remove_dir(&self.mnt);
+        let _ = std::fs::remove_file(&self.backing);
+        drop(self.ctl.take()); // releases the flock last
+    }
+}
+
+/// `kernel-ext4`: sets up ext4 on a loop device, runs the phases on it, tears it down.
+pub fn run_ext4(tasks: usize, files: u64, phases: &[&str]) -> Result<Sample, Skip> {
+    use std::os::fd::AsRawFd;
+    let ctl =
+        std::fs::File::open("/dev/loop-control").map_err(|e| Skip(format!("/dev/loop-control: {e}")))?;
+    // SAFETY: our own descriptor; LOCK_EX waits for other loop-device users to finish.
+    if unsafe { libc::flock(ctl.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(Skip(format!(
+            "flock /dev/loop-control: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    let tag = format!("{}.{}", std::process::id(), Instant::now().elapsed().as_nanos());
+    let mut fs = Ext4 {
+        ctl: Some(ctl),
+        backing: Path::new(SHM_DIR).join(format!("vfscale-inodes-ext4.{tag}.img")),
+        dev: None,
+        mnt: Path::new(SHM_DIR).join(format!("vfscale-inodes-ext4.{tag}.mnt")),
+        mounted: false,
+    };
+    // Room for every inode (256 bytes each) and a 256 MiB journal.
+    let inodes = (tasks as u64 * files + 1024) * 5 / 4;
+    let size = 512 * 1024 * 1024 + inodes * 4096;
+    let f = std::fs::File::create(&fs.backing).map_err(|e| Skip(format!("{}: {e}", fs.backing.display())))?;
+    f.set_len(size)
+        .map_err(|e| Skip(format!("{}: {e}", fs.backing.display())))?;
+    drop(f);
+    let backing = fs.backing.to_string_lossy().into_owned();
+    fs.dev = Some(command(&["losetup", "--find", "--show", &backing])?);
+    let dev = fs.dev.clone().expect("set");
+    command(&[
+        "mkfs.ext4",
+        "-q",
+        "-F",
+        "-N",
+        &inodes.to_string(),
+        "-J",
+        "size=256",
+        "-E",
+        "lazy_itable_init=0,lazy_journal_init=0",
+        &dev,
+    ])?;
+    std::fs::create_dir(&fs.mnt).map_err(|e| Skip(format!("mkdir {}: {e}", fs.mnt.display())))?;
+    let (d, m, t) = (
+        cpath(Path::new(&dev)),
+        cpath(&fs.mnt),
+        CString::new("ext4").expect("no NUL"),
+    );
+    // SAFETY: valid C strings; no mount data.
+    if unsafe { libc::mount(d.as_ptr(), m.as_ptr(), t.as_ptr(), 0, std::ptr::null()) } != 0 {
+        return Err(Skip(format!("mount {dev}: {}", std::io::Error::last_os_error())));
+    }
+    fs.mounted = true;
+    let mnt = fs.mnt.clone();
+    let r = run_in(tasks, files, phases, &mnt, true);
+    drop(fs);
+    r
 }
