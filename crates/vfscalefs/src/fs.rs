@@ -875,7 +875,16 @@ impl Filesystem for Conn {
             )
         };
         let st = tri!(sys::stat_fd(file.as_fd()), reply);
-        let path_fd = tri!(sys::reopen(file.as_fd(), libc::O_PATH), reply);
+        // The inode's O_PATH descriptor: by name (cheap), unless the name was renamed or
+        // replaced meanwhile, then through /proc/self/fd of the file just created.
+        let path_fd = match sys::openat_beneath(p.fd(), &c, libc::O_PATH | libc::O_NOFOLLOW, 0) {
+            Ok(fd)
+                if sys::stat_fd(fd.as_fd()).is_ok_and(|s| s.st_dev == st.st_dev && s.st_ino == st.st_ino) =>
+            {
+                fd
+            }
+            _ => tri!(sys::reopen(file.as_fd(), libc::O_PATH), reply),
+        };
         let inode = tri!(self.srv.inodes.lookup(self.idx, path_fd, &st), reply);
         let a = attr(&inode, &st);
         let backing = self.backing(&inode, file.as_fd(), |fd| reply.open_backing(fd));

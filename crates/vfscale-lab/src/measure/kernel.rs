@@ -1,5 +1,6 @@
 //! The kernel target: the lock workloads as real processes (or threads) making real
-//! `fcntl(2)` and `flock(2)` calls on files in a fresh directory on tmpfs (`/dev/shm`).
+//! `fcntl(2)` and `flock(2)` calls on files in a fresh directory on tmpfs (`/dev/shm`), or
+//! in the directory `--dir` names (any filesystem: a FUSE mount, say).
 //!
 //! # What each workload does
 //!
@@ -174,7 +175,7 @@ fn lockperf(cfg: &Config) -> Result<Sample, Skip> {
     if cfg.iterations == 0 {
         return Err(Skip("no iterations: iterations must be at least 1".into()));
     }
-    let dir = ScratchDir::new()?;
+    let dir = ScratchDir::in_dir(cfg.dir.as_deref())?;
     let paths = dir.create_files(if shared { 1 } else { cfg.tasks })?;
     let work = Work::Lockperf {
         mode,
@@ -209,7 +210,7 @@ fn lockperf(cfg: &Config) -> Result<Sample, Skip> {
 /// Seed 003's herd.
 fn herd(cfg: &Config) -> Result<Sample, Skip> {
     check_duration(cfg)?;
-    let dir = ScratchDir::new()?;
+    let dir = ScratchDir::in_dir(cfg.dir.as_deref())?;
     let paths = dir.create_files(1)?;
     let work = Work::Herd { mode: cfg.mode };
     let mut team = Team::spawn(cfg.tasks, |i| (paths_for(&paths, i), work))?;
@@ -254,7 +255,7 @@ fn herd(cfg: &Config) -> Result<Sample, Skip> {
 fn will_it_scale_processes(cfg: &Config) -> Result<Sample, Skip> {
     check_duration(cfg)?;
     let shared = cfg.workload == Workload::Lock2;
-    let dir = ScratchDir::new()?;
+    let dir = ScratchDir::in_dir(cfg.dir.as_deref())?;
     let paths = dir.create_files(if shared { 1 } else { cfg.tasks })?;
     let mut team = Team::spawn(cfg.tasks, |i| {
         let byte = if shared { i as i64 } else { 0 };
@@ -276,7 +277,7 @@ fn will_it_scale_processes(cfg: &Config) -> Result<Sample, Skip> {
 fn will_it_scale_threads(cfg: &Config) -> Result<Sample, Skip> {
     check_duration(cfg)?;
     let shared = cfg.workload == Workload::Lock2;
-    let dir = ScratchDir::new()?;
+    let dir = ScratchDir::in_dir(cfg.dir.as_deref())?;
     ensure_nofile(cfg.tasks as u64 + 64)?;
     dir.create_files(if shared { 1 } else { cfg.tasks })?;
     // Each thread its own open file description, as each will-it-scale task opens.
@@ -961,17 +962,25 @@ impl Team {
     }
 }
 
-/// A fresh scratch directory under `/dev/shm`, removed with everything in it on drop.
+/// A fresh scratch directory under `/dev/shm` (or `--dir`), removed with everything in
+/// it on drop.
 struct ScratchDir {
     path: PathBuf,
 }
 
 impl ScratchDir {
     fn new() -> Result<ScratchDir, Skip> {
+        Self::in_dir(None)
+    }
+
+    /// A fresh directory in `dir` (`--dir`: any filesystem, a FUSE mount say), or under
+    /// `/dev/shm` when `None`.
+    fn in_dir(dir: Option<&Path>) -> Result<ScratchDir, Skip> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
+        let base = dir.unwrap_or(Path::new(SHM_DIR));
         let mut last = None;
         for _ in 0..100 {
-            let path = Path::new(SHM_DIR).join(format!(
+            let path = base.join(format!(
                 "{DIR_PREFIX}.{}.{}",
                 std::process::id(),
                 NEXT.fetch_add(1, Ordering::Relaxed)
@@ -979,11 +988,17 @@ impl ScratchDir {
             match std::fs::DirBuilder::new().mode(0o700).create(&path) {
                 Ok(()) => return Ok(ScratchDir { path }),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
-                Err(e) => return Err(Skip(format!("cannot create a directory in {SHM_DIR}: {e}"))),
+                Err(e) => {
+                    return Err(Skip(format!(
+                        "cannot create a directory in {}: {e}",
+                        base.display()
+                    )))
+                }
             }
         }
         Err(Skip(format!(
-            "cannot create a fresh directory in {SHM_DIR}: {last:?}"
+            "cannot create a fresh directory in {}: {last:?}",
+            base.display()
         )))
     }
 

@@ -477,11 +477,21 @@ fn fuse_mount_sys(
         source = name;
     }
 
+    // As fusermount3 and libfuse do: the type is "fuse.<subtype>" when there is a
+    // subtype, so /proc/mounts tells FUSE filesystems apart.
+    #[cfg(target_os = "linux")]
+    let fstype = match options
+        .iter()
+        .find(|x| matches!(**x, MountOption::Subtype(_)))
+    {
+        Some(MountOption::Subtype(subtype)) => format!("fuse.{subtype}"),
+        _ => "fuse".to_string(),
+    };
     #[cfg(target_os = "linux")]
     let result = nix::mount::mount(
         Some(source),
         mountpoint,
-        Some("fuse"),
+        Some(fstype.as_str()),
         flags,
         Some(mount_options.as_str()),
     );
