@@ -991,7 +991,8 @@ impl<F: SuperOperations> SuperBlock<F> {
     fn start<T: FromOutcome<F>>(&self, mut op: Op<F>) -> Started<T, F> {
         let mut waiter = None;
         let a = run(&self.inner, &mut op, &mut waiter);
-        InodeWait::from_attempt(self.inner.clone(), op, waiter, a)
+        // The superblock's `Arc` is cloned only by a wait: a hit writes no shared line.
+        InodeWait::from_attempt(&self.inner, op, waiter, a)
     }
 
     /// The device number that names it in messages and hashes.
@@ -1453,7 +1454,7 @@ impl Interrupter {
 
 impl<F: SuperOperations, T: FromOutcome<F>> InodeWait<F, T> {
     fn from_attempt(
-        sb: Arc<SbInner<F>>,
+        sb: &Arc<SbInner<F>>,
         op: Op<F>,
         waiter: Option<Arc<Waiter>>,
         a: Attempt<F>,
@@ -1464,7 +1465,7 @@ impl<F: SuperOperations, T: FromOutcome<F>> InodeWait<F, T> {
             Attempt::New(r) => Stage::New(r),
         };
         Started::Wait(InodeWait {
-            sb,
+            sb: sb.clone(),
             op,
             stage,
             waiter: waiter.expect("a waiting attempt registered a waiter"),
