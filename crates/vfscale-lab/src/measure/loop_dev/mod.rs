@@ -24,19 +24,21 @@
 //!   a warm [`IO_FILE_BYTES`] tmpfs file, each through its own open handle (kernel:
 //!   `O_DIRECT`, so each read goes through the loop driver rather than the device's page
 //!   cache; the library has none), and the same reads with `pread` on the backing file
-//!   directly, in the same run: four phases of a quarter of the duration each, direct,
-//!   device, device, direct.
+//!   directly, in the same run: each task alternates [`IO_BATCH`] reads one way and
+//!   [`IO_BATCH`] the other, timing each batch, so both kinds see the same machine.
 //!
 //! # Metrics
 //!
-//! * `ops_per_sec`: operations per second (boot: over the timed boots; timed modes: over
-//!   the measured interval, see `fd_library::drive`).
+//! * `ops_per_sec`: operations per second (boot: over the timed boots; churn: every
+//!   add+remove over the time from starting the tasks to the last one stopping; io: the
+//!   sum over tasks of each task's device reads over the time they took; the other
+//!   modes: over the measured interval, see `fd_library::drive`).
 //! * `lock_wait_sec`: time the tasks spent waiting for the control lock and the device
 //!   locks (boot: per boot, the seed's 18.8 s figure; timed modes: over the run).
 //! * `ctl_lock_acquisitions_per_op`, `validate_lock_acquisitions_per_op`: control-lock
 //!   and loop-on-loop validation-lock acquisitions per operation.
 //! * boot: `boot_sec` (the wall time of one boot) and `devices`; io:
-//!   `direct_ops_per_sec` (the direct `pread`s).
+//!   `direct_ops_per_sec` (the direct `pread`s, summed over tasks like the device's).
 //!
 //! The kernel's rows have no lock metrics: userspace cannot observe `loop_ctl_mutex`.
 //!
@@ -69,7 +71,10 @@ pub const IMAGE_BYTES: u64 = 64 * 1024;
 /// The block every read reads.
 pub const BLOCK: u64 = 4096;
 /// Bytes of the io mode's backing file.
-pub const IO_FILE_BYTES: u64 = 16 << 20;
+pub const IO_FILE_BYTES: u64 = 8 << 20;
+/// Reads of one kind (through the device, or `pread` on the file) an io task does in
+/// a row before switching to the other kind.
+pub const IO_BATCH: u64 = 16;
 /// Probing opens (udev, blkid) per device at boot, besides losetup's and mount's.
 pub const PROBES: u64 = 3;
 /// Operations per device at boot: configure, and the open+close pairs of losetup, the
@@ -611,87 +616,102 @@ fn churn<S: LoopSys>(sys: &S, idx: &[u32], cfg: &Config) -> Result<Sample, Strin
     Ok(s)
 }
 
-/// An io task's state: its own handle of the device (none in the direct phases).
+/// An io task's state: its own handle of the device, and per kind of read (through the
+/// device, `pread` on the backing file) the reads done and the time they took.
 struct IoTask<H> {
-    handle: Option<H>,
+    handle: H,
     rng: Rng,
     buf: Aligned,
+    device: (u64, Duration),
+    direct: (u64, Duration),
+    device_first: bool,
+}
+
+/// Sum over the tasks of each task's rate: what all of them would do reading only one way.
+fn summed_rate(parts: impl Iterator<Item = (u64, Duration)>) -> Result<f64, String> {
+    let mut rate = 0.0;
+    for (ops, t) in parts {
+        if ops == 0 || t.is_zero() {
+            return Err(format!("a task did no reads ({ops} in {t:?})"));
+        }
+        rate += ops as f64 / t.as_secs_f64();
+    }
+    Ok(rate)
 }
 
 fn io<S: LoopSys>(sys: &S, scratch: &Scratch, index: u32, cfg: &Config) -> Result<Sample, String> {
     let file = scratch.images("io", 1, IO_FILE_BYTES, false)?.remove(0);
     bind_all(sys, &[index], std::slice::from_ref(&file))?;
-    // Warm: every block read once through the file and through the device.
+    // Warm: every block of the file read once (it was just written: this only checks).
+    // The device's reads bypass its page cache (`O_DIRECT`), so they reach the file too.
     let mut warm = Aligned::new();
-    let h = sys.open(index, Open::RO)?;
     for b in 0..IO_FILE_BYTES / BLOCK {
         file.read_exact_at(warm.get(), b * BLOCK)
             .map_err(|e| format!("reading the io file: {e}"))?;
-        sys.read(&h, warm.get(), b * BLOCK)?;
     }
-    drop(h);
     let blocks = (IO_FILE_BYTES / BLOCK) as usize;
-    let quarter = cfg.duration / 4;
-    let mut device = (0u64, Duration::ZERO);
-    let mut direct = (0u64, Duration::ZERO);
-    let mut locks = Locks::default();
-    for (phase, through_device) in [false, true, true, false].into_iter().enumerate() {
-        let out = drive(
-            cfg.tasks,
-            quarter.max(Duration::from_millis(1)),
-            |t| {
-                let handle = if through_device {
-                    Some(sys.open(
-                        index,
-                        Open {
-                            direct: true,
-                            ..Open::RO
-                        },
-                    )?)
-                } else {
-                    None
-                };
-                Ok(IoTask {
-                    handle,
-                    rng: Rng::new(t + 1000 * phase),
-                    buf: Aligned::new(),
-                })
-            },
-            |w: &mut IoTask<S::Handle>| {
-                let pos = w.rng.below(blocks) as u64 * BLOCK;
-                match &w.handle {
-                    Some(h) => sys.read(h, w.buf.get(), pos),
-                    None => file
-                        .read_exact_at(w.buf.get(), pos)
-                        .map_err(|e| format!("pread of the backing file at {pos}: {e}")),
+    let out = drive(
+        cfg.tasks,
+        cfg.duration,
+        |t| {
+            Ok(IoTask {
+                handle: sys.open(
+                    index,
+                    Open {
+                        direct: true,
+                        ..Open::RO
+                    },
+                )?,
+                rng: Rng::new(t),
+                buf: Aligned::new(),
+                device: (0, Duration::ZERO),
+                direct: (0, Duration::ZERO),
+                device_first: t % 2 == 0,
+            })
+        },
+        |w: &mut IoTask<S::Handle>| {
+            let order = [w.device_first, !w.device_first];
+            w.device_first = !w.device_first;
+            for through_device in order {
+                let t0 = Instant::now();
+                for _ in 0..IO_BATCH {
+                    let pos = w.rng.below(blocks) as u64 * BLOCK;
+                    if through_device {
+                        sys.read(&w.handle, w.buf.get(), pos)?;
+                    } else {
+                        file.read_exact_at(w.buf.get(), pos)
+                            .map_err(|e| format!("pread of the backing file at {pos}: {e}"))?;
+                    }
                 }
-            },
-            || sys.stats(),
-            drop,
-        )
-        .map_err(|e| e.0)?;
-        interrupted()?;
-        let after = sys.stats();
-        let acc = if through_device {
-            locks.add(&out.before_go, &after, out.ops_total);
-            &mut device
-        } else {
-            &mut direct
-        };
-        acc.0 += out.ops_in_interval;
-        acc.1 += out.interval;
-    }
-    let rate = |(ops, t): (u64, Duration)| -> Result<f64, String> {
-        if ops == 0 || t.is_zero() {
-            Err(format!("no reads in the measured interval ({t:?})"))
-        } else {
-            Ok(ops as f64 / t.as_secs_f64())
-        }
-    };
+                let acc = if through_device {
+                    &mut w.device
+                } else {
+                    &mut w.direct
+                };
+                acc.0 += IO_BATCH;
+                acc.1 += t0.elapsed();
+            }
+            Ok(())
+        },
+        || sys.stats(),
+        drop,
+    )
+    .map_err(|e| e.0)?;
+    interrupted()?;
+    let after = sys.stats();
+    let device_reads: u64 = out.states.iter().map(|w| w.device.0).sum();
     let mut s = Sample::new();
-    s.insert("ops_per_sec".into(), rate(device)?);
-    s.insert("direct_ops_per_sec".into(), rate(direct)?);
-    locks.insert(sys.stats().is_some(), &mut s, 1);
+    s.insert(
+        "ops_per_sec".into(),
+        summed_rate(out.states.iter().map(|w| w.device))?,
+    );
+    s.insert(
+        "direct_ops_per_sec".into(),
+        summed_rate(out.states.iter().map(|w| w.direct))?,
+    );
+    let mut locks = Locks::default();
+    locks.add(&out.before_go, &after, device_reads);
+    locks.insert(after.is_some(), &mut s, 1);
     Ok(s)
 }
 
