@@ -53,17 +53,27 @@ fn corpus_on_the_mount_matches_tmpfs() {
             continue;
         }
         let expected = std::fs::read_to_string(f.with_extension("expected")).unwrap();
-        match kernel::replay_with(&scn, &opts) {
+        let attempt = || match kernel::replay_with(&scn, &opts) {
             Ok(r) => {
                 let got = render_results(&r);
-                if got != expected {
-                    failures.push(format!(
+                if got == expected {
+                    Ok(())
+                } else {
+                    Err(format!(
                         "{}: differs from tmpfs\n--- on vfscalefs\n{got}--- on tmpfs\n{expected}",
                         f.display()
-                    ));
+                    ))
                 }
             }
-            Err(e) => failures.push(format!("{}: {e}", f.display())),
+            Err(e) => Err(format!("{}: {e}", f.display())),
+        };
+        // Settling on a FUSE mount is judged by time (KernelOptions::quiet): a scenario
+        // that differs is replayed once more, so that only a difference seen twice fails.
+        if let Err(first) = attempt() {
+            match attempt() {
+                Ok(()) => say(&format!("retried (first replay differed): {first}")),
+                Err(e) => failures.push(e),
+            }
         }
         ran += 1;
     }
