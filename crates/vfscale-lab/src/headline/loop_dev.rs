@@ -33,6 +33,15 @@ pub fn findings(report: &Report) -> Vec<Finding> {
     out
 }
 
+/// A counter per operation: `0`, `2`, `1.83`.
+fn plain(x: f64) -> String {
+    let s = units::format(x, Unit::Plain);
+    match s.strip_suffix(".00") {
+        Some(whole) => whole.to_string(),
+        None => s,
+    }
+}
+
 fn mean(report: &Report, target: &str, mode: &str, n: usize, m: &str) -> Option<f64> {
     metric(report, W, target, mode, n, m).map(|s| s.mean)
 }
@@ -68,9 +77,11 @@ fn locks(report: &Report) -> Option<Finding> {
             }
         }
         let devices = mean(report, "library", "boot", boot_tasks[0], "devices").unwrap_or(0.0);
+        if lib.iter().all(|l| l == "0 s") {
+            lib = vec!["0 s".to_string()];
+        }
         parts.push(format!(
-            "boot of {} devices, {} tasks: lock wait {} (prepatch {})",
-            devices,
+            "boot, {devices} devices × {} tasks: lock wait/boot {} (prepatch {})",
             boot_tasks
                 .iter()
                 .map(|n| n.to_string())
@@ -82,7 +93,7 @@ fn locks(report: &Report) -> Option<Finding> {
     }
     let ctl = "ctl_lock_acquisitions_per_op";
     let mut acq = Vec::new();
-    for (mode, what) in [("open-close", "open/close"), ("configure", "configure/clear")] {
+    for (mode, what) in [("open-close", "open-close"), ("configure", "configure")] {
         let counts = task_counts(report, W, "library", mode);
         let lib: Vec<f64> = counts
             .iter()
@@ -97,15 +108,15 @@ fn locks(report: &Report) -> Option<Finding> {
             .iter()
             .filter_map(|&n| mean(report, "library-prepatch", mode, n, ctl))
             .collect();
-        let mut s = format!("{what} {}", units::format(lib_max, Unit::Plain));
+        let mut s = format!("{what} {}", plain(lib_max));
         if let Some(p) = pre.iter().copied().reduce(f64::min) {
             t.check(p >= 1.0, format!("prepatch {what} under 1 control lock per op"));
-            s.push_str(&format!(" (prepatch {})", units::format(p, Unit::Plain)));
+            s.push_str(&format!(" (prepatch {})", plain(p)));
         }
         acq.push(s);
     }
     if !acq.is_empty() {
-        parts.push(format!("control-lock acquisitions/op {}", acq.join(", ")));
+        parts.push(format!("ctl-lock/op {}", acq.join(", ")));
     }
     if parts.is_empty() {
         return None;
@@ -135,7 +146,7 @@ fn speed(report: &Report) -> Option<Finding> {
             r.value >= 1.8,
             format!("2 tasks/1 task {} (target ≥ 1.8×)", units::format_ratio(r.value)),
         );
-        let mut s = format!("open/close own devices 1→2 tasks {}", r.text());
+        let mut s = format!("open-close 1→2 tasks {}", r.text());
         if let Some(k) = scaling("kernel") {
             s.push_str(&format!(" (kernel {})", units::format_ratio(k.value)));
         }
@@ -157,7 +168,7 @@ fn speed(report: &Report) -> Option<Finding> {
             );
         }
         parts.push(format!(
-            "4 KiB reads {} of pread ({} tasks)",
+            "io {} of pread at {} tasks",
             io.iter()
                 .map(|(_, r)| format!("{:.0}%", r * 100.0))
                 .collect::<Vec<_>>()
@@ -279,7 +290,12 @@ mod tests {
         assert_eq!(f[0].status, Status::Met, "{}", f[0].line());
         assert_eq!(f[1].status, Status::Met, "{}", f[1].line());
         assert!(
-            f[0].text.contains("boot of 69 devices, 2/8/64 tasks"),
+            f[0].text.contains("boot, 69 devices × 2/8/64 tasks"),
+            "{}",
+            f[0].text
+        );
+        assert!(
+            f[0].text.contains("ctl-lock/op open-close 0 (prepatch 2)"),
             "{}",
             f[0].text
         );

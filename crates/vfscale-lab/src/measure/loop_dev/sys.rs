@@ -423,7 +423,13 @@ impl SignalGuard {
                 sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
                 libc::sigemptyset(&mut sa.sa_mask);
                 let mut prev: libc::sigaction = std::mem::zeroed();
-                if libc::sigaction(sig, &sa, &mut prev) == 0 {
+                if libc::sigaction(sig, std::ptr::null(), &mut prev) != 0
+                    || prev.sa_sigaction == libc::SIG_IGN
+                {
+                    // An ignored signal (a background job's SIGINT) stays ignored.
+                    continue;
+                }
+                if libc::sigaction(sig, &sa, std::ptr::null_mut()) == 0 {
                     old.push((sig, prev));
                 }
             }
