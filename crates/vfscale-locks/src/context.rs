@@ -1,8 +1,8 @@
 //! `struct file_lock_context`: one inode's locks and wait trees, under that inode's lock.
 
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
 
+use crate::fair::{a_quantum_after, waited_a_quantum, Clock, Stamp};
 use crate::index::{IndexLinks, PosixTree, Work};
 use crate::lock::{
     family_conflict, lock_is_unlock, posix_locks_conflict, posix_same_owner, posix_test_locks_conflict,
@@ -142,8 +142,12 @@ pub struct ContextStats {
     pub wakeups: u64,
     /// Requests that went to sleep (first block and every re-block).
     pub blocks: u64,
-    /// Requests finished on a starved owner's behalf (fair hand-offs).
+    /// Requests finished on a waiting owner's behalf (fair hand-offs: at most one per
+    /// quantum, to the request that has waited longest).
     pub handoffs: u64,
+    /// Wake-ups by the unlock of an owner in its turn, whose waiter was asked not to
+    /// retry before the turn ends.
+    pub held: u64,
     /// Lock records compared with a request while searching the POSIX/OFD locks for a
     /// conflict, for `F_GETLK`, or for the owner's locks to merge, split and trim. With
     /// [`LockIndex::List`] this is every list entry walked, as in Linux; with
@@ -198,25 +202,33 @@ pub(crate) struct Inner {
     listed: bool,
     pub stats: ContextStats,
     work: Work,
-    /// A woken request to finish on its owner's behalf before the lock is dropped.
-    handoff: Option<NodeId>,
-    /// When the last hand-off happened.
-    last_handoff: Option<Instant>,
+    /// Requests woken and not yet tried again (possibly stale: see
+    /// [`Inner::is_ready`]), the candidates for a hand-off.
+    ready: Vec<NodeId>,
+    /// When `ready` is next pruned of stale entries.
+    ready_prune_at: usize,
+    /// Something that was held or waited on changed in this critical section, so a
+    /// waiter may be grantable now.
+    freed: bool,
+    /// Where the inode is in its hand-off quantum.
+    turn: Turn,
+    /// Time for the hand-off (see `fair.rs`).
+    clock: Clock,
 }
 
-/// A waiter that has slept this long may be handed the lock ...
-#[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
-const HANDOFF_STARVED: Duration = Duration::from_millis(2);
-/// ... but an inode hands off at most once per this interval, so throughput stays with
-/// the running owners (barging) and fairness costs one context switch per interval.
-#[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
-const HANDOFF_EVERY: Duration = Duration::from_millis(1);
-/// Under the model checkers time is not modelled: every eligible wake-up hands off, so
-/// the hand-off path is explored deterministically.
-#[cfg(any(vfscale_loom, vfscale_shuttle))]
-const HANDOFF_STARVED: Duration = Duration::ZERO;
-#[cfg(any(vfscale_loom, vfscale_shuttle))]
-const HANDOFF_EVERY: Duration = Duration::ZERO;
+/// Where an inode is in its fairness quantum.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Turn {
+    /// No hand-off yet: one may happen at any time.
+    #[default]
+    Open,
+    /// This owner was just handed the lock: its turn starts when a lock next changes
+    /// (typically its own first unlock, once it has woken up), so that its wake-up
+    /// latency does not eat its quantum.
+    Starting(OwnerKey),
+    /// This owner's turn: no hand-off before the stamp.
+    Until(Stamp, OwnerKey),
+}
 
 /// A request's own record while it waits: `Some` from its first block until it is
 /// granted, fails or is cancelled.
@@ -343,9 +355,29 @@ impl Inner {
     /// `__locks_wake_up_blocks`: takes every direct waiter of `id` out of the tree and
     /// queues it on `wl`. Their own waiters stay attached to them.
     pub fn wake_up_blocks(&mut self, id: NodeId, wl: &mut WakeList, bg: &mut BlockedGuard<'_>) {
+        self.freed = true;
+        let hold = self.turn_end_for(self.node(id).fl.owner);
         for c in self.detach_children(id, bg) {
             self.wake_detached(c, wl);
+            if let Some(t) = hold {
+                self.node(c).waiter().expect("a request").hold_until(t);
+                self.stats.held += 1;
+            }
         }
+    }
+
+    /// When the turn of `owner` ends, if it has the current turn: a waiter it wakes by
+    /// unlocking (it is about to lock again, in a herd) waits for the turn to end before
+    /// it tries again, when the lock is handed to the oldest waiter, rather than
+    /// catching the lock between the owner's unlock and its next lock and cutting its
+    /// turn to one acquisition. Real time only: the model checkers do not model time.
+    fn turn_end_for(&self, owner: OwnerKey) -> Option<std::time::Instant> {
+        let end = match self.turn {
+            Turn::Starting(o) if o == owner => a_quantum_after(self.clock.now()),
+            Turn::Until(t, o) if o == owner && self.clock.now() < t => t,
+            _ => return None,
+        };
+        crate::fair::real_time(end)
     }
 
     /// Takes every direct waiter of `id` out of the tree (and the blocked hash) without
@@ -376,7 +408,10 @@ impl Inner {
     fn wake_detached(&mut self, id: NodeId, wl: &mut WakeList) {
         debug_assert!(self.node(id).blocker().is_none());
         self.stats.wakeups += 1;
-        self.consider_handoff(id);
+        if self.ready.len() >= self.ready_prune_at {
+            self.prune_ready();
+        }
+        self.ready.push(id);
         let fl = &self.node(id).fl;
         tracing::trace!(target: "vfscale_locks::filelock", event = "wake", kind = ?fl.kind, owner = ?fl.owner, start = fl.start, end = fl.end);
         wl.push(self.node(id).waiter().expect("a request").clone());
@@ -578,8 +613,9 @@ impl Inner {
             Some(id) => id,
             None => *slot.insert(self.alloc(fl)),
         };
+        let now = self.clock.now();
         let n = self.node_mut(id).wait_mut();
-        let w = n.waiter.get_or_insert_with(|| Waiter::new(fl.owner)).clone();
+        let w = n.waiter.get_or_insert_with(|| Waiter::new(fl.owner, now)).clone();
         w.rearm();
         id
     }
@@ -606,56 +642,116 @@ impl Inner {
         self.release(id);
     }
 
-    /// Picks a woken request for a hand-off if its owner has starved and this inode has
-    /// not handed off recently.
-    fn consider_handoff(&mut self, id: NodeId) {
-        if self.handoff.is_some() {
-            return;
-        }
-        let now = Instant::now();
-        if self
-            .last_handoff
-            .is_some_and(|t| now.duration_since(t) < HANDOFF_EVERY)
-        {
-            return;
-        }
-        let w = self.node(id).waiter().expect("a request");
-        if w.wants_handoff(now, HANDOFF_STARVED) {
-            self.handoff = Some(id);
-            self.last_handoff = Some(now);
+    /// Whether `id` is a request that was woken and has not tried again: a live record
+    /// with a wait cell and no blocker. (Outside a critical section no request is
+    /// detached without having been woken.)
+    fn is_ready(&self, id: NodeId) -> bool {
+        self.arena
+            .slots
+            .get(id as usize)
+            .and_then(|n| n.as_ref())
+            .is_some_and(|n| n.waiter().is_some() && n.blocker().is_none())
+    }
+
+    /// Drops stale and repeated entries from `ready`.
+    fn prune_ready(&mut self) {
+        let mut ready = std::mem::take(&mut self.ready);
+        ready.sort_unstable();
+        ready.dedup();
+        ready.retain(|&id| self.is_ready(id));
+        self.ready_prune_at = (2 * ready.len()).max(64);
+        self.ready = ready;
+    }
+
+    /// Whether request `req` would be granted if it tried now (it conflicts with no
+    /// granted lock), so that trying it cannot put it back to sleep.
+    fn grantable_now(&mut self, req: &FileLock) -> bool {
+        if req.kind == LockKind::Flock {
+            !self
+                .flock
+                .iter()
+                .any(|&id| family_conflict(req, &self.arena.node(id).fl))
+        } else {
+            self.posix_first_conflict(req).is_none()
         }
     }
 
-    /// Finishes the chosen hand-off: tries the starved request again now, on its
-    /// owner's behalf, exactly as the owner's own retry would (one of the schedules
-    /// Linux allows, where the woken task runs first). Linux leaves open which of the
-    /// waiters and running owners wins; this bounds how long one waiter can lose.
-    /// Called last, with `flc_lock` held.
+    /// The fair hand-off, run last in every critical section that changed a lock.
+    ///
+    /// Barging keeps the lock busy: a woken request must run and retry, and the owner
+    /// that just unlocked usually takes the lock again first (Linux lets it, and so does
+    /// this library: it is where the throughput comes from). So that no waiter loses
+    /// for ever, the inode works in turns of a [`QUANTUM`](crate::fair):
+    ///
+    /// * at most once per turn, at the first change after it ends, it hands the lock to
+    ///   the request that has waited longest among those woken and not yet retried, if
+    ///   it has waited a quantum, its owner waits in [`PendingLock::wait`] (a future or
+    ///   a polled request is never finished behind its owner's back) and it can be
+    ///   granted now: it is tried here, on its owner's behalf, exactly as its own retry
+    ///   would be (one of the schedules Linux allows: the woken task runs first), and
+    ///   its owner finds the result when it wakes;
+    /// * that owner's turn starts at the next change (its first unlock, once it runs),
+    ///   and a waiter its unlocks wake waits for the turn's end before it retries (see
+    ///   `turn_end_for`), so the turn is not cut to one acquisition by the next waiter
+    ///   catching the lock between its unlock and its next lock;
+    /// * owners that barge in queue behind in the wait tree, which hands the lock on in
+    ///   order: every waiter gets a turn within (waiters × quantum).
+    ///
+    /// The wait tree's rule stands: only requests that were woken (a set that can be
+    /// granted together) are candidates, and only one is chosen. Replays drive their
+    /// requests with `poll_complete`, so they never see a hand-off or a turn: their
+    /// results do not depend on timing. `flc_lock` held.
+    ///
+    /// [`PendingLock::wait`]: crate::PendingLock::wait
     pub(crate) fn run_handoff(&mut self, mgr: &LockManager, wl: &mut WakeList, bg: &mut BlockedGuard<'_>) {
-        let Some(id) = self.handoff.take() else { return };
-        let Some(n) = self.arena.slots.get(id as usize).and_then(|n| n.as_ref()) else {
+        if !std::mem::take(&mut self.freed) {
             return;
-        };
-        let (Some(w), None) = (n.waiter().cloned(), n.blocker()) else {
+        }
+        if let Turn::Starting(o) = self.turn {
+            self.turn = Turn::Until(a_quantum_after(self.clock.now()), o);
             return;
-        };
-        let req = n.fl;
-        let mut slot = Some(id);
-        let a = if req.kind == LockKind::Flock {
-            self.flock_lock_inode(mgr, req, &mut slot, true, wl, bg)
-        } else {
-            self.posix_lock_inode(mgr, req, &mut slot, true, wl, bg, None)
-        };
-        match a {
-            Attempt::Done(r) => {
-                if let Some(id) = slot.take() {
-                    self.delete_block(id, wl, bg);
-                }
-                w.finish(r);
-                self.stats.handoffs += 1;
+        }
+        if self.ready.is_empty() {
+            return;
+        }
+        let now = self.clock.now();
+        if matches!(self.turn, Turn::Until(t, _) if now < t) {
+            return;
+        }
+        self.prune_ready();
+        let mut oldest: Option<(Stamp, NodeId)> = None;
+        for &id in &self.ready {
+            let w = self.node(id).waiter().expect("a ready request");
+            if waited_a_quantum(now, w.since) && oldest.map_or(true, |(t, _)| w.since < t) && w.blocking() {
+                oldest = Some((w.since, id));
             }
-            // Asleep again: no need to wake it.
-            Attempt::Blocked => wl.remove(&w),
+        }
+        let Some((_, id)) = oldest else { return };
+        let req = self.node(id).fl;
+        if !self.grantable_now(&req) {
+            return;
+        }
+        let w = self.node(id).waiter().expect("a ready request").clone();
+        let mut slot = Some(id);
+        // Without sleeping: it cannot conflict, so this grants it.
+        let a = if req.kind == LockKind::Flock {
+            self.flock_lock_inode(mgr, req, &mut slot, false, wl, bg)
+        } else {
+            self.posix_lock_inode(mgr, req, &mut slot, false, wl, bg, None)
+        };
+        debug_assert_eq!(a, Attempt::Done(Ok(())), "a grantable request is granted");
+        if a == Attempt::Done(Ok(())) {
+            // A flock request whose open file already held that lock is done without
+            // becoming a record: its record goes.
+            if let Some(id) = slot.take() {
+                self.delete_block(id, wl, bg);
+            }
+            w.finish(Ok(()));
+            wl.push(w);
+            self.stats.handoffs += 1;
+            self.turn = Turn::Starting(req.owner);
+            // What the grant itself changed (merging, say) is part of this section.
+            self.freed = false;
         }
     }
 
@@ -1145,6 +1241,7 @@ impl FileLockContext {
             // Every `Inner` method runs with `flc_lock` held: `&mut Inner` only comes
             // from this guard.
             debug_assert!(self.inner.is_locked());
+            inner.clock.tick();
             let mut bg = BlockedGuard::new(&self.mgr);
             let r = f(&mut inner, &self.mgr, &mut wl, &mut bg);
             inner.run_handoff(&self.mgr, &mut wl, &mut bg);

@@ -3,6 +3,7 @@
 //! same checks in the same order, so the errno is the one Linux gives.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::context::{posix_unlock_all, Attempt, FileLockContext};
 use crate::lock::{FileLock, LockKind, OwnerKey};
@@ -122,6 +123,19 @@ impl FileLockContext {
         cmd: FcntlCmd,
         fl: &mut Flock,
     ) -> Result<Option<PendingLock>, Errno> {
+        self.fcntl_request(who, file, cmd, fl, false)
+    }
+
+    /// [`FileLockContext::fcntl_lock`]; `wait_here` when the caller goes on to
+    /// [`PendingLock::wait`] at once.
+    fn fcntl_request(
+        self: &Arc<Self>,
+        who: Process,
+        file: OpenFile,
+        cmd: FcntlCmd,
+        fl: &mut Flock,
+        wait_here: bool,
+    ) -> Result<Option<PendingLock>, Errno> {
         if cmd.is_get() {
             self.fcntl_getlk(who, file, cmd, fl)?;
             return Ok(None);
@@ -145,7 +159,7 @@ impl FileLockContext {
             file: file.id,
             pid: who.pid,
         };
-        self.lock_start(req, cmd.waits())
+        self.lock_start(req, cmd.waits(), wait_here)
     }
 
     /// As [`FileLockContext::fcntl_lock`], waiting in this thread when the command waits.
@@ -170,9 +184,33 @@ impl FileLockContext {
         cmd: FcntlCmd,
         fl: &mut Flock,
     ) -> Result<(), Errno> {
-        match self.fcntl_lock(who, file, cmd, fl)? {
-            Some(p) => p.wait(),
-            None => Ok(()),
+        self.fcntl_waited(who, file, cmd, fl).map(|_| ())
+    }
+
+    /// As [`FileLockContext::fcntl`], and says whether the call had to wait: `Some`
+    /// with the time its request first went to sleep, `None` if it was done at once.
+    ///
+    /// ```
+    /// use vfscale_locks::*;
+    /// let mgr = LockManager::new();
+    /// let inode = FileLockContext::new(&mgr, InodeKey::default());
+    /// let f = OpenFile::new(1, AccessMode::ReadWrite);
+    /// let mut fl = Flock::new(LockType::Write, 0, 0);
+    /// assert_eq!(inode.fcntl_waited(Process::new(1), f, FcntlCmd::SetLkW, &mut fl), Ok(None));
+    /// ```
+    pub fn fcntl_waited(
+        self: &Arc<Self>,
+        who: Process,
+        file: OpenFile,
+        cmd: FcntlCmd,
+        fl: &mut Flock,
+    ) -> Result<Option<Instant>, Errno> {
+        match self.fcntl_request(who, file, cmd, fl, true)? {
+            Some(p) => {
+                let since = p.blocked_at();
+                p.wait().map(|()| Some(since))
+            }
+            None => Ok(None),
         }
     }
 
@@ -232,29 +270,64 @@ impl FileLockContext {
         op: FlockOp,
         nb: bool,
     ) -> Result<Option<PendingLock>, Errno> {
-        self.lock_start(FileLock::flock(file.id, who.pid, op.lock_type()), !nb)
+        self.lock_start(FileLock::flock(file.id, who.pid, op.lock_type()), !nb, false)
     }
 
     /// As [`FileLockContext::flock_lock`], waiting in this thread.
     pub fn flock(self: &Arc<Self>, who: Process, file: OpenFile, op: FlockOp, nb: bool) -> Result<(), Errno> {
-        match self.flock_lock(who, file, op, nb)? {
-            Some(p) => p.wait(),
-            None => Ok(()),
+        self.flock_waited(who, file, op, nb).map(|_| ())
+    }
+
+    /// As [`FileLockContext::flock`], and says whether the call had to wait (see
+    /// [`FileLockContext::fcntl_waited`]).
+    pub fn flock_waited(
+        self: &Arc<Self>,
+        who: Process,
+        file: OpenFile,
+        op: FlockOp,
+        nb: bool,
+    ) -> Result<Option<Instant>, Errno> {
+        match self.lock_start(FileLock::flock(file.id, who.pid, op.lock_type()), !nb, true)? {
+            Some(p) => {
+                let since = p.blocked_at();
+                p.wait().map(|()| Some(since))
+            }
+            None => Ok(None),
         }
     }
 
-    fn lock_start(self: &Arc<Self>, req: FileLock, sleep: bool) -> Result<Option<PendingLock>, Errno> {
+    /// The first attempt of a lock request. With `wait_here` the caller waits in
+    /// [`PendingLock::wait`] as soon as this returns, so a request that blocks may be
+    /// handed the lock from the moment it is in the wait tree.
+    fn lock_start(
+        self: &Arc<Self>,
+        req: FileLock,
+        sleep: bool,
+        wait_here: bool,
+    ) -> Result<Option<PendingLock>, Errno> {
         let mut slot = None;
-        let a = self.with_locked(|inner, mgr, wl, bg| {
-            if req.kind == LockKind::Flock {
+        let (a, waiter) = self.with_locked(|inner, mgr, wl, bg| {
+            let a = if req.kind == LockKind::Flock {
                 inner.flock_lock_inode(mgr, req, &mut slot, sleep, wl, bg)
             } else {
                 inner.posix_lock_inode(mgr, req, &mut slot, sleep, wl, bg, None)
-            }
+            };
+            let waiter = match (&a, slot) {
+                (Attempt::Blocked, Some(id)) => {
+                    let w = inner.node(id).waiter().expect("a blocked request").clone();
+                    if wait_here {
+                        w.set_blocking(true);
+                    }
+                    Some(w)
+                }
+                _ => None,
+            };
+            (a, waiter)
         });
-        match a {
-            Attempt::Done(r) => r.map(|()| None),
-            Attempt::Blocked => Ok(Some(PendingLock::new(self.clone(), req, slot))),
+        match (a, waiter) {
+            (Attempt::Blocked, Some(w)) => Ok(Some(PendingLock::new(self.clone(), req, slot, w))),
+            (Attempt::Done(r), _) => r.map(|()| None),
+            (Attempt::Blocked, None) => unreachable!("a blocked request has a record"),
         }
     }
 

@@ -56,6 +56,18 @@
 //!      not transitive: they conflict with it, but perhaps not with its new blocker
 //!      (the (0,2)/(1,2)/(2,2) case of seed 003).
 //! * Waiters are woken after every lock is dropped ([`WakeList`-style batching](crate)).
+//! * **Fairness** (issue 12). An owner that unlocks and locks again usually beats the
+//!   waiter it woke (barging, as in Linux: that is the throughput). So that every wait
+//!   is bounded, an inode works in turns of half a millisecond: at the first change
+//!   after a turn ends, the request that has waited longest among those woken and not
+//!   yet retried — if its owner blocks in [`PendingLock::wait`] and it can be granted —
+//!   is granted on its owner's behalf (the schedule where the woken task runs first),
+//!   and that owner's turn begins; waiters its unlocks wake hold back their retry until
+//!   the turn ends. Requests driven by `poll_complete` or `.await` (as replays are) are
+//!   never handed the lock and never hold back: their results do not depend on time.
+//!   A request's state: *blocked* (in a tree) → *woken* (detached, on the inode's ready
+//!   list) → retried by its owner (granted, blocked again, or failed) or *handed off*
+//!   (granted under the inode lock, result left in its wait cell for the owner).
 //! * **Deadlock detection** covers process-owned POSIX requests only. A request that
 //!   blocks on a process-owned POSIX record enters the blocked hash, keyed by its owner;
 //!   the detector follows owner → newest blocked request → root of its tree → that
@@ -89,6 +101,7 @@
 
 mod context;
 mod errno;
+mod fair;
 mod fcntl;
 mod index;
 mod listing;

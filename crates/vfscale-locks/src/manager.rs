@@ -267,7 +267,7 @@ mod tests {
     }
 
     fn waiting(h: &mut BlockedHash, who: u64, on: u64) {
-        let w = Waiter::new(p(who));
+        let w = Waiter::new(p(who), crate::fair::stamp_for_tests());
         w.set_link(Link::Granted(p(on)));
         h.insert(&w);
     }
@@ -298,7 +298,7 @@ mod tests {
     #[test]
     fn file_owners_never_match_process_owners() {
         let mut h = BlockedHash::default();
-        let w = Waiter::new(OwnerKey::File(FileId(1)));
+        let w = Waiter::new(OwnerKey::File(FileId(1)), crate::fair::stamp_for_tests());
         w.set_link(Link::Granted(p(1)));
         h.insert(&w);
         assert!(!h.posix_locks_deadlock(p(1), OwnerKey::Process(OwnerId(7))));

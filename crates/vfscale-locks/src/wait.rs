@@ -54,21 +54,28 @@ impl Interrupter {
 }
 
 impl PendingLock {
-    pub(crate) fn new(ctx: Arc<FileLockContext>, req: FileLock, slot: Slot) -> PendingLock {
-        let id = slot.expect("a pending lock has a record");
-        let waiter = ctx
-            .inner
-            .lock()
-            .node(id)
-            .waiter()
-            .cloned()
-            .expect("a blocked record");
+    /// The request `req`, blocked with record `slot` and wait cell `waiter` (taken in
+    /// the critical section that blocked it: once the inode lock is dropped the record
+    /// may already have been granted by a hand-off, which leaves its result in
+    /// `waiter`).
+    pub(crate) fn new(
+        ctx: Arc<FileLockContext>,
+        req: FileLock,
+        slot: Slot,
+        waiter: crate::sync::Arc<Waiter>,
+    ) -> PendingLock {
+        debug_assert!(slot.is_some(), "a pending lock has a record");
         PendingLock {
             ctx,
             req,
             slot,
             waiter,
         }
+    }
+
+    /// When the request first went to sleep.
+    pub fn blocked_at(&self) -> Instant {
+        self.waiter.blocked_at
     }
 
     /// A handle that interrupts this wait.
@@ -90,6 +97,15 @@ impl PendingLock {
     }
 
     fn wait_deadline(&mut self, deadline: Option<Instant>) -> Result<(), Errno> {
+        // From here until it returns, this call looks at `done` before anything else it
+        // does with the request: a hand-off may finish it on our behalf.
+        self.waiter.set_blocking(true);
+        let r = self.wait_loop(deadline);
+        self.waiter.set_blocking(false);
+        r
+    }
+
+    fn wait_loop(&mut self, deadline: Option<Instant>) -> Result<(), Errno> {
         loop {
             match self.waiter.wait(deadline) {
                 WaitOutcome::Woken => {

@@ -4,6 +4,7 @@
 use std::task::Waker;
 use std::time::Instant;
 
+use crate::fair::Stamp;
 use crate::lock::OwnerKey;
 use crate::sync::{Arc, Condvar, Mutex};
 
@@ -31,11 +32,17 @@ pub(crate) struct WaitState {
     /// The request was finished on its owner's behalf (a fair hand-off): the owner
     /// returns this without trying again. Set under the inode lock.
     pub done: Option<Result<(), crate::Errno>>,
-    /// The owner is blocked in [`Waiter::wait`], so a hand-off cannot be lost to a
-    /// dropped request.
+    /// The owner is inside `PendingLock::wait` (sleeping, or trying again after a
+    /// wake-up), so a hand-off cannot be lost to a dropped request: every way out of
+    /// that call looks at `done` first, under the inode lock or after the hand-off's
+    /// wake-up.
     pub blocking: bool,
     /// The task to wake, for the async API.
     pub waker: Option<Waker>,
+    /// A blocking owner woken by the unlock of an owner whose fairness turn runs until
+    /// then tries again no earlier (unless the request is finished or interrupted
+    /// first); see `Inner::turn_end_for`.
+    pub hold: Option<Instant>,
 }
 
 /// One blocked request's wait cell.
@@ -50,18 +57,22 @@ pub(crate) struct Waiter {
     /// Protects the detector's mirror of the tree link; a leaf lock. Written with the
     /// inode lock held, read by the detector with the blocked-hash lock held.
     pub link: Mutex<Link>,
-    /// When the request first went to sleep.
-    pub since: Instant,
+    /// When the request first went to sleep, on the inode's fairness clock.
+    pub since: Stamp,
+    /// When the request first went to sleep, in real time (for callers that report
+    /// how long a call waited).
+    pub blocked_at: Instant,
 }
 
 impl Waiter {
-    pub fn new(owner: OwnerKey) -> Arc<Waiter> {
+    pub fn new(owner: OwnerKey, since: Stamp) -> Arc<Waiter> {
         Arc::new(Waiter {
             owner,
             state: Mutex::new(WaitState::default()),
             cv: Condvar::new(),
             link: Mutex::new(Link::Detached),
-            since: Instant::now(),
+            since,
+            blocked_at: Instant::now(),
         })
     }
 
@@ -96,10 +107,45 @@ impl Waiter {
     /// While it sleeps, the request may be finished on its behalf ([`WaitState::done`]).
     pub fn wait(&self, deadline: Option<Instant>) -> WaitOutcome {
         let mut st = self.state.lock();
-        st.blocking = true;
-        let out = self.wait_locked(&mut st, deadline);
-        st.blocking = false;
-        out
+        loop {
+            let out = self.wait_locked(&mut st, deadline);
+            if out != WaitOutcome::Woken || st.done.is_some() {
+                return out;
+            }
+            // Woken during another owner's turn: sleep on until it ends (a hand-off
+            // or an interrupt still ends the wait).
+            let Some(h) = st.hold else { return out };
+            if Instant::now() >= h {
+                st.hold = None;
+                return out;
+            }
+            let until = deadline.map_or(h, |d| d.min(h));
+            while st.done.is_none() && !st.interrupted {
+                if !self.cv.wait_until(&mut st, Some(until)) {
+                    break;
+                }
+            }
+            st.hold = None;
+            if deadline.is_some_and(|d| Instant::now() >= d) && st.done.is_none() {
+                return if st.interrupted {
+                    WaitOutcome::Interrupted
+                } else {
+                    WaitOutcome::TimedOut
+                };
+            }
+        }
+    }
+
+    /// Asks the owner, just woken, not to try again before `t` (see
+    /// [`WaitState::hold`]). Inode lock held.
+    pub fn hold_until(&self, t: Instant) {
+        self.state.lock().hold = Some(t);
+    }
+
+    /// The owner enters (`true`) or leaves `PendingLock::wait` (see
+    /// [`WaitState::blocking`]).
+    pub fn set_blocking(&self, b: bool) {
+        self.state.lock().blocking = b;
     }
 
     fn wait_locked(
@@ -144,13 +190,15 @@ impl Waiter {
 
     /// Clears `woken` before the request goes back into a tree. Inode lock held.
     pub fn rearm(&self) {
-        self.state.lock().woken = false;
+        let mut st = self.state.lock();
+        st.woken = false;
+        st.hold = None;
     }
 
-    /// Whether the request may be finished on its owner's behalf: the owner waits in
-    /// [`Waiter::wait`] and has waited at least `starved` already.
-    pub fn wants_handoff(&self, now: Instant, starved: std::time::Duration) -> bool {
-        self.state.lock().blocking && (starved.is_zero() || now.duration_since(self.since) >= starved)
+    /// Whether the owner is inside `PendingLock::wait` (so the request may be finished
+    /// on its behalf).
+    pub fn blocking(&self) -> bool {
+        self.state.lock().blocking
     }
 
     /// Records the result of a hand-off. Inode lock held; the waiter is woken later.
@@ -195,11 +243,6 @@ impl WakeList {
 
     pub fn push(&mut self, w: Arc<Waiter>) {
         self.waiters.push(w);
-    }
-
-    /// Takes `w` off the list (it went back to sleep before anyone woke it).
-    pub fn remove(&mut self, w: &Arc<Waiter>) {
-        self.waiters.retain(|x| !Arc::ptr_eq(x, w));
     }
 
     /// Wakes everyone collected, in the order they were detached. Call with no lock held.

@@ -1,5 +1,6 @@
-//! loom models of the waiter hand-off: an unlock racing a request going to sleep, and an
-//! interrupt racing a wake-up. Run with
+//! loom models of the waiter hand-off: an unlock racing a request going to sleep, an
+//! interrupt racing a wake-up, and the fair hand-off to a woken waiter racing its own
+//! retry. Run with
 //! `RUSTFLAGS="--cfg vfscale_loom" cargo test -p vfscale-locks --test loom --release`.
 #![cfg(vfscale_loom)]
 
@@ -97,5 +98,88 @@ fn interrupt_racing_a_grant_leaves_no_trace() {
                 assert_eq!(mgr.locks_listing(), vec![]);
             }
         }
+    });
+}
+
+/// The fair hand-off (issue 12) to a request that was woken by an earlier unlock and
+/// whose owner has not run yet: main unlocks (waking the waiter), barges back in if it
+/// can, and unlocks again, which may hand the lock to the waiter on its behalf while
+/// the waiter's own thread wakes up and retries. Under the models the inode's clock
+/// counts critical sections and the quantum is two of them, so the schedules include
+/// both a wake-up without a hand-off and a later hand-off to the request it woke.
+/// Whatever the schedule: never two holders, the waiter gets the lock exactly once and
+/// releases it, and nothing is left behind; and some schedule hands the lock to the
+/// waiter after the section that woke it (woken once, handed off once).
+#[test]
+fn a_handoff_to_a_woken_waiter_races_its_own_retry() {
+    use std::sync::atomic::AtomicUsize as StdCount;
+    static LATE_HANDOFFS: StdCount = StdCount::new(0);
+    loom::model(|| {
+        let c = ctx();
+        let mgr = c.manager().clone();
+        let held = LArc::new(AtomicUsize::new(1));
+        c.flock(Process::new(1), file(1), FlockOp::Exclusive, true)
+            .unwrap();
+        let (c2, h2) = (c.clone(), held.clone());
+        let t = loom::thread::spawn(move || {
+            c2.flock(Process::new(2), file(2), FlockOp::Exclusive, false)
+                .unwrap();
+            assert_eq!(h2.fetch_add(1, Ordering::SeqCst), 0, "double grant");
+            h2.fetch_sub(1, Ordering::SeqCst);
+            c2.flock(Process::new(2), file(2), FlockOp::Unlock, true).unwrap();
+        });
+        held.fetch_sub(1, Ordering::SeqCst);
+        c.flock(Process::new(1), file(1), FlockOp::Unlock, true).unwrap();
+        if c.flock(Process::new(1), file(1), FlockOp::Exclusive, true)
+            .is_ok()
+        {
+            assert_eq!(held.fetch_add(1, Ordering::SeqCst), 0, "double grant");
+            held.fetch_sub(1, Ordering::SeqCst);
+            c.flock(Process::new(1), file(1), FlockOp::Unlock, true).unwrap();
+        }
+        t.join().unwrap();
+        assert_eq!(mgr.locks_listing(), vec![]);
+        let st = c.stats();
+        if st.handoffs == 1 && st.wakeups == 1 {
+            LATE_HANDOFFS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    assert!(
+        LATE_HANDOFFS.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "no schedule handed the lock to the waiter after it was woken"
+    );
+}
+
+/// An interrupt racing the fair hand-off to a woken waiter: the call ends with the lock
+/// (the hand-off came first: its result stands) or with EINTR, and either way leaves
+/// nothing behind once the winner unlocks.
+#[test]
+fn an_interrupt_racing_a_late_handoff_leaves_no_trace() {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(|| {
+        let c = ctx();
+        let mgr = c.manager().clone();
+        c.flock(Process::new(1), file(1), FlockOp::Exclusive, true)
+            .unwrap();
+        let pending = c
+            .flock_lock(Process::new(2), file(2), FlockOp::Exclusive, false)
+            .unwrap()
+            .unwrap();
+        let int = pending.interrupter();
+        let t = loom::thread::spawn(move || pending.wait());
+        c.flock(Process::new(1), file(1), FlockOp::Unlock, true).unwrap();
+        let barged = c
+            .flock(Process::new(1), file(1), FlockOp::Exclusive, true)
+            .is_ok();
+        if barged {
+            c.flock(Process::new(1), file(1), FlockOp::Unlock, true).unwrap();
+        }
+        int.interrupt();
+        match t.join().unwrap() {
+            Ok(()) => c.flock(Process::new(2), file(2), FlockOp::Unlock, true).unwrap(),
+            Err(e) => assert_eq!(e, Errno::EINTR),
+        }
+        assert_eq!(mgr.locks_listing(), vec![]);
     });
 }
