@@ -18,8 +18,14 @@
 //!   is its own POSIX owner). Each loops lock → count += 1 → unlock until the stop flag
 //!   is set. After `duration` the parent snapshots the counters and sets the flag;
 //!   workers then finish (one blocked in a lock call gets it as the others release and
-//!   exit). `acquisitions_per_sec` is the snapshot's sum over the measured interval,
-//!   `min_per_worker`/`max_per_worker` the extremes of the snapshot, and
+//!   exit). `acquisitions_per_sec` is the snapshot's sum over the measured interval;
+//!   `min_per_worker`, `median_per_worker`, `mean_per_worker` and `max_per_worker` are
+//!   taken over the snapshot, as is `jain_index` (Jain's fairness index, (Σx)²/(n·Σx²):
+//!   1 when every worker got as many, 1/n when one got them all);
+//!   `wait_p50_sec`/`wait_p99_sec`/`wait_max_sec` are the wait from the lock call to the
+//!   grant over every acquisition until the stop flag (each worker times each call with
+//!   the TSC, or `CLOCK_MONOTONIC` where the TSC is not constant, into its own
+//!   histogram in shared memory, 1/16 resolution, merged after the run); and
 //!   `context_switches_per_acquisition` the workers' voluntary + involuntary context
 //!   switches (from each child's `wait4` rusage, so over their whole life: start-up,
 //!   which is an open, one pipe write and one pipe read, and the drain after stop, are
@@ -59,6 +65,7 @@ use std::time::{Duration, Instant};
 use libc::{c_char, c_int, pid_t};
 
 use super::gate::{Gate, GateState, Padded};
+use super::library::{herd_fairness, WaitHistogram};
 use super::{Config, LockMode, Sample, Skip, TaskKind, Workload, SHM_DIR};
 
 /// Scratch directories are `<SHM_DIR>/<DIR_PREFIX>.<pid>.<n>`.
@@ -208,19 +215,37 @@ fn lockperf(cfg: &Config) -> Result<Sample, Skip> {
 }
 
 /// Seed 003's herd.
+///
+/// Each worker also times every lock call (see [`HerdClock`]) and records the wait in
+/// its own histogram in shared memory ([`HerdWaits`]), which the parent merges after
+/// the workers have exited. Calls that end after the stop flag are not recorded.
 fn herd(cfg: &Config) -> Result<Sample, Skip> {
     check_duration(cfg)?;
     let dir = ScratchDir::in_dir(cfg.dir.as_deref())?;
     let paths = dir.create_files(1)?;
-    let work = Work::Herd { mode: cfg.mode };
-    let mut team = Team::spawn(cfg.tasks, |i| (paths_for(&paths, i), work))?;
+    let clock = HerdClock::detect();
+    // Before the team, so that it is unmapped only after every worker is reaped.
+    let waits = WaitsMap::new(cfg.tasks)?;
+    let mode = cfg.mode;
+    let mut team = Team::spawn(cfg.tasks, |i| {
+        (
+            paths_for(&paths, i),
+            Work::Herd {
+                mode,
+                waits: waits.get(i),
+                clock,
+            },
+        )
+    })?;
     team.wait_ready()?;
     let t0 = team.go();
+    let c0 = clock.now();
     std::thread::sleep(cfg.duration);
     let snapshot: Vec<u64> = (0..cfg.tasks)
         .map(|i| team.slot(i).count.load(Ordering::Relaxed))
         .collect();
     let t1 = mono_ns();
+    let c1 = clock.now();
     team.stop();
     let usage = team.finish(DRAIN_TIMEOUT)?;
     let interval = t1.saturating_sub(t0) as f64 / 1e9;
@@ -234,21 +259,140 @@ fn herd(cfg: &Config) -> Result<Sample, Skip> {
         .iter()
         .map(|ru| (ru.ru_nvcsw.max(0) + ru.ru_nivcsw.max(0)) as u64)
         .sum();
+    let mut hist = WaitHistogram::new();
+    for i in 0..cfg.tasks {
+        // SAFETY: every worker has exited (`finish`), so nothing writes the mapping.
+        let w = unsafe { &*waits.get(i) };
+        for (b, c) in w.counts.iter().enumerate() {
+            hist.add_bucket(b, c.load(Ordering::Relaxed) as u64);
+        }
+        hist.set_max(w.max.load(Ordering::Relaxed));
+    }
     let mut s = Sample::new();
     s.insert("acquisitions_per_sec".into(), acquired as f64 / interval);
-    s.insert(
-        "min_per_worker".into(),
-        snapshot.iter().copied().min().unwrap_or(0) as f64,
-    );
-    s.insert(
-        "max_per_worker".into(),
-        snapshot.iter().copied().max().unwrap_or(0) as f64,
+    herd_fairness(
+        &mut s,
+        &snapshot,
+        &hist,
+        clock.seconds_per_tick(t1 - t0, c1.wrapping_sub(c0)),
     );
     s.insert(
         "context_switches_per_acquisition".into(),
         switches as f64 / acquired as f64,
     );
     Ok(s)
+}
+
+/// The clock herd workers time their lock calls with. The TSC where it ticks at one
+/// rate in every CPU state and on every CPU (x86-64 with `constant_tsc` and
+/// `nonstop_tsc`): reading it costs a third of a `clock_gettime` here, a few percent of
+/// a kernel lock call; its rate is measured against `CLOCK_MONOTONIC` over the run.
+/// Elsewhere `CLOCK_MONOTONIC` itself, in nanoseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HerdClock {
+    Tsc,
+    Monotonic,
+}
+
+impl HerdClock {
+    fn detect() -> HerdClock {
+        if !cfg!(target_arch = "x86_64") {
+            return HerdClock::Monotonic;
+        }
+        let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let flags = flags.lines().find(|l| l.starts_with("flags")).unwrap_or("");
+        let has = |f: &str| flags.split_whitespace().any(|x| x == f);
+        if has("constant_tsc") && has("nonstop_tsc") {
+            HerdClock::Tsc
+        } else {
+            HerdClock::Monotonic
+        }
+    }
+
+    /// Now, in ticks. Async-signal-safe (runs in the workers).
+    fn now(self) -> u64 {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: RDTSC reads a counter; it has no memory effects.
+            HerdClock::Tsc => unsafe { core::arch::x86_64::_rdtsc() },
+            _ => mono_ns(),
+        }
+    }
+
+    /// Seconds per tick, from `ns` nanoseconds of `CLOCK_MONOTONIC` that took `ticks`.
+    fn seconds_per_tick(self, ns: u64, ticks: u64) -> f64 {
+        match self {
+            HerdClock::Tsc if ticks > 0 => ns as f64 / 1e9 / ticks as f64,
+            _ => 1e-9,
+        }
+    }
+}
+
+/// One herd worker's waits in the shared mapping: a histogram of clock ticks (buckets
+/// of [`WaitHistogram`]) and the longest wait. Written by that worker only.
+#[repr(C)]
+struct HerdWaits {
+    max: AtomicU64,
+    counts: [AtomicU32; WaitHistogram::BUCKETS],
+}
+
+impl HerdWaits {
+    /// Records a wait of `ticks`. Runs in a worker: no allocation, no panic.
+    fn record(&self, ticks: u64) {
+        if let Some(c) = self.counts.get(WaitHistogram::bucket(ticks)) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        if ticks > self.max.load(Ordering::Relaxed) {
+            self.max.store(ticks, Ordering::Relaxed);
+        }
+    }
+}
+
+/// An anonymous shared mapping of `n` [`HerdWaits`], all zero at first.
+struct WaitsMap {
+    base: *mut libc::c_void,
+    len: usize,
+    n: usize,
+}
+
+impl WaitsMap {
+    fn new(n: usize) -> Result<WaitsMap, Skip> {
+        let len = n.max(1) * std::mem::size_of::<HerdWaits>();
+        // SAFETY: a fresh anonymous mapping; no existing memory is touched.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(Skip(format!(
+                "cannot map {len} bytes of shared memory: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        Ok(WaitsMap { base, len, n })
+    }
+
+    /// Worker `i`'s waits; the pointer is valid while `self` lives.
+    fn get(&self, i: usize) -> *const HerdWaits {
+        assert!(i < self.n, "worker {i} of {}", self.n);
+        // SAFETY: entry `i < n` lies inside the mapping (page-aligned, so aligned for
+        // the atomics; zero is a valid value of each).
+        unsafe { (self.base as *const HerdWaits).add(i) }
+    }
+}
+
+impl Drop for WaitsMap {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `new`; callers keep no reference
+        // past `self` (workers are reaped before it drops).
+        unsafe { libc::munmap(self.base, self.len) };
+    }
 }
 
 /// will-it-scale lock1/lock2 as forked processes.
@@ -567,8 +711,13 @@ const STAGE_UNLOCK: u32 = 7;
 enum Work {
     /// lockperf: `iterations` whole-file lock/unlock pairs, timed.
     Lockperf { mode: LockMode, iterations: u64 },
-    /// herd: whole-file lock, count, unlock until stop.
-    Herd { mode: LockMode },
+    /// herd: whole-file lock, count, unlock until stop; each lock call timed with `clock`
+    /// into `waits` (none if null).
+    Herd {
+        mode: LockMode,
+        waits: *const HerdWaits,
+        clock: HerdClock,
+    },
     /// will-it-scale: `F_SETLK` 1-byte lock/unlock at `byte` until stop.
     ByteLock { byte: i64 },
 }
@@ -676,15 +825,24 @@ fn child_work(fd: c_int, work: Work, hdr: &Header, slot: &Slot) -> ! {
             slot.loop_ns.store(end.saturating_sub(start), Ordering::Relaxed);
             slot.end_ns.store(end, Ordering::Relaxed);
         }
-        Work::Herd { mode } => {
+        Work::Herd { mode, waits, clock } => {
+            // SAFETY: null, or this worker's entry of a mapping that outlives it.
+            let waits = unsafe { waits.as_ref() };
             let mut n = 0u64;
             while hdr.stop.load(Ordering::Relaxed) == 0 {
+                let t0 = clock.now();
                 let e = whole_file(fd, mode, true);
+                let t1 = clock.now();
                 if e != 0 {
                     child_fail(slot, STATUS_FD, STAGE_LOCK, e);
                 }
                 n = n.wrapping_add(1);
                 slot.count.store(n, Ordering::Relaxed);
+                if let Some(w) = waits {
+                    if hdr.stop.load(Ordering::Relaxed) == 0 {
+                        w.record(t1.wrapping_sub(t0));
+                    }
+                }
                 let e = whole_file(fd, mode, false);
                 if e != 0 {
                     child_fail(slot, STATUS_FD, STAGE_UNLOCK, e);
@@ -1224,12 +1382,30 @@ mod tests {
                     "acquisitions_per_sec",
                     "min_per_worker",
                     "max_per_worker",
+                    "mean_per_worker",
+                    "median_per_worker",
+                    "jain_index",
+                    "wait_p50_sec",
+                    "wait_p99_sec",
+                    "wait_max_sec",
                     "context_switches_per_acquisition",
                 ],
                 mode.name(),
             );
             assert!(s["acquisitions_per_sec"] > 0.0, "{mode:?}: {s:?}");
-            assert!(s["min_per_worker"] <= s["max_per_worker"], "{mode:?}: {s:?}");
+            assert!(s["min_per_worker"] <= s["median_per_worker"], "{mode:?}: {s:?}");
+            assert!(s["median_per_worker"] <= s["max_per_worker"], "{mode:?}: {s:?}");
+            assert!(
+                s["jain_index"] > 0.0 && s["jain_index"] <= 1.0 + 1e-9,
+                "{mode:?}: {s:?}"
+            );
+            assert!(s["wait_p50_sec"] <= s["wait_p99_sec"], "{mode:?}: {s:?}");
+            assert!(s["wait_p99_sec"] <= s["wait_max_sec"], "{mode:?}: {s:?}");
+            // A kernel lock call takes at least 100 ns, and none here waits a minute.
+            assert!(
+                s["wait_max_sec"] > 1e-7 && s["wait_max_sec"] < 60.0,
+                "{mode:?}: {s:?}"
+            );
             assert!(s["max_per_worker"] > 0.0, "{mode:?}: {s:?}");
             assert_nothing_left();
         }
@@ -1306,6 +1482,8 @@ mod tests {
                 p,
                 Work::Herd {
                     mode: LockMode::Flock,
+                    waits: std::ptr::null(),
+                    clock: HerdClock::Monotonic,
                 },
             )
         })

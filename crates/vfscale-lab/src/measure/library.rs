@@ -3,6 +3,12 @@
 //! `prepatch` switches on the setting of the seed each workload comes from, and nothing
 //! else: seed 000's one global lock for the lockperf and will-it-scale workloads, seed
 //! 003's wake-everyone for the herd.
+//!
+//! The herd reports the kernel target's metrics (see `kernel.rs`) with the same
+//! definitions, its workers released at once by one futex wake as the kernel's are by
+//! their go pipe; waits are recorded for every acquisition that had to wait and for one
+//! in 64 of those that did not (reading the clock twice would cost half an
+//! acquisition), weighted accordingly.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
@@ -169,26 +175,75 @@ fn thread_context_switches() -> u64 {
     (ru.ru_nvcsw + ru.ru_nivcsw) as u64
 }
 
+/// Takes the whole-file exclusive lock of `mode`, waiting if needed; `Some` with the
+/// time the request went to sleep if it had to wait.
+fn whole_file_lock_waited(
+    ctx: &Arc<FileLockContext>,
+    mode: LockMode,
+    who: Process,
+    f: OpenFile,
+) -> Option<Instant> {
+    let r = match mode {
+        LockMode::Flock => ctx.flock_waited(who, f, FlockOp::Exclusive, false),
+        LockMode::Ofd => ctx.fcntl_waited(
+            who,
+            f,
+            FcntlCmd::OfdSetLkW,
+            &mut Flock::new(LockType::Write, 0, 0),
+        ),
+        LockMode::Posix => ctx.fcntl_waited(who, f, FcntlCmd::SetLkW, &mut Flock::new(LockType::Write, 0, 0)),
+    };
+    // Nothing here can fail: one lock per owner, no cycles, no interrupts.
+    debug_assert!(r.is_ok(), "{r:?}");
+    r.ok().flatten()
+}
+
+/// An acquisition that did not wait is timed one in this many (and counts this many
+/// times): reading the clock twice costs about half an acquisition here.
+const HERD_SAMPLE: u32 = 64;
+
 /// Seed 003's herd: `tasks` owners contend for one whole-file exclusive lock.
+///
+/// Each worker also records its waits from request to grant in its own histogram,
+/// merged after the run: every acquisition that had to wait (from the call, or from when
+/// its request went to sleep, to the grant), and one in [`HERD_SAMPLE`] of those that
+/// did not (weighted by [`HERD_SAMPLE`]), so that the clock costs the loop next to
+/// nothing. Acquisitions after the stop flag are not recorded.
 fn herd(mgr: &Arc<LockManager>, cfg: &Config) -> Result<Sample, Skip> {
     let ctx = inode(mgr, 0);
     let counts: Arc<Vec<Slot>> = Arc::new((0..cfg.tasks).map(|_| Slot::default()).collect());
     let stop = Arc::new(AtomicBool::new(false));
-    let go = Arc::new(Barrier::new(cfg.tasks + 1));
+    let go = Arc::new(StartFlag::default());
     let mode = cfg.mode;
     let (c2, k2, s2, g2) = (ctx.clone(), counts.clone(), stop.clone(), go.clone());
     let hs = spawn_all(cfg.tasks, move |i| {
         let (who, f) = owner(i);
-        g2.wait();
+        let mut waits = WaitHistogram::new();
+        g2.arrive_and_wait();
         let cs = thread_context_switches();
+        let mut k = 0u32;
         while !s2.load(Ordering::Relaxed) {
-            whole_file(&c2, mode, who, f, true);
+            let t0 = (k % HERD_SAMPLE == 0).then(Instant::now);
+            k = k.wrapping_add(1);
+            let slept = whole_file_lock_waited(&c2, mode, who, f);
             k2[i].0.fetch_add(1, Ordering::Relaxed);
+            if !s2.load(Ordering::Relaxed) {
+                match (slept, t0) {
+                    (Some(b), t0) => waits.record(nanos(t0.unwrap_or(b).elapsed()), 1),
+                    (None, Some(t0)) => waits.record(nanos(t0.elapsed()), HERD_SAMPLE as u64),
+                    (None, None) => {}
+                }
+            }
             whole_file(&c2, mode, who, f, false);
         }
-        thread_context_switches() - cs
+        (thread_context_switches() - cs, waits)
     })?;
-    go.wait();
+    let arrived = go.open_when_arrived(cfg.tasks, std::time::Duration::from_secs(60));
+    if let Err(e) = arrived {
+        stop.store(true, Ordering::Relaxed);
+        join_all(hs);
+        return Err(Skip(e));
+    }
     let (st0, sh0) = (ctx.stats(), shared_lock_acquisitions(mgr));
     let start = Instant::now();
     std::thread::sleep(cfg.duration);
@@ -196,7 +251,12 @@ fn herd(mgr: &Arc<LockManager>, cfg: &Config) -> Result<Sample, Skip> {
     let elapsed = start.elapsed();
     let (st1, sh1) = (ctx.stats(), shared_lock_acquisitions(mgr));
     stop.store(true, Ordering::Relaxed);
-    let switches: u64 = join_all(hs).into_iter().sum();
+    let mut switches = 0;
+    let mut waits = WaitHistogram::new();
+    for (cs, w) in join_all(hs) {
+        switches += cs;
+        waits.merge(&w);
+    }
     let acquired: u64 = snapshot.iter().sum();
     let total = counts
         .iter()
@@ -209,14 +269,7 @@ fn herd(mgr: &Arc<LockManager>, cfg: &Config) -> Result<Sample, Skip> {
         "acquisitions_per_sec".into(),
         acquired as f64 / elapsed.as_secs_f64(),
     );
-    s.insert(
-        "min_per_worker".into(),
-        *snapshot.iter().min().unwrap_or(&0) as f64,
-    );
-    s.insert(
-        "max_per_worker".into(),
-        *snapshot.iter().max().unwrap_or(&0) as f64,
-    );
+    herd_fairness(&mut s, &snapshot, &waits, 1e-9);
     s.insert(
         "context_switches_per_acquisition".into(),
         switches as f64 / total as f64,
@@ -230,6 +283,184 @@ fn herd(mgr: &Arc<LockManager>, cfg: &Config) -> Result<Sample, Skip> {
         (sh1 - sh0) as f64 / grants as f64,
     );
     Ok(s)
+}
+
+/// The herd's start: workers arrive and sleep on one futex word; the driver wakes them
+/// all with one `FUTEX_WAKE` once every one has arrived. They become runnable at once,
+/// as the kernel target's workers do when their go pipe closes — not one by one through
+/// a barrier's mutex while the first ones already hold the lock.
+#[derive(Default)]
+struct StartFlag {
+    open: std::sync::atomic::AtomicU32,
+    arrived: AtomicU64,
+}
+
+impl StartFlag {
+    fn arrive_and_wait(&self) {
+        self.arrived.fetch_add(1, Ordering::SeqCst);
+        while self.open.load(Ordering::Acquire) == 0 {
+            // SAFETY: FUTEX_WAIT on a live, aligned u32 that outlives the call; it
+            // returns at once if the word is no longer 0.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    self.open.as_ptr(),
+                    libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                    0u32,
+                    std::ptr::null::<libc::timespec>(),
+                )
+            };
+        }
+    }
+
+    /// Waits until `n` workers arrived (or says why not within `timeout`), then lets
+    /// them all go. Opens in both cases, so that no worker sleeps for ever.
+    fn open_when_arrived(&self, n: usize, timeout: std::time::Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        let mut r = Ok(());
+        while self.arrived.load(Ordering::SeqCst) < n as u64 {
+            if Instant::now() >= deadline {
+                r = Err(format!("threads did not start within {timeout:?}"));
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        self.open.store(1, Ordering::Release);
+        // SAFETY: FUTEX_WAKE on a live, aligned u32; wakes every waiter.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.open.as_ptr(),
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                i32::MAX,
+            )
+        };
+        r
+    }
+}
+
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Waits in a log-linear histogram: exact below 32 units, then 16 buckets per power of
+/// two (a value is known within 1/16 of itself). Counts are weights, so sampled values
+/// can stand for several.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct WaitHistogram {
+    counts: Vec<u64>,
+    max: u64,
+}
+
+impl WaitHistogram {
+    /// Buckets: 32 exact ones, then 16 for each power of two from 2^5 to 2^42.
+    pub(super) const BUCKETS: usize = 32 + 38 * 16;
+
+    pub(super) fn new() -> WaitHistogram {
+        WaitHistogram {
+            counts: vec![0; Self::BUCKETS],
+            max: 0,
+        }
+    }
+
+    /// The bucket of `v` (values past 2^43 share the last one).
+    pub(super) fn bucket(v: u64) -> usize {
+        if v < 32 {
+            return v as usize;
+        }
+        let e = 63 - v.leading_zeros() as usize;
+        let sub = ((v >> (e - 4)) & 15) as usize;
+        (32 + (e - 5) * 16 + sub).min(Self::BUCKETS - 1)
+    }
+
+    /// The middle of bucket `b`.
+    pub(super) fn value(b: usize) -> f64 {
+        if b < 32 {
+            return b as f64;
+        }
+        let e = (b - 32) / 16 + 5;
+        let sub = ((b - 32) % 16) as u64;
+        let width = 1u64 << (e - 4);
+        ((16 + sub) * width) as f64 + width as f64 / 2.0
+    }
+
+    pub(super) fn record(&mut self, v: u64, weight: u64) {
+        self.counts[Self::bucket(v)] += weight;
+        self.max = self.max.max(v);
+    }
+
+    /// Adds `weight` values in bucket `b`, the largest being at least `max`.
+    pub(super) fn add_bucket(&mut self, b: usize, weight: u64) {
+        self.counts[b] += weight;
+    }
+
+    pub(super) fn set_max(&mut self, max: u64) {
+        self.max = self.max.max(max);
+    }
+
+    pub(super) fn merge(&mut self, other: &WaitHistogram) {
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        self.max = self.max.max(other.max);
+    }
+
+    /// The value below which a fraction `q` of the weight lies (a bucket's middle, and
+    /// never above the largest value seen); 0 when empty.
+    pub(super) fn quantile(&self, q: f64) -> f64 {
+        let total: u64 = self.counts.iter().sum();
+        if total == 0 {
+            return 0.0;
+        }
+        let want = (q * total as f64).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (b, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= want {
+                return Self::value(b).min(self.max as f64);
+            }
+        }
+        self.max as f64
+    }
+}
+
+/// The herd's per-worker fairness metrics, from the acquisitions each worker made in
+/// the measured interval and the waits from request to grant (`waits`, in units of
+/// `unit` seconds): minimum, median, mean and maximum per worker, Jain's fairness index
+/// `(Σx)² / (n Σx²)` (1 when all are equal, 1/n when one worker does everything), and
+/// the wait's 50th and 99th percentiles and maximum.
+pub(super) fn herd_fairness(s: &mut Sample, counts: &[u64], waits: &WaitHistogram, unit: f64) {
+    let n = counts.len().max(1) as f64;
+    let mut sorted = counts.to_vec();
+    sorted.sort_unstable();
+    let sum: f64 = counts.iter().map(|&c| c as f64).sum();
+    let squares: f64 = counts.iter().map(|&c| (c as f64) * (c as f64)).sum();
+    let median = match sorted.len() {
+        0 => 0.0,
+        l if l % 2 == 1 => sorted[l / 2] as f64,
+        l => (sorted[l / 2 - 1] + sorted[l / 2]) as f64 / 2.0,
+    };
+    s.insert(
+        "min_per_worker".into(),
+        sorted.first().copied().unwrap_or(0) as f64,
+    );
+    s.insert(
+        "max_per_worker".into(),
+        sorted.last().copied().unwrap_or(0) as f64,
+    );
+    s.insert("mean_per_worker".into(), sum / n);
+    s.insert("median_per_worker".into(), median);
+    s.insert(
+        "jain_index".into(),
+        if squares > 0.0 {
+            sum * sum / (n * squares)
+        } else {
+            0.0
+        },
+    );
+    s.insert("wait_p50_sec".into(), waits.quantile(0.5) * unit);
+    s.insert("wait_p99_sec".into(), waits.quantile(0.99) * unit);
+    s.insert("wait_max_sec".into(), waits.max as f64 * unit);
 }
 
 /// will-it-scale lock1 (own file) and lock2 (one file, own byte): 1-byte write lock and
@@ -333,13 +564,59 @@ mod tests {
         for mode in LockMode::ALL {
             let s = run(&cfg(Workload::Herd, 50, mode), false).unwrap();
             assert!(s["acquisitions_per_sec"] > 0.0);
-            assert!(s["min_per_worker"] <= s["max_per_worker"]);
+            assert!(s["min_per_worker"] <= s["median_per_worker"]);
+            assert!(s["median_per_worker"] <= s["max_per_worker"]);
+            assert!(s["jain_index"] > 0.0 && s["jain_index"] <= 1.0 + 1e-9);
+            assert!(s["wait_p50_sec"] <= s["wait_p99_sec"]);
+            assert!(s["wait_p99_sec"] <= s["wait_max_sec"]);
+            assert!(s["wait_max_sec"] > 0.0 && s["wait_max_sec"] < 60.0);
             assert!(
                 s["wakeups_per_acquisition"] <= 1.1,
                 "{mode:?}: {}",
                 s["wakeups_per_acquisition"]
             );
         }
+    }
+
+    #[test]
+    fn wait_histogram_buckets_and_quantiles() {
+        // Every value lands in a bucket whose middle is within 1/16 of it.
+        for v in [0u64, 1, 31, 32, 33, 100, 1_000, 123_456, 7_000_000_000, 1 << 42] {
+            let mid = WaitHistogram::value(WaitHistogram::bucket(v));
+            assert!((mid - v as f64).abs() <= v as f64 / 16.0 + 0.5, "{v}: {mid}");
+        }
+        let mut h = WaitHistogram::new();
+        for v in 1..=100u64 {
+            h.record(v * 1000, 1);
+        }
+        let p50 = h.quantile(0.5);
+        assert!((p50 - 50_000.0).abs() <= 50_000.0 / 16.0, "{p50}");
+        assert!(h.quantile(0.99) <= 100_000.0);
+        // Weights count: one value standing for 99 pulls the median to it.
+        let mut w = WaitHistogram::new();
+        w.record(10, 99);
+        w.record(1_000_000, 1);
+        assert_eq!(w.quantile(0.5), 10.0);
+        assert_eq!(
+            w.quantile(1.0),
+            1_000_000f64.min(WaitHistogram::value(WaitHistogram::bucket(1_000_000)))
+        );
+    }
+
+    #[test]
+    fn fairness_metrics_of_equal_and_skewed_shares() {
+        let h = WaitHistogram::new();
+        let mut s = Sample::new();
+        herd_fairness(&mut s, &[10, 10, 10, 10], &h, 1e-9);
+        assert_eq!(
+            (s["jain_index"], s["median_per_worker"], s["mean_per_worker"]),
+            (1.0, 10.0, 10.0)
+        );
+        herd_fairness(&mut s, &[40, 0, 0, 0], &h, 1e-9);
+        assert_eq!(
+            (s["jain_index"], s["min_per_worker"], s["median_per_worker"]),
+            (0.25, 0.0, 0.0)
+        );
     }
 
     #[test]
