@@ -354,7 +354,8 @@ enum Find<F: SuperOperations> {
     Creating,
     /// Registered to wait for the eviction of the inode at this address.
     Freeing(usize),
-    Found(InodeRef<F>),
+    /// With a reference; whether it was `I_NEW` when found (the flag is never set again).
+    Found(InodeRef<F>, bool),
 }
 
 /// `find_inode`/`find_inode_fast`: walk the chain newest first. The caller is pinned or
@@ -399,7 +400,7 @@ fn find_inode<F: SuperOperations>(
             if s & I_CREATING != 0 {
                 return Find::Creating;
             }
-            return Find::Found(inode.iget_locked_ref());
+            return Find::Found(inode.iget_locked_ref(), s & I_NEW != 0);
         }
         return Find::Absent;
     }
@@ -445,9 +446,12 @@ fn settle_found<F: SuperOperations>(
     sb: &Arc<SbInner<F>>,
     op: &mut Op<F>,
     r: InodeRef<F>,
+    maybe_new: bool,
     waiter: &mut Option<Arc<Waiter>>,
 ) -> Attempt<F> {
-    {
+    // I_NEW is set only before an inode is published, so one found without it needs no
+    // second look under `i_lock`.
+    if maybe_new {
         let _g = r.lock();
         if r.state.load(Ordering::Relaxed) & I_NEW != 0 {
             let w = waiter.get_or_insert_with(Waiter::new);
@@ -498,7 +502,7 @@ fn run<F: SuperOperations>(
             match first {
                 Find::Creating => return Attempt::Done(Outcome::Iget(None)),
                 Find::Freeing(a) => return Attempt::Freeing(a),
-                Find::Found(r) => return settle_found(sb, op, r, waiter),
+                Find::Found(r, new) => return settle_found(sb, op, r, new, waiter),
                 Find::Absent => {}
             }
             let (ino, data) = match make {
@@ -531,7 +535,7 @@ fn run<F: SuperOperations>(
                     match other {
                         Find::Creating => Attempt::Done(Outcome::Iget(None)),
                         Find::Freeing(a) => Attempt::Freeing(a),
-                        Find::Found(r) => settle_found(sb, op, r, waiter),
+                        Find::Found(r, new) => settle_found(sb, op, r, new, waiter),
                         Find::Absent => unreachable!(),
                     }
                 }
@@ -553,7 +557,7 @@ fn run<F: SuperOperations>(
             match f {
                 Find::Absent | Find::Creating => Attempt::Done(Outcome::Lookup(None)),
                 Find::Freeing(a) => Attempt::Freeing(a),
-                Find::Found(r) => settle_found(sb, op, r, waiter),
+                Find::Found(r, new) => settle_found(sb, op, r, new, waiter),
             }
         }
         Op::Insert { inode, test } => {
@@ -607,10 +611,11 @@ fn run<F: SuperOperations>(
                             inode: inode.take().expect("held"),
                         })));
                     }
+                    let new = o.state.load(Ordering::Relaxed) & I_NEW != 0;
                     let r = o.iget_locked_ref();
                     drop(g);
                     drop(h);
-                    settle_found(sb, op, r, waiter)
+                    settle_found(sb, op, r, new, waiter)
                 }
             }
         }
@@ -1545,7 +1550,7 @@ impl<F: SuperOperations, T: FromOutcome<F>> InodeWait<F, T> {
         let mut w = Some(self.waiter.clone());
         let a = match std::mem::replace(&mut self.stage, Stage::Done) {
             Stage::Freeing(_) => run(&self.sb, &mut self.op, &mut w),
-            Stage::New(r) => settle_found(&self.sb, &mut self.op, r, &mut w),
+            Stage::New(r) => settle_found(&self.sb, &mut self.op, r, true, &mut w),
             Stage::Done => unreachable!("advanced after the end"),
         };
         match a {
