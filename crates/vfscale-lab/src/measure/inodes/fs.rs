@@ -11,7 +11,7 @@ use std::time::Instant;
 use vfscale_icache::Settings;
 
 use super::tables::{Attrs, Counts, Dashmap, Disk, Icache, Moka, RwlockHashmap, Table};
-use super::PHASES;
+use super::{Span, PHASES};
 use crate::measure::{Sample, Skip, Target};
 
 /// One task's directory.
@@ -132,14 +132,17 @@ pub fn run(target: Target, tasks: usize, files: u64, _selected: &[&str]) -> Resu
     });
     let start = Arc::new(Barrier::new(tasks + 1));
     let end = Arc::new(Barrier::new(tasks + 1));
+    let span = Arc::new(Span::default());
     let mut s = Sample::new();
     std::thread::scope(|scope| {
         for t in 0..tasks {
-            let (fs, start, end) = (fs.clone(), start.clone(), end.clone());
+            let (fs, start, end, span) = (fs.clone(), start.clone(), end.clone(), span.clone());
             scope.spawn(move || {
                 for p in PHASES {
                     start.wait();
+                    let a = Instant::now();
                     fs.phase(p, t);
+                    span.record(a, Instant::now());
                     end.wait();
                 }
             });
@@ -151,9 +154,8 @@ pub fn run(target: Target, tasks: usize, files: u64, _selected: &[&str]) -> Resu
             }
             let before = fs.totals();
             start.wait();
-            let t0 = Instant::now();
             end.wait();
-            let secs = t0.elapsed().as_secs_f64();
+            let secs = span.take();
             let after = fs.totals();
             let per_task = if p == "cold-walk" {
                 tasks as u64 * files

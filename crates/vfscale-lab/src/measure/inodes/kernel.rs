@@ -127,20 +127,24 @@ fn run_in(tasks: usize, files: u64, phases: &[&str], base: &Path, drop_caches: b
     let dirs = &dirs;
     let start = Arc::new(Barrier::new(tasks + 1));
     let end = Arc::new(Barrier::new(tasks + 1));
+    let span = Arc::new(super::Span::default());
     let mut s = Sample::new();
     let mut failed: Option<Skip> = None;
     std::thread::scope(|scope| {
         let hs: Vec<_> = dirs
             .iter()
             .map(|d| {
-                let (start, end, kp) = (start.clone(), end.clone(), kernel_phases.clone());
+                let (start, end, kp, span) =
+                    (start.clone(), end.clone(), kernel_phases.clone(), span.clone());
                 scope.spawn(move || {
                     let mut err = None;
                     for p in kp {
                         start.wait();
+                        let a = Instant::now();
                         if err.is_none() {
                             err = phase(p, d, files, dirs).err();
                         }
+                        span.record(a, Instant::now());
                         end.wait();
                     }
                     err
@@ -154,9 +158,8 @@ fn run_in(tasks: usize, files: u64, phases: &[&str], base: &Path, drop_caches: b
                 }
             }
             start.wait();
-            let t0 = Instant::now();
             end.wait();
-            let secs = t0.elapsed().as_secs_f64();
+            let secs = span.take();
             let per_task = if *p == "cold-walk" {
                 files * tasks as u64
             } else {

@@ -24,6 +24,29 @@ mod tables;
 
 use super::{Config, Sample, Skip, Target, SKIP_PREFIX};
 
+/// A phase's measured interval: from the first task's start to the last task's end,
+/// recorded by the tasks themselves (the driver may be scheduled late after the start
+/// barrier opens, and a short phase may be over by then).
+#[derive(Default)]
+pub(super) struct Span(std::sync::Mutex<Option<(std::time::Instant, std::time::Instant)>>);
+
+impl Span {
+    /// A task ran from `a` to `b`.
+    pub(super) fn record(&self, a: std::time::Instant, b: std::time::Instant) {
+        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *g = Some(match *g {
+            None => (a, b),
+            Some((x, y)) => (x.min(a), y.max(b)),
+        });
+    }
+
+    /// The interval in seconds, and a fresh span for the next phase.
+    pub(super) fn take(&self) -> f64 {
+        let g = self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+        g.map_or(0.0, |(a, b)| (b - a).as_secs_f64())
+    }
+}
+
 /// The phases, in the order one run performs them (the cold walk needs the files, so it
 /// runs before the unlink).
 pub const PHASES: [&str; 5] = ["create", "walk", "chmod", "cold-walk", "unlink"];
