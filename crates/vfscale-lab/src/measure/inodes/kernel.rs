@@ -251,8 +251,22 @@ impl Drop for Ext4 {
     fn drop(&mut self) {
         if self.mounted {
             let m = cpath(&self.mnt);
-            // SAFETY: a valid C path.
-            unsafe { libc::umount2(m.as_ptr(), 0) };
+            // A mount can be busy for a moment (another process scanning /dev/shm, say):
+            // retry, then detach it lazily (the kernel finishes the unmount when it is no
+            // longer busy, and the loop device, cleared below, auto-clears then).
+            let mut done = false;
+            for _ in 0..50 {
+                // SAFETY: a valid C path.
+                if unsafe { libc::umount2(m.as_ptr(), 0) } == 0 {
+                    done = true;
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            if !done {
+                // SAFETY: as above.
+                unsafe { libc::umount2(m.as_ptr(), libc::MNT_DETACH) };
+            }
         }
         if let Some(d) = &self.dev {
             let _ = command(&["losetup", "-d", d]);
