@@ -109,12 +109,15 @@ impl Scale {
             Workload::Lock1 | Workload::Lock2 => s.duration = ms(250, 50),
             // 3 workloads x 4 thread counts x 3 targets x 3 runs x 0.2 s: about 25 s.
             Workload::Pipebench | Workload::Opensock | Workload::Dup1 => s.duration = ms(200, 30),
+            // The kernel at 10,000 held takes about a second to set up (and to release,
+            // OFD); a set+unset there is ~0.5 ms: 0.2 s per run gives hundreds of pairs.
             Workload::Lockmany => {
                 s.sizes = if quick {
                     vec![10, 1_000]
                 } else {
                     vec![10, 1_000, 10_000]
-                }
+                };
+                s.duration = ms(200, 30);
             }
             // 10,000 files per task (1,000 quick): about 30 s on a busy 2-core machine, of
             // which kernel-ext4 (its own loop device, mkfs, mount, drop_caches per run) is
