@@ -24,26 +24,22 @@
 //!   a warm [`IO_FILE_BYTES`] tmpfs file, each through its own open handle (kernel:
 //!   `O_DIRECT`, so each read goes through the loop driver rather than the device's page
 //!   cache; the library has none), and the same reads with `pread` on the backing file
-//!   directly, in the same run: each task alternates [`IO_BATCH`] reads one way and
-//!   [`IO_BATCH`] the other, timing each batch, so both kinds see the same machine (a
-//!   batch spent mostly preempted counts at most [`IO_CLIP`] times the fastest batch of
-//!   its kind, and each task's time is shared between the kinds in proportion to their
-//!   counted time). The kernel's device reads sleep while the loop driver's worker
-//!   reads the file, so with more tasks than CPUs its direct reads run while other tasks
-//!   sleep, and its `direct_ops_per_sec` reads as if each task had a CPU of its own.
+//!   directly, in the same run: [`IO_PHASES`] phases of equal length alternate device,
+//!   direct, direct, device, ..., all tasks reading the same way in a phase, so both
+//!   kinds see the same machine and each is measured on its own.
 //!
 //! # Metrics
 //!
 //! * `ops_per_sec`: operations per second (boot: over the timed boots; churn: every
 //!   add+remove over the time from starting the tasks to the last one stopping; io: the
-//!   sum over tasks of each task's device reads over its share of the task's time; the
-//!   other modes: over the measured interval, see `fd_library::drive`).
+//!   device reads over the time of the device phases; the other modes: over the
+//!   measured interval, see `fd_library::drive`).
 //! * `lock_wait_sec`: time the tasks spent waiting for the control lock and the device
 //!   locks (boot: per boot, the seed's 18.8 s figure; timed modes: over the run).
 //! * `ctl_lock_acquisitions_per_op`, `validate_lock_acquisitions_per_op`: control-lock
 //!   and loop-on-loop validation-lock acquisitions per operation.
 //! * boot: `boot_sec` (the wall time of one boot) and `devices`; io:
-//!   `direct_ops_per_sec` (the direct `pread`s, summed over tasks like the device's).
+//!   `direct_ops_per_sec` (the direct `pread`s over the time of the direct phases).
 //!
 //! The kernel's rows have no lock metrics: userspace cannot observe `loop_ctl_mutex`.
 //!
@@ -60,7 +56,7 @@ mod sys;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -68,6 +64,7 @@ use vfscale_conformance::loop_dev::kernel as kernel_runner;
 use vfscale_loop::LoopStats;
 
 use super::fd_library::{check, drive, Outcome, Rng};
+use super::gate::Padded;
 use super::{Config, Sample, Skip, Target, SHM_DIR};
 use sys::{pick_free, KernelLab, Library, LoopSys, Open};
 
@@ -77,11 +74,8 @@ pub const IMAGE_BYTES: u64 = 64 * 1024;
 pub const BLOCK: u64 = 4096;
 /// Bytes of the io mode's backing file.
 pub const IO_FILE_BYTES: u64 = 8 << 20;
-/// Reads of one kind (through the device, or `pread` on the file) an io task does in
-/// a row before switching to the other kind.
-pub const IO_BATCH: u64 = 16;
-/// A batch of io reads counts at most this many times the fastest batch of its kind.
-pub const IO_CLIP: u32 = 4;
+/// Phases of an io run, alternating reads through the device and direct `pread`s.
+pub const IO_PHASES: usize = 8;
 /// Probing opens (udev, blkid) per device at boot, besides losetup's and mount's.
 pub const PROBES: u64 = 3;
 /// Operations per device at boot: configure, and the open+close pairs of losetup, the
@@ -623,54 +617,10 @@ fn churn<S: LoopSys>(sys: &S, idx: &[u32], cfg: &Config) -> Result<Sample, Strin
     Ok(s)
 }
 
-/// One kind of read (through the device, or `pread` on the file) of an io task.
-#[derive(Clone, Copy, Default)]
-struct Reads {
-    /// Reads done.
-    ops: u64,
-    /// Their batches' times, each at most [`IO_CLIP`] times the fastest batch so far.
-    clipped: Duration,
-    /// The fastest batch so far.
-    fastest: Duration,
-}
-
-impl Reads {
-    fn batch(&mut self, ops: u64, took: Duration) {
-        self.ops += ops;
-        if self.fastest.is_zero() || took < self.fastest {
-            self.fastest = took;
-        }
-        self.clipped += took.min(self.fastest * IO_CLIP);
-    }
-}
-
-/// An io task's state: its own handle of the device, its reads of each kind and its
-/// time in all.
-struct IoTask<H> {
-    handle: H,
-    rng: Rng,
-    buf: Aligned,
-    device: Reads,
-    direct: Reads,
-    wall: Duration,
-    device_first: bool,
-}
-
-impl<H> IoTask<H> {
-    /// This task's rate of one kind of read: its reads over its share of the task's
-    /// time. A batch the task spent mostly preempted (longer than [`IO_CLIP`] times the
-    /// fastest of its kind) counts at that bound, and the task's time is shared between
-    /// the kinds in proportion to their counted time: on a busy machine a preemption
-    /// lands in whichever batch runs, and would otherwise tip the comparison.
-    fn rate(&self, device: bool) -> Result<f64, String> {
-        let r = if device { self.device } else { self.direct };
-        let counted = self.device.clipped + self.direct.clipped;
-        if r.ops == 0 || r.clipped.is_zero() || self.wall.is_zero() {
-            return Err(format!("an io task did no reads ({} in {:?})", r.ops, self.wall));
-        }
-        let share = self.wall.as_secs_f64() * r.clipped.as_secs_f64() / counted.as_secs_f64();
-        Ok(r.ops as f64 / share)
-    }
+/// Which way the io tasks read in a phase: [`IO_PHASES`] phases alternate device,
+/// direct, direct, device, ...
+fn io_phase_is_device(p: usize) -> bool {
+    matches!(p % 4, 0 | 3)
 }
 
 fn io<S: LoopSys>(sys: &S, scratch: &Scratch, index: u32, cfg: &Config) -> Result<Sample, String> {
@@ -684,69 +634,114 @@ fn io<S: LoopSys>(sys: &S, scratch: &Scratch, index: u32, cfg: &Config) -> Resul
             .map_err(|e| format!("reading the io file: {e}"))?;
     }
     let blocks = (IO_FILE_BYTES / BLOCK) as usize;
-    let out = drive(
-        cfg.tasks,
-        cfg.duration,
-        |t| {
-            Ok(IoTask {
-                handle: sys.open(
-                    index,
-                    Open {
+    let phase_len = (cfg.duration / IO_PHASES as u32).max(Duration::from_millis(1));
+    let rounds = Rounds::default();
+    let through_device = AtomicBool::new(false);
+    let stop = AtomicBool::new(false);
+    let counts: Vec<Padded> = (0..cfg.tasks).map(|_| Padded::default()).collect();
+    let failure: Mutex<Option<String>> = Mutex::new(None);
+    let fail = |why: String| {
+        failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(why);
+    };
+    let failed = || failure.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+    // (reads, time) through the device and directly; lock counters over device phases.
+    let mut device = (0u64, Duration::ZERO);
+    let mut direct = (0u64, Duration::ZERO);
+    let mut locks = Locks::default();
+    std::thread::scope(|s| {
+        let mut workers = 0;
+        for (t, count) in counts.iter().enumerate() {
+            let (rounds, through_device, stop, fail, file) = (&rounds, &through_device, &stop, &fail, &file);
+            let spawned = std::thread::Builder::new()
+                .stack_size(STACK)
+                .spawn_scoped(s, move || {
+                    let open = Open {
                         direct: true,
                         ..Open::RO
-                    },
-                )?,
-                rng: Rng::new(t),
-                buf: Aligned::new(),
-                device: Reads::default(),
-                direct: Reads::default(),
-                wall: Duration::ZERO,
-                device_first: t % 2 == 0,
-            })
-        },
-        |w: &mut IoTask<S::Handle>| {
-            let order = [w.device_first, !w.device_first];
-            w.device_first = !w.device_first;
-            for through_device in order {
-                let t0 = Instant::now();
-                for _ in 0..IO_BATCH {
-                    let pos = w.rng.below(blocks) as u64 * BLOCK;
-                    if through_device {
-                        sys.read(&w.handle, w.buf.get(), pos)?;
-                    } else {
-                        file.read_exact_at(w.buf.get(), pos)
-                            .map_err(|e| format!("pread of the backing file at {pos}: {e}"))?;
+                    };
+                    let handle = sys
+                        .open(index, open)
+                        .map_err(|e| fail(format!("task {t}: {e}")))
+                        .ok();
+                    let mut rng = Rng::new(t);
+                    let mut buf = Aligned::new();
+                    rounds.finished();
+                    let mut seen = 0;
+                    while rounds.next(&mut seen) {
+                        let dev = through_device.load(Ordering::Relaxed);
+                        let mut n = 0u64;
+                        while let Some(h) = handle.as_ref().filter(|_| !stop.load(Ordering::Relaxed)) {
+                            let pos = rng.below(blocks) as u64 * BLOCK;
+                            let r = if dev {
+                                sys.read(h, buf.get(), pos)
+                            } else {
+                                file.read_exact_at(buf.get(), pos)
+                                    .map_err(|e| format!("pread of the backing file at {pos}: {e}"))
+                            };
+                            if let Err(e) = r {
+                                fail(format!("task {t}: {e}"));
+                                break;
+                            }
+                            n += 1;
+                        }
+                        count.0.store(n, Ordering::Relaxed);
+                        rounds.finished();
                     }
+                });
+            match spawned {
+                Ok(_) => workers += 1,
+                Err(e) => {
+                    fail(format!("cannot start thread {t} of {}: {e}", cfg.tasks));
+                    break;
                 }
-                let took = t0.elapsed();
-                w.wall += took;
-                let kind = if through_device {
-                    &mut w.device
-                } else {
-                    &mut w.direct
-                };
-                kind.batch(IO_BATCH, took);
             }
-            Ok(())
-        },
-        || sys.stats(),
-        drop,
-    )
-    .map_err(|e| e.0)?;
-    interrupted()?;
-    let after = sys.stats();
-    let (mut device, mut direct) = (0.0, 0.0);
-    for w in &out.states {
-        device += w.rate(true)?;
-        direct += w.rate(false)?;
+        }
+        // Every task has opened its handle.
+        rounds.wait_all(workers);
+        for p in 0..IO_PHASES {
+            if failed() || interrupted().is_err() {
+                break;
+            }
+            let dev = io_phase_is_device(p);
+            through_device.store(dev, Ordering::Relaxed);
+            stop.store(false, Ordering::Relaxed);
+            let before = sys.stats();
+            let t0 = Instant::now();
+            rounds.start();
+            std::thread::sleep(phase_len);
+            stop.store(true, Ordering::Relaxed);
+            rounds.wait_all(workers);
+            let took = t0.elapsed();
+            let reads: u64 = counts.iter().map(|c| c.0.load(Ordering::Relaxed)).sum();
+            let acc = if dev {
+                locks.add(&before, &sys.stats(), reads);
+                &mut device
+            } else {
+                &mut direct
+            };
+            acc.0 += reads;
+            acc.1 += took;
+        }
+        rounds.stop();
+    });
+    if let Some(why) = failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        return Err(why);
     }
+    interrupted()?;
+    let rate = |(reads, t): (u64, Duration)| -> Result<f64, String> {
+        if reads == 0 || t.is_zero() {
+            Err(format!("no reads in {t:?}"))
+        } else {
+            Ok(reads as f64 / t.as_secs_f64())
+        }
+    };
     let mut s = Sample::new();
-    s.insert("ops_per_sec".into(), device);
-    s.insert("direct_ops_per_sec".into(), direct);
-    let device_reads: u64 = out.states.iter().map(|w| w.device.ops).sum();
-    let mut locks = Locks::default();
-    locks.add(&out.before_go, &after, device_reads);
-    locks.insert(after.is_some(), &mut s, 1);
+    s.insert("ops_per_sec".into(), rate(device)?);
+    s.insert("direct_ops_per_sec".into(), rate(direct)?);
+    locks.insert(sys.stats().is_some(), &mut s, 1);
     Ok(s)
 }
 
