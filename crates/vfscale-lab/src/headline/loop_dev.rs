@@ -164,13 +164,13 @@ fn speed(report: &Report) -> Option<Finding> {
         for &(n, r) in &io {
             t.check(
                 r >= 0.9,
-                format!("io at {n} tasks {:.0}% of pread (target ≥ 90%)", r * 100.0),
+                format!("io at {n} tasks {:.1}% of pread (target ≥ 90%)", r * 100.0),
             );
         }
         parts.push(format!(
             "io {} of pread at {} tasks",
             io.iter()
-                .map(|(_, r)| format!("{:.0}%", r * 100.0))
+                .map(|(_, r)| format!("{:.1}%", r * 100.0))
                 .collect::<Vec<_>>()
                 .join("/"),
             io.iter()
