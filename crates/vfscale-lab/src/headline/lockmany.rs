@@ -1,8 +1,8 @@
-//! Issue 12's `lockmany` experiment: one line per lock family, at the most locks held
-//! the run measured on the library (10,000 in `vfscale run`), with the issue's targets
-//! where they apply: at 10,000 held the library's set+unset and test are ≥ 100× faster
-//! than the kernel's and within 2× of its own time at 10 held, and a held lock costs the
-//! library ≤ 128 bytes.
+//! Issue 12's `lockmany` experiment: one line per lock family, at 10,000 locks held
+//! (else the most the run measured on the library), with the issue's targets where they
+//! apply: at 10,000 held the library's set+unset and test are ≥ 100× faster than the
+//! kernel's and within 2× of its own time at 10 held, and a held lock costs the library
+//! ≤ 128 bytes.
 
 use super::{show, skip_reason, Finding, Ratio, Status, Targets};
 use crate::export::units::{self, Unit};
@@ -35,7 +35,7 @@ pub fn findings(report: &Report) -> Vec<Finding> {
     let mut out = Vec::new();
     for mode in ["ofd", "posix"] {
         let counts = held_counts(report, "library", mode);
-        let Some(&h) = counts.last() else {
+        let Some(&h) = counts.iter().find(|&&c| c == 10_000).or(counts.last()) else {
             continue;
         };
         let mut t = Targets::new();
@@ -48,7 +48,7 @@ pub fn findings(report: &Report) -> Vec<Finding> {
             if let Some(k) = get(report, "kernel", mode, h, m) {
                 let r = Ratio::of(m, k, lib);
                 part.push_str(&format!(" (kernel {} = {})", show(m, k), r.text()));
-                if h >= 10_000 {
+                if h == 10_000 {
                     t.check_ratio(&r, 100.0, true, &format!("{what} kernel/library"));
                 }
             }
@@ -56,7 +56,7 @@ pub fn findings(report: &Report) -> Vec<Finding> {
                 if let Some(l0) = get(report, "library", mode, *small, m) {
                     let r = Ratio::of(m, lib, l0);
                     part.push_str(&format!(", {} its {small}-held time", r.text()));
-                    if h >= 10_000 && *small <= 10 {
+                    if h == 10_000 && *small <= 10 {
                         t.check_ratio(&r, 2.0, false, &format!("{what} at {h}/at {small}"));
                     }
                 }
