@@ -13,7 +13,8 @@ fn command_line() -> String {
     std::env::args().collect::<Vec<_>>().join(" ")
 }
 
-/// The plan of `vfscale run`: every workload at [`Scale::for_run`], on all its targets.
+/// The plan of `vfscale run`: every workload at [`Scale::for_run`], on all its targets
+/// (`--quick`: all but `kernel-ext4`).
 fn run_plan(runs: usize, quick: bool) -> Plan {
     let configs = Workload::ALL
         .into_iter()
@@ -25,7 +26,12 @@ fn run_plan(runs: usize, quick: bool) -> Plan {
         .collect();
     Plan {
         configs,
-        targets: Target::ALL.to_vec(),
+        // A first look leaves out ext4 on a loop device: its set-up (loop device, mkfs,
+        // mount, drop_caches) alone takes longer than the quick run's inode budget.
+        targets: Target::ALL
+            .into_iter()
+            .filter(|t| !(quick && *t == Target::KernelExt4))
+            .collect(),
         runs,
     }
 }

@@ -116,6 +116,15 @@ fn stdout_leads_with_the_headline_and_fits_the_budget() {
         "the herd headline is not within the first 15 lines:\n{out}"
     );
     assert!(lines[..15].iter().any(|l| l.contains("seed 000")), "{out}");
+    let findings = vfscale_lab::headline::findings(&report).len();
+    let in_first_15 = lines[..15]
+        .iter()
+        .filter(|l| l.contains(": ") && l.starts_with("  "))
+        .count();
+    assert_eq!(
+        in_first_15, findings,
+        "every headline line within the first 15:\n{out}"
+    );
     for l in &lines {
         let has_e_notation = l
             .split(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '+'))

@@ -82,26 +82,44 @@ pub fn render(report: &Report) -> String {
     out.push('\n');
     out.push_str(SUMMARY_NOTE);
     out.push('\n');
-    let mut elsewhere = Vec::new();
-    for (g, t) in summary_tables(report) {
-        if STDOUT_LEAVES_OUT.contains(&g.as_str()) {
-            elsewhere.push(t.title);
-            continue;
+    let tables = summary_tables(report);
+    // Tables leave stdout (they stay in report.md), lowest priority first, until the
+    // whole output fits in MAX_LINES.
+    let mut left_out: Vec<&str> = Vec::new();
+    let render_with = |left_out: &[&str]| {
+        let mut body = String::new();
+        let mut elsewhere = Vec::new();
+        for (g, t) in &tables {
+            if left_out.contains(&g.as_str()) {
+                elsewhere.push(t.title.clone());
+                continue;
+            }
+            body.push('\n');
+            body.push_str(&text_table(t));
         }
-        out.push('\n');
-        out.push_str(&text_table(&t));
+        if !elsewhere.is_empty() {
+            body.push_str(&format!("\nIn report.md only: {}.\n", elsewhere.join("; ")));
+        }
+        body.push_str(&skipped_text(report));
+        body
+    };
+    let full_report_line = 1;
+    let mut body = render_with(&left_out);
+    for g in STDOUT_DROP_ORDER {
+        if out.lines().count() + body.lines().count() + full_report_line <= MAX_LINES {
+            break;
+        }
+        left_out.push(g);
+        body = render_with(&left_out);
     }
-    if !elsewhere.is_empty() {
-        out.push_str(&format!("\nIn report.md only: {}.\n", elsewhere.join("; ")));
-    }
-    out.push_str(&skipped_text(report));
+    out.push_str(&body);
     out
 }
 
-/// Experiments (by their first workload) whose summary stays in the report files, to keep
-/// stdout within [`MAX_LINES`]: will-it-scale's lock1/lock2 are context, not a seed's
-/// question.
-const STDOUT_LEAVES_OUT: [&str; 1] = ["lock1"];
+/// Experiments (by their first workload) whose summary table leaves stdout first when
+/// the output would pass [`MAX_LINES`]: will-it-scale's lock1/lock2 (context, not a
+/// seed's question), then opensock/dup1's descriptor table, then lockperf.
+const STDOUT_DROP_ORDER: [&str; 4] = ["lock1", "pipebench", "posix01", "loop"];
 
 /// `--verbose` (and `vfscale bench`): the headline, then every table in full.
 pub fn render_verbose(report: &Report) -> String {
@@ -131,7 +149,7 @@ fn header(meta: &Meta, report: &Report) -> String {
 /// The headline block: one line per finding and the legend of the marks.
 pub fn headline_text(report: &Report) -> String {
     let findings: Vec<Finding> = headline::findings(report);
-    let mut out = String::from("What it found\n");
+    let mut out = format!("What it found  ({})\n", headline::LEGEND);
     if findings.is_empty() {
         out.push_str("  (no seed experiment in this run)\n");
     }
@@ -140,7 +158,6 @@ pub fn headline_text(report: &Report) -> String {
         out.push_str(&f.line());
         out.push('\n');
     }
-    out.push_str(&format!("  ({})\n", headline::LEGEND));
     out
 }
 
@@ -274,7 +291,7 @@ fn group_table(report: &Report, g: &Group) -> Option<Table> {
         }
         line.push(k.1.to_string());
         if has_size {
-            line.push(k.2.map_or_else(String::new, |s| units::format(s as f64, Unit::Plain)));
+            line.push(k.2.map_or_else(String::new, |s| s.to_string()));
         }
         line.push(k.3.to_string());
         for t in &targets {

@@ -79,7 +79,7 @@ impl Finding {
 }
 
 /// The legend of the marks.
-pub const LEGEND: &str = "✓ targets met   ✗ target missed   ~ not significant   · no target   – skipped";
+pub const LEGEND: &str = "✓ targets met, ✗ missed, ~ not significant, · no target, – skipped";
 
 /// Every finding of `report`, in seed order.
 pub fn findings(report: &Report) -> Vec<Finding> {

@@ -1260,13 +1260,11 @@ mod tests {
     use std::io::Write as _;
 
     use super::*;
-    use std::sync::Mutex;
 
-    /// The tests fork and check that no child is left, so they run one at a time.
-    static SERIAL: Mutex<()> = Mutex::new(());
-
+    /// The tests fork and check that no child is left, so they run one at a time, and
+    /// not beside another module's test that starts processes.
     fn serial() -> std::sync::MutexGuard<'static, ()> {
-        SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+        crate::measure::child_processes()
     }
 
     /// `available()`, or prints why not and says to skip.

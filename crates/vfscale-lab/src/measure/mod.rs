@@ -29,6 +29,17 @@ pub type Sample = BTreeMap<String, f64>;
 /// See [`Sample`].
 pub const SKIP_PREFIX: &str = "skip:";
 
+/// Tests that start child processes (fork, or programs such as `mkfs`) hold this, so a
+/// test that checks no child is left is not confused by another test's child.
+#[cfg(test)]
+pub(crate) static CHILD_PROCESSES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// [`CHILD_PROCESSES`], held.
+#[cfg(test)]
+pub(crate) fn child_processes() -> std::sync::MutexGuard<'static, ()> {
+    CHILD_PROCESSES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Where kernel targets make their scratch directories unless `--dir` names another;
 /// it must be tmpfs.
 pub const SHM_DIR: &str = "/dev/shm";

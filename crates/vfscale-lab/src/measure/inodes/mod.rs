@@ -138,6 +138,7 @@ mod tests {
 
     #[test]
     fn kernel_tmpfs_phases_or_skip() {
+        let _g = crate::measure::child_processes();
         if let Err(Skip(why)) = available(Target::Kernel) {
             eprintln!("SKIP: {why}");
             return;
@@ -151,6 +152,7 @@ mod tests {
 
     #[test]
     fn kernel_ext4_cold_walk_or_skip() {
+        let _g = crate::measure::child_processes();
         if let Err(Skip(why)) = available(Target::KernelExt4) {
             eprintln!("SKIP: {why}");
             return;
