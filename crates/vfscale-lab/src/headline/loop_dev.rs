@@ -82,13 +82,9 @@ fn locks(report: &Report) -> Option<Finding> {
         }
         parts.push(format!(
             "boot, {devices} devices × {} tasks: lock wait/boot {} (prepatch {})",
-            boot_tasks
-                .iter()
-                .map(|n| n.to_string())
-                .collect::<Vec<_>>()
-                .join("/"),
-            lib.join("/"),
-            pre.join("/")
+            slashed(&boot_tasks),
+            slashed(&lib),
+            slashed(&pre)
         ));
     }
     let ctl = "ctl_lock_acquisitions_per_op";
@@ -118,14 +114,24 @@ fn locks(report: &Report) -> Option<Finding> {
     if !acq.is_empty() {
         parts.push(format!("ctl-lock/op {}", acq.join(", ")));
     }
+    finding("loop", parts, t)
+}
+
+/// The line of `parts`, or none.
+fn finding(prefix: &str, parts: Vec<String>, t: Targets) -> Option<Finding> {
     if parts.is_empty() {
         return None;
     }
     Some(Finding {
         seed: SEED,
-        text: format!("loop {}", parts.join("; ")),
+        text: format!("{prefix} {}", parts.join("; ")),
         status: t.status(),
     })
+}
+
+/// `1/2/8/64`.
+fn slashed<T: ToString>(v: impl IntoIterator<Item = T>) -> String {
+    v.into_iter().map(|x| x.to_string()).collect::<Vec<_>>().join("/")
 }
 
 /// The open/close storm on own devices from 1 to 2 tasks (≥ 1.8×, the kernel's beside
@@ -169,24 +175,11 @@ fn speed(report: &Report) -> Option<Finding> {
         }
         parts.push(format!(
             "io {} of pread at {} tasks",
-            io.iter()
-                .map(|(_, r)| format!("{:.1}%", r * 100.0))
-                .collect::<Vec<_>>()
-                .join("/"),
-            io.iter()
-                .map(|(n, _)| n.to_string())
-                .collect::<Vec<_>>()
-                .join("/")
+            slashed(io.iter().map(|(_, r)| format!("{:.1}%", r * 100.0))),
+            slashed(io.iter().map(|(n, _)| n))
         ));
     }
-    if parts.is_empty() {
-        return None;
-    }
-    Some(Finding {
-        seed: SEED,
-        text: format!("loop library: {}", parts.join("; ")),
-        status: t.status(),
-    })
+    finding("loop library:", parts, t)
 }
 
 #[cfg(test)]

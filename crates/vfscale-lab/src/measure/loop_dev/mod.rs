@@ -383,6 +383,52 @@ impl Rounds {
     }
 }
 
+/// The first error any task or the driver met.
+#[derive(Default)]
+struct Failure(Mutex<Option<String>>);
+
+impl Failure {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records `why` unless an earlier error is recorded.
+    fn set(&self, why: String) {
+        self.lock().get_or_insert(why);
+    }
+
+    fn is_set(&self) -> bool {
+        self.lock().is_some()
+    }
+
+    fn into_result(self) -> Result<(), String> {
+        match self.0.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some(why) => Err(why),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Starts `tasks` threads in `s`, thread `t` running `work(t)`; returns how many
+/// started (one that cannot start is recorded in `failure`, and no more are started).
+fn spawn_tasks<'scope, F: Fn(usize) + Sync>(
+    s: &'scope std::thread::Scope<'scope, '_>,
+    tasks: usize,
+    failure: &'scope Failure,
+    work: &'scope F,
+) -> usize {
+    for t in 0..tasks {
+        let spawned = std::thread::Builder::new()
+            .stack_size(STACK)
+            .spawn_scoped(s, move || work(t));
+        if let Err(e) = spawned {
+            failure.set(format!("cannot start thread {t} of {tasks}: {e}"));
+            return t;
+        }
+    }
+    tasks
+}
+
 /// One device's part of a boot: losetup, the probes, mount.
 fn boot_device<S: LoopSys>(sys: &S, index: u32, image: &File, buf: &mut [u8]) -> Result<(), String> {
     {
@@ -431,48 +477,29 @@ fn boot<S: LoopSys>(sys: &S, scratch: &Scratch, idx: &[u32], cfg: &Config) -> Re
     }
     let next = AtomicUsize::new(0);
     let rounds = Rounds::default();
-    let failure: Mutex<Option<String>> = Mutex::new(None);
-    let fail = |why: String| {
-        failure
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert(why);
-    };
-    let failed = || failure.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+    let failure = Failure::default();
     let mut locks = Locks::default();
     let mut boots = 0u64;
     let mut timed = Duration::ZERO;
-    std::thread::scope(|s| {
-        let mut workers = 0;
-        for w in 0..cfg.tasks {
-            let (next, rounds, fail, images) = (&next, &rounds, &fail, &images);
-            let spawned = std::thread::Builder::new()
-                .stack_size(STACK)
-                .spawn_scoped(s, move || {
-                    let mut buf = vec![0u8; BLOCK as usize];
-                    let mut seen = 0;
-                    while rounds.next(&mut seen) {
-                        loop {
-                            let k = next.fetch_add(1, Ordering::Relaxed);
-                            if k >= idx.len() {
-                                break;
-                            }
-                            if let Err(e) = boot_device(sys, idx[k], &images[k], &mut buf) {
-                                fail(format!("task {w}: {e}"));
-                            }
-                        }
-                        rounds.finished();
-                    }
-                });
-            match spawned {
-                Ok(_) => workers += 1,
-                Err(e) => {
-                    fail(format!("cannot start thread {w} of {}: {e}", cfg.tasks));
+    let work = |t: usize| {
+        let mut buf = vec![0u8; BLOCK as usize];
+        let mut seen = 0;
+        while rounds.next(&mut seen) {
+            loop {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                if k >= idx.len() {
                     break;
                 }
+                if let Err(e) = boot_device(sys, idx[k], &images[k], &mut buf) {
+                    failure.set(format!("task {t}: {e}"));
+                }
             }
+            rounds.finished();
         }
-        while !failed() && boots < MAX_BOOTS {
+    };
+    std::thread::scope(|s| {
+        let workers = spawn_tasks(s, cfg.tasks, &failure, &work);
+        while !failure.is_set() && boots < MAX_BOOTS {
             next.store(0, Ordering::Relaxed);
             let before = sys.stats();
             let t0 = Instant::now();
@@ -481,11 +508,11 @@ fn boot<S: LoopSys>(sys: &S, scratch: &Scratch, idx: &[u32], cfg: &Config) -> Re
             timed += t0.elapsed();
             locks.add(&before, &sys.stats(), m as u64 * OPS_PER_DEVICE);
             boots += 1;
-            if failed() {
+            if failure.is_set() {
                 break;
             }
             if let Err(e) = boot_teardown(sys, idx).and_then(|()| interrupted()) {
-                fail(e);
+                failure.set(e);
                 break;
             }
             if timed >= cfg.duration {
@@ -494,9 +521,7 @@ fn boot<S: LoopSys>(sys: &S, scratch: &Scratch, idx: &[u32], cfg: &Config) -> Re
         }
         rounds.stop();
     });
-    if let Some(why) = failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        return Err(why);
-    }
+    failure.into_result()?;
     let secs = timed.as_secs_f64();
     if boots == 0 || secs <= 0.0 {
         return Err("no boot was timed".into());
@@ -639,70 +664,51 @@ fn io<S: LoopSys>(sys: &S, scratch: &Scratch, index: u32, cfg: &Config) -> Resul
     let through_device = AtomicBool::new(false);
     let stop = AtomicBool::new(false);
     let counts: Vec<Padded> = (0..cfg.tasks).map(|_| Padded::default()).collect();
-    let failure: Mutex<Option<String>> = Mutex::new(None);
-    let fail = |why: String| {
-        failure
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert(why);
-    };
-    let failed = || failure.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+    let failure = Failure::default();
     // (reads, time) through the device and directly; lock counters over device phases.
     let mut device = (0u64, Duration::ZERO);
     let mut direct = (0u64, Duration::ZERO);
     let mut locks = Locks::default();
-    std::thread::scope(|s| {
-        let mut workers = 0;
-        for (t, count) in counts.iter().enumerate() {
-            let (rounds, through_device, stop, fail, file) = (&rounds, &through_device, &stop, &fail, &file);
-            let spawned = std::thread::Builder::new()
-                .stack_size(STACK)
-                .spawn_scoped(s, move || {
-                    let open = Open {
-                        direct: true,
-                        ..Open::RO
-                    };
-                    let handle = sys
-                        .open(index, open)
-                        .map_err(|e| fail(format!("task {t}: {e}")))
-                        .ok();
-                    let mut rng = Rng::new(t);
-                    let mut buf = Aligned::new();
-                    rounds.finished();
-                    let mut seen = 0;
-                    while rounds.next(&mut seen) {
-                        let dev = through_device.load(Ordering::Relaxed);
-                        let mut n = 0u64;
-                        while let Some(h) = handle.as_ref().filter(|_| !stop.load(Ordering::Relaxed)) {
-                            let pos = rng.below(blocks) as u64 * BLOCK;
-                            let r = if dev {
-                                sys.read(h, buf.get(), pos)
-                            } else {
-                                file.read_exact_at(buf.get(), pos)
-                                    .map_err(|e| format!("pread of the backing file at {pos}: {e}"))
-                            };
-                            if let Err(e) = r {
-                                fail(format!("task {t}: {e}"));
-                                break;
-                            }
-                            n += 1;
-                        }
-                        count.0.store(n, Ordering::Relaxed);
-                        rounds.finished();
-                    }
-                });
-            match spawned {
-                Ok(_) => workers += 1,
-                Err(e) => {
-                    fail(format!("cannot start thread {t} of {}: {e}", cfg.tasks));
+    let work = |t: usize| {
+        let open = Open {
+            direct: true,
+            ..Open::RO
+        };
+        let handle = sys
+            .open(index, open)
+            .map_err(|e| failure.set(format!("task {t}: {e}")))
+            .ok();
+        let mut rng = Rng::new(t);
+        let mut buf = Aligned::new();
+        rounds.finished();
+        let mut seen = 0;
+        while rounds.next(&mut seen) {
+            let dev = through_device.load(Ordering::Relaxed);
+            let mut n = 0u64;
+            while let Some(h) = handle.as_ref().filter(|_| !stop.load(Ordering::Relaxed)) {
+                let pos = rng.below(blocks) as u64 * BLOCK;
+                let r = if dev {
+                    sys.read(h, buf.get(), pos)
+                } else {
+                    file.read_exact_at(buf.get(), pos)
+                        .map_err(|e| format!("pread of the backing file at {pos}: {e}"))
+                };
+                if let Err(e) = r {
+                    failure.set(format!("task {t}: {e}"));
                     break;
                 }
+                n += 1;
             }
+            counts[t].0.store(n, Ordering::Relaxed);
+            rounds.finished();
         }
+    };
+    std::thread::scope(|s| {
+        let workers = spawn_tasks(s, cfg.tasks, &failure, &work);
         // Every task has opened its handle.
         rounds.wait_all(workers);
         for p in 0..IO_PHASES {
-            if failed() || interrupted().is_err() {
+            if failure.is_set() || interrupted().is_err() {
                 break;
             }
             let dev = io_phase_is_device(p);
@@ -727,9 +733,7 @@ fn io<S: LoopSys>(sys: &S, scratch: &Scratch, index: u32, cfg: &Config) -> Resul
         }
         rounds.stop();
     });
-    if let Some(why) = failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        return Err(why);
-    }
+    failure.into_result()?;
     interrupted()?;
     let rate = |(reads, t): (u64, Duration)| -> Result<f64, String> {
         if reads == 0 || t.is_zero() {

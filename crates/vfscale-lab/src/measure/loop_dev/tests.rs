@@ -5,44 +5,37 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::*;
-use crate::measure::{LockMode, TaskKind, Workload};
+use crate::measure::Workload;
 
 fn cfg(mode: &'static str, tasks: usize) -> Config {
-    Config {
-        workload: Workload::Loop,
-        tasks,
-        mode: LockMode::Posix,
-        kind: TaskKind::Processes,
-        modes: vec![mode],
-        iterations: 0,
-        duration: Duration::from_millis(20),
-        size: 5,
-        dir: None,
-    }
+    let mut c = Config::new(Workload::Loop, tasks);
+    c.modes = vec![mode];
+    c.duration = Duration::from_millis(20);
+    c.size = 5;
+    c
 }
 
-const MODES: [&str; 6] = [
-    "boot",
-    "open-close",
-    "open-close-same",
-    "configure",
-    "churn",
-    "io",
-];
+/// The workload's modes, as `--mode` names them.
+fn modes() -> &'static [&'static str] {
+    Workload::Loop.modes()
+}
 
 fn keys(s: &Sample) -> Vec<&str> {
     s.keys().map(String::as_str).collect()
 }
 
 #[test]
-fn the_modes_are_the_workloads() {
-    assert_eq!(Workload::Loop.modes(), MODES);
+fn every_mode_of_the_workload_is_measured() {
+    assert_eq!(modes().len(), 6);
+    for m in modes() {
+        assert!(Mode::of(&cfg(m, 1)).is_ok(), "{m}");
+    }
 }
 
 #[test]
 fn library_runs_every_mode_with_its_metrics() {
     for target in [Target::Library, Target::LibraryPrepatch] {
-        for mode in MODES {
+        for &mode in modes() {
             for tasks in [1, 3] {
                 let what = format!("{} {mode} x{tasks}", target.name());
                 let s = run(target, &cfg(mode, tasks)).unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -163,7 +156,7 @@ fn kernel_runs_every_mode_and_restores_the_devices() {
         return;
     }
     let before = resting_registry();
-    for mode in MODES {
+    for &mode in modes() {
         let mut c = cfg(mode, 2);
         c.size = 3;
         let s = run(Target::Kernel, &c).unwrap_or_else(|e| panic!("kernel {mode}: {e}"));
