@@ -163,8 +163,10 @@ pub fn run(target: Target, cfg: &Config) -> Result<Sample, Skip> {
                 .reserve(need)
                 .and_then(|idx| measure(&lab.sys(), &scratch, &idx, mode, cfg));
             let restored = lab.finish();
-            drop(lab);
+            // The backing files go before the guard, whose drop raises an interrupting
+            // signal again (and so ends the process).
             drop(scratch);
+            drop(lab);
             match (measured, restored) {
                 (Ok(s), Ok(())) => Ok(s),
                 (Err(e), _) => Err(Skip(e)),
