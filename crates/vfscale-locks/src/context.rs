@@ -776,10 +776,9 @@ impl Inner {
                 let w = &mut self.work;
                 let t = &self.tree;
                 let ar = &self.arena;
-                let first = match t.owner_floor(ar, req.owner, req.start, w) {
-                    Some(f) if ar.node(f).fl.end >= req.start => Some(f),
-                    Some(f) => t.owner_next(ar, f, w),
-                    None => t.owner_ceil(ar, req.owner, req.start, w),
+                let first = match t.owner_around(ar, req.owner, req.start, w) {
+                    (Some(f), _) if ar.node(f).fl.end >= req.start => Some(f),
+                    (_, after) => after,
                 };
                 first.filter(|&f| {
                     w.checks += 1;
@@ -993,13 +992,12 @@ impl Inner {
         // last one keeps it).
         let (first, run) = {
             let (t, ar, w) = (&self.tree, &self.arena, &mut self.work);
-            match t.owner_floor(ar, req.owner, req.start - 1, w) {
-                Some(f) if ar.node(f).fl.end >= req.start - 1 => (Some(f), Some(ar.node(f).ix.seq)),
-                Some(f) => (t.owner_next(ar, f, w), Some(ar.node(f).ix.seq)),
-                None => {
-                    let c = t.owner_ceil(ar, req.owner, req.start - 1, w);
-                    (c, c.map(|c| ar.node(c).ix.seq))
-                }
+            // One descent finds both the owner's lock at or before `start - 1` and the
+            // one after it.
+            match t.owner_around(ar, req.owner, req.start - 1, w) {
+                (Some(f), _) if ar.node(f).fl.end >= req.start - 1 => (Some(f), Some(ar.node(f).ix.seq)),
+                (Some(f), after) => (after, Some(ar.node(f).ix.seq)),
+                (None, after) => (after, after.map(|c| ar.node(c).ix.seq)),
             }
         };
         let mut cur = first;
@@ -1049,7 +1047,14 @@ impl Inner {
                     right = Some(id);
                     break;
                 }
-                cur = next(self);
+                // An unlock ending where this lock ends stops at the owner's next lock
+                // (it starts after `req.end` and is never of the unlock's type): no need
+                // to look it up.
+                cur = if lock_is_unlock(&req) && fl.end >= req.end {
+                    None
+                } else {
+                    next(self)
+                };
                 if fl.start >= req.start {
                     if added {
                         self.tree_delete_lock(id, wl, bg);

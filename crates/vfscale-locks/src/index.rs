@@ -232,53 +232,78 @@ fn set_kid<S: Side>(ar: &mut Arena, t: NodeId, side: usize, k: NodeId) {
     S::set_kids(&mut ar.node_mut(t).ix, kids);
 }
 
-fn insert<S: Side>(ar: &mut Arena, t: NodeId, id: NodeId, w: &mut Work) -> NodeId {
+/// What a parent's height and augmentation are computed from.
+fn summary<S: Side>(ix: &IndexLinks) -> (u8, i64, i64) {
+    (S::height(ix), ix.max_end, ix.max_wend)
+}
+
+/// Rebalances `t` after a change below it: (new subtree root, whether the subtree's
+/// root, height or augmentation changed). When nothing changed, the ancestors need no
+/// update either, so the walk back up stops there.
+fn fix<S: Side>(ar: &mut Arena, t: NodeId) -> (NodeId, bool) {
+    let before = summary::<S>(&ar.node(t).ix);
+    let r = rebalance::<S>(ar, t);
+    (r, r != t || summary::<S>(&ar.node(r).ix) != before)
+}
+
+fn insert<S: Side>(ar: &mut Arena, t: NodeId, id: NodeId, w: &mut Work) -> (NodeId, bool) {
     if t == NIL {
         S::set_kids(&mut ar.node_mut(id).ix, [NIL; 2]);
         update::<S>(ar, id);
-        return id;
+        return (id, true);
     }
     w.nodes += 1;
     let side = if S::less(ar, id, t) { 0 } else { 1 };
     let k = S::kids(&ar.node(t).ix)[side];
-    let nk = insert::<S>(ar, k, id, w);
+    let (nk, changed) = insert::<S>(ar, k, id, w);
+    if !changed {
+        return (t, false);
+    }
     set_kid::<S>(ar, t, side, nk);
-    rebalance::<S>(ar, t)
+    fix::<S>(ar, t)
 }
 
-/// Takes the least node out of subtree `t`: (new subtree root, the node).
-fn remove_min<S: Side>(ar: &mut Arena, t: NodeId, w: &mut Work) -> (NodeId, NodeId) {
+/// Takes the least node out of subtree `t`: (new subtree root, whether it changed as in
+/// [`fix`], the node).
+fn remove_min<S: Side>(ar: &mut Arena, t: NodeId, w: &mut Work) -> (NodeId, bool, NodeId) {
     w.nodes += 1;
     let [l, r] = S::kids(&ar.node(t).ix);
     if l == NIL {
-        return (r, t);
+        return (r, true, t);
     }
-    let (nl, m) = remove_min::<S>(ar, l, w);
+    let (nl, changed, m) = remove_min::<S>(ar, l, w);
+    if !changed {
+        return (t, false, m);
+    }
     set_kid::<S>(ar, t, 0, nl);
-    (rebalance::<S>(ar, t), m)
+    let (nt, changed) = fix::<S>(ar, t);
+    (nt, changed, m)
 }
 
-fn remove<S: Side>(ar: &mut Arena, t: NodeId, id: NodeId, w: &mut Work) -> NodeId {
+fn remove<S: Side>(ar: &mut Arena, t: NodeId, id: NodeId, w: &mut Work) -> (NodeId, bool) {
     assert!(t != NIL, "record {id} is not in the index");
     w.nodes += 1;
     if t == id {
         let [l, r] = S::kids(&ar.node(t).ix);
         S::set_kids(&mut ar.node_mut(t).ix, [NIL; 2]);
         if l == NIL {
-            return r;
+            return (r, true);
         }
         if r == NIL {
-            return l;
+            return (l, true);
         }
-        let (nr, m) = remove_min::<S>(ar, r, w);
+        let (nr, _, m) = remove_min::<S>(ar, r, w);
         S::set_kids(&mut ar.node_mut(m).ix, [l, nr]);
-        return rebalance::<S>(ar, m);
+        return (rebalance::<S>(ar, m), true);
     }
     let side = if S::less(ar, id, t) { 0 } else { 1 };
     let k = S::kids(&ar.node(t).ix)[side];
-    let nk = remove::<S>(ar, k, id, w);
+    let (nk, changed) = remove::<S>(ar, k, id, w);
+    if !changed {
+        return (t, false);
+    }
     set_kid::<S>(ar, t, side, nk);
-    rebalance::<S>(ar, t)
+    fix::<S>(ar, t)
 }
 
 impl PosixTree {
@@ -299,41 +324,46 @@ impl PosixTree {
         debug_assert!(!ix.indexed, "record {id} indexed twice");
         ix.indexed = true;
         ix.seq = seq;
-        self.root_owner = insert::<ByOwner>(ar, self.root_owner, id, w);
-        self.root_start = insert::<ByStart>(ar, self.root_start, id, w);
+        self.root_owner = insert::<ByOwner>(ar, self.root_owner, id, w).0;
+        self.root_start = insert::<ByStart>(ar, self.root_start, id, w).0;
         self.len += 1;
     }
 
     /// Takes lock `id` out of the trees.
     pub fn remove(&mut self, ar: &mut Arena, id: NodeId, w: &mut Work) {
         debug_assert!(ar.node(id).ix.indexed, "record {id} is not indexed");
-        self.root_owner = remove::<ByOwner>(ar, self.root_owner, id, w);
-        self.root_start = remove::<ByStart>(ar, self.root_start, id, w);
+        self.root_owner = remove::<ByOwner>(ar, self.root_owner, id, w).0;
+        self.root_start = remove::<ByStart>(ar, self.root_start, id, w).0;
         ar.node_mut(id).ix.indexed = false;
         self.len -= 1;
     }
 
-    /// The lock of `owner` with the greatest start ≤ `x`.
-    pub fn owner_floor(&self, ar: &Arena, owner: OwnerKey, x: i64, w: &mut Work) -> Option<NodeId> {
+    /// In one descent, the locks of `owner` on either side of `x`: the one with the
+    /// greatest start ≤ `x`, and the one after it (the least start > `x`). Equal to
+    /// the owner's floor of `x` and, for the second, to `owner_next` of the first or, without a
+    /// first, to the owner's lock with the least start ≥ `x`.
+    pub fn owner_around(
+        &self,
+        ar: &Arena,
+        owner: OwnerKey,
+        x: i64,
+        w: &mut Work,
+    ) -> (Option<NodeId>, Option<NodeId>) {
         let key = (owner, x, NodeId::MAX);
-        let (mut t, mut best) = (self.root_owner, None);
+        let (mut t, mut floor, mut after) = (self.root_owner, None, None);
         while t != NIL {
             w.nodes += 1;
-            let k = owner_key(&ar.node(t).fl, t);
-            if k <= key {
-                best = Some(t);
-                t = ar.node(t).ix.by_owner[1];
+            let n = ar.node(t);
+            if owner_key(&n.fl, t) <= key {
+                floor = Some(t);
+                t = n.ix.by_owner[1];
             } else {
-                t = ar.node(t).ix.by_owner[0];
+                after = Some(t);
+                t = n.ix.by_owner[0];
             }
         }
-        best.filter(|&b| ar.node(b).fl.owner == owner)
-    }
-
-    /// The lock of `owner` with the least start ≥ `x`.
-    pub fn owner_ceil(&self, ar: &Arena, owner: OwnerKey, x: i64, w: &mut Work) -> Option<NodeId> {
-        self.ceil(ar, (owner, x, 0), w)
-            .filter(|&b| ar.node(b).fl.owner == owner)
+        let mine = |b: &NodeId| ar.node(*b).fl.owner == owner;
+        (floor.filter(mine), after.filter(mine))
     }
 
     /// The next lock of the same owner after `id`, in start order.
@@ -353,21 +383,6 @@ impl PosixTree {
             }
         }
         best.filter(|&b| ar.node(b).fl.owner == owner)
-    }
-
-    /// The least key ≥ `key` in the by-owner tree.
-    fn ceil(&self, ar: &Arena, key: (OwnerKey, i64, NodeId), w: &mut Work) -> Option<NodeId> {
-        let (mut t, mut best) = (self.root_owner, None);
-        while t != NIL {
-            w.nodes += 1;
-            if owner_key(&ar.node(t).fl, t) >= key {
-                best = Some(t);
-                t = ar.node(t).ix.by_owner[0];
-            } else {
-                t = ar.node(t).ix.by_owner[1];
-            }
-        }
-        best
     }
 
     /// The first lock in Linux's list order that `req` conflicts with
