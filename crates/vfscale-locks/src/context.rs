@@ -37,11 +37,15 @@ pub(crate) struct WaitLinks {
 
 /// A granted lock or a blocked request, with its place in a wait tree and, for a
 /// granted POSIX or OFD lock under [`LockIndex::Tree`], in the index.
+///
+/// `repr(C)`: the index links end where the record's range begins, so an overlap scan
+/// reads one stretch of the node.
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct Node {
+    pub ix: IndexLinks,
     pub fl: FileLock,
     wait: Option<Box<WaitLinks>>,
-    pub ix: IndexLinks,
 }
 
 impl Node {
