@@ -243,3 +243,84 @@ impl At {
         ReplayError::Kernel(format!("step {} (line {}): {msg}", self.step, self.line))
     }
 }
+
+/// The result of one step of a scenario format, as the `result` value of its line.
+pub trait StepOutcome {
+    /// The `result` value as the format's spec renders it.
+    fn to_json(&self) -> Value;
+}
+
+/// The result line of one step.
+///
+/// ```
+/// use serde_json::{json, Value};
+/// use vfscale_conformance::format::{render_results, StepOutcome, StepResult};
+/// struct Done;
+/// impl StepOutcome for Done {
+///     fn to_json(&self) -> Value {
+///         json!("ok")
+///     }
+/// }
+/// let mut r = StepResult::new(4, Done);
+/// assert_eq!(r.to_json_line(), r#"{"step":4,"result":"ok"}"#);
+/// r.completed.push((1, Done));
+/// assert_eq!(
+///     render_results(&[r]),
+///     "{\"step\":4,\"result\":\"ok\",\"completed\":[{\"step\":1,\"result\":\"ok\"}]}\n"
+/// );
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct StepResult<O> {
+    /// Step number, from 0.
+    pub step: usize,
+    /// Its result.
+    pub result: O,
+    /// Earlier blocked calls that finished because of this step, sorted by step (always
+    /// empty in the formats without blocking calls).
+    pub completed: Vec<(usize, O)>,
+}
+
+impl<O> StepResult<O> {
+    /// The result of step `step`, with no completions.
+    pub fn new(step: usize, result: O) -> Self {
+        StepResult {
+            step,
+            result,
+            completed: Vec::new(),
+        }
+    }
+}
+
+impl<O: StepOutcome> StepResult<O> {
+    /// The result as one JSON line (without the newline): `{"step":4,"result":R}`, with a
+    /// `completed` array of `{"step":S,"result":R}` objects only when it is not empty.
+    pub fn to_json_line(&self) -> String {
+        let mut o = Object::new();
+        o.insert("step".into(), Value::from(self.step));
+        o.insert("result".into(), self.result.to_json());
+        if !self.completed.is_empty() {
+            let c: Vec<Value> = self
+                .completed
+                .iter()
+                .map(|(s, r)| {
+                    let mut e = Object::new();
+                    e.insert("step".into(), Value::from(*s));
+                    e.insert("result".into(), r.to_json());
+                    Value::Object(e)
+                })
+                .collect();
+            o.insert("completed".into(), Value::Array(c));
+        }
+        Value::Object(o).to_string()
+    }
+}
+
+/// Renders results as JSON Lines, one line per step.
+pub fn render_results<O: StepOutcome>(results: &[StepResult<O>]) -> String {
+    let mut s = String::new();
+    for r in results {
+        s.push_str(&r.to_json_line());
+        s.push('\n');
+    }
+    s
+}

@@ -118,7 +118,7 @@ pub fn replay(scn: &Scenario, child_exe: &Path) -> Result<Vec<StepResult>, Repla
             line: step.line,
         };
         let result = runner.step(at, step)?;
-        out.push(StepResult { step: index, result });
+        out.push(StepResult::new(index, result));
     }
     Ok(out)
 }

@@ -65,7 +65,7 @@ impl LibraryReplay {
         let i = self.next;
         self.next += 1;
         let result = self.run(&step.op).map_err(|m| ScenarioError::at(step.line, m))?;
-        Ok(StepResult { step: i, result })
+        Ok(StepResult::new(i, result))
     }
 
     fn run(&mut self, op: &Op) -> Result<Outcome, String> {

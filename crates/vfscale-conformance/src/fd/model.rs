@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use crate::format::{field, Object, StepOp};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 /// The `RLIMIT_NOFILE` every process starts with (soft and hard).
 pub const INITIAL_NOFILE: u64 = 1024;
@@ -441,9 +441,9 @@ pub enum Outcome {
     List(Vec<Listed>),
 }
 
-impl Outcome {
+impl StepOutcome for Outcome {
     /// The `result` value as the spec renders it.
-    pub fn to_json(&self) -> Value {
+    fn to_json(&self) -> Value {
         match self {
             Outcome::Ok => json!("ok"),
             Outcome::Fd(fd) => json!(fd),
@@ -455,33 +455,9 @@ impl Outcome {
 }
 
 /// The result line of one step.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct StepResult {
-    /// Step number, from 0.
-    pub step: usize,
-    /// Its result.
-    pub result: Outcome,
-}
+pub type StepResult = crate::format::StepResult<Outcome>;
 
-impl StepResult {
-    /// The result as one JSON line (without the newline): `{"step":4,"result":R}`.
-    pub fn to_json_line(&self) -> String {
-        let mut o = Map::new();
-        o.insert("step".into(), json!(self.step));
-        o.insert("result".into(), self.result.to_json());
-        Value::Object(o).to_string()
-    }
-}
-
-/// Renders results as JSON Lines.
-pub fn render_results(results: &[StepResult]) -> String {
-    let mut s = String::new();
-    for r in results {
-        s.push_str(&r.to_json_line());
-        s.push('\n');
-    }
-    s
-}
+pub use crate::format::{render_results, StepOutcome};
 
 /// The bookkeeping every runner shares: which processes exist and their limits. It
 /// enforces the format's rules, so that the library and the kernel runner reject the
@@ -569,7 +545,7 @@ mod tests {
 
     #[test]
     fn results_render_as_the_spec_says() {
-        let line = |result| StepResult { step: 4, result }.to_json_line();
+        let line = |result| StepResult::new(4, result).to_json_line();
         assert_eq!(line(Outcome::Ok), r#"{"step":4,"result":"ok"}"#);
         assert_eq!(line(Outcome::Fd(7)), r#"{"step":4,"result":7}"#);
         assert_eq!(

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::format::{field, Object, StepOp};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use vfscale_locks::{Errno, FcntlCmd, FlockOp, LockType};
 
@@ -275,9 +275,9 @@ pub enum Outcome {
     },
 }
 
-impl Outcome {
+impl StepOutcome for Outcome {
     /// The `result` value as the spec renders it.
-    pub fn to_json(&self) -> Value {
+    fn to_json(&self) -> Value {
         match self {
             Outcome::Ok => json!("ok"),
             Outcome::Blocked => json!("blocked"),
@@ -295,43 +295,9 @@ impl Outcome {
 }
 
 /// The result line of one step.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct StepResult {
-    /// Step number, from 0.
-    pub step: usize,
-    /// Its result.
-    pub result: Outcome,
-    /// Earlier blocked calls that finished because of this step, sorted by step.
-    pub completed: Vec<(usize, Outcome)>,
-}
+pub type StepResult = crate::format::StepResult<Outcome>;
 
-impl StepResult {
-    /// The result as one JSON line (without the newline).
-    pub fn to_json_line(&self) -> String {
-        let mut o = Map::new();
-        o.insert("step".into(), json!(self.step));
-        o.insert("result".into(), self.result.to_json());
-        if !self.completed.is_empty() {
-            let c: Vec<Value> = self
-                .completed
-                .iter()
-                .map(|(s, r)| json!({"step": s, "result": r.to_json()}))
-                .collect();
-            o.insert("completed".into(), Value::Array(c));
-        }
-        Value::Object(o).to_string()
-    }
-}
-
-/// Renders results as JSON Lines.
-pub fn render_results(results: &[StepResult]) -> String {
-    let mut s = String::new();
-    for r in results {
-        s.push_str(&r.to_json_line());
-        s.push('\n');
-    }
-    s
-}
+pub use crate::format::{render_results, StepOutcome};
 
 /// A step with its names resolved, as a runner executes it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -790,7 +790,7 @@ pub fn replay(scn: &Scenario) -> Result<Vec<StepResult>, ReplayError> {
             break;
         }
         match runner.step(at, step) {
-            Ok(result) => out.push(StepResult { step: index, result }),
+            Ok(result) => out.push(StepResult::new(index, result)),
             Err(e) => {
                 failed = Some(e);
                 break;

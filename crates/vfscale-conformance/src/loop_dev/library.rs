@@ -91,7 +91,7 @@ impl LibraryReplay {
         let i = self.next;
         self.next += 1;
         let result = self.run(&step.op).map_err(|m| ScenarioError::at(step.line, m))?;
-        Ok(StepResult { step: i, result })
+        Ok(StepResult::new(i, result))
     }
 
     fn file(&self, b: &Backing) -> LoopFile<'_> {

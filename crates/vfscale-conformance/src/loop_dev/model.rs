@@ -702,9 +702,11 @@ impl Outcome {
             fnv1a64: fnv1a64(bytes),
         }
     }
+}
 
+impl StepOutcome for Outcome {
     /// The `result` value as the spec renders it.
-    pub fn to_json(&self) -> Value {
+    fn to_json(&self) -> Value {
         match self {
             Outcome::Ok => json!("ok"),
             Outcome::Int(i) => json!(i),
@@ -739,33 +741,9 @@ pub fn backing_byte(i: u64) -> u8 {
 }
 
 /// The result line of one step.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct StepResult {
-    /// Step number, from 0.
-    pub step: usize,
-    /// Its result.
-    pub result: Outcome,
-}
+pub type StepResult = crate::format::StepResult<Outcome>;
 
-impl StepResult {
-    /// The result as one JSON line (without the newline): `{"step":4,"result":R}`.
-    pub fn to_json_line(&self) -> String {
-        let mut o = Map::new();
-        o.insert("step".into(), json!(self.step));
-        o.insert("result".into(), self.result.to_json());
-        Value::Object(o).to_string()
-    }
-}
-
-/// Renders results as JSON Lines.
-pub fn render_results(results: &[StepResult]) -> String {
-    let mut s = String::new();
-    for r in results {
-        s.push_str(&r.to_json_line());
-        s.push('\n');
-    }
-    s
-}
+pub use crate::format::{render_results, StepOutcome};
 
 /// The names every runner tracks the same way: backing files (created once, never
 /// removed) and open handles. Every runner calls [`Tracker::check`] before a step, so
@@ -859,7 +837,7 @@ mod tests {
 
     #[test]
     fn results_render_as_the_spec_says() {
-        let line = |result| StepResult { step: 4, result }.to_json_line();
+        let line = |result| StepResult::new(4, result).to_json_line();
         assert_eq!(line(Outcome::Ok), r#"{"step":4,"result":"ok"}"#);
         assert_eq!(line(Outcome::Int(9)), r#"{"step":4,"result":9}"#);
         assert_eq!(
