@@ -5,43 +5,23 @@
 //! `VFSCALE_RANDOM_CASES` sets the number of random scenarios (default 64).
 //! `VFSCALE_RECORD=1` rewrites every `X.expected` from the kernel's answers.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 
 use proptest::prelude::*;
 use vfscale_conformance::fd::kernel::{self, ReplayError};
 use vfscale_conformance::fd::library::{self, LibraryReplay};
-use vfscale_conformance::fd::{render_results, Op, Scenario, Step};
+use vfscale_conformance::fd::{render_results, Op, Scenario, Step, StepOutcome};
 
-/// Printed straight to stderr, which libtest does not capture, so that a skip shows
-/// even when the test passes.
-fn say(msg: &str) {
-    let _ = std::io::stderr().write_all(format!("{msg}\n").as_bytes());
-}
+use common::{assert_no_failures, cases, corpus_dir, say, scenarios, xorshift_words};
 
 fn child_exe() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_vfscale-fd-child"))
 }
 
 fn kernel_available(what: &str) -> bool {
-    match kernel::available(child_exe()) {
-        Ok(()) => true,
-        Err(why) => {
-            say(&format!("SKIP: {what}: the kernel target is unavailable: {why}"));
-            false
-        }
-    }
-}
-
-fn corpus() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/fd");
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
-        .collect();
-    v.sort();
-    v
+    common::kernel_available(what, kernel::available(child_exe()))
 }
 
 fn load(p: &Path) -> Scenario {
@@ -51,7 +31,7 @@ fn load(p: &Path) -> Scenario {
 
 #[test]
 fn corpus_library_matches_kernel_and_recording() {
-    let files = corpus();
+    let files = scenarios(&corpus_dir("fd"));
     assert!(files.len() >= 30, "the corpus has only {} scenarios", files.len());
     let live = kernel_available("live kernel comparison of the corpus (comparing with recordings only)");
     let record = std::env::var_os("VFSCALE_RECORD").is_some();
@@ -85,13 +65,7 @@ fn corpus_library_matches_kernel_and_recording() {
             ));
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} of {} scenarios differ:\n{}",
-        failures.len(),
-        files.len(),
-        failures.join("\n")
-    );
+    assert_no_failures(&failures, files.len());
     say(&format!(
         "corpus: {} scenarios, library == recording{}",
         files.len(),
@@ -361,15 +335,8 @@ fn generate(words: &[u64]) -> Scenario {
     Scenario { steps: g.steps }
 }
 
-fn cases() -> u32 {
-    std::env::var("VFSCALE_RANDOM_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(64)
-}
-
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(64), failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn random_scenarios_match_the_kernel(words in prop::collection::vec(any::<u64>(), 10..80)) {
@@ -388,14 +355,7 @@ fn the_generator_reaches_the_interesting_results() {
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
     let mut counts = std::collections::BTreeMap::<String, usize>::new();
     for _ in 0..200 {
-        let words: Vec<u64> = (0..60)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed
-            })
-            .collect();
+        let words = xorshift_words(&mut seed, 60);
         let scn = generate(&words);
         for (s, r) in scn.steps.iter().zip(library::replay(&scn).unwrap()) {
             let key = match r.result.to_json() {

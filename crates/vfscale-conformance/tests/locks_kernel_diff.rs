@@ -4,11 +4,14 @@
 //! `racy/` depend on which of several woken waiters Linux lets win; they are replayed on
 //! both sides for errors, not compared.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 
 use vfscale_conformance::locks::{kernel, library, render_results, KernelOptions, Scenario};
 use vfscale_locks::{LockIndex, Settings};
+
+use common::{assert_no_failures, corpus_dir, say, scenarios};
 
 /// The library settings every scenario is replayed with: the default index and Linux's
 /// list.
@@ -21,25 +24,6 @@ fn settings(index: LockIndex) -> Settings {
     }
 }
 
-/// Printed straight to stderr so that a skip shows even when the test passes.
-fn say(msg: &str) {
-    let _ = writeln!(std::io::stderr(), "{msg}");
-}
-
-fn scenarios(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
-        .collect();
-    v.sort();
-    v
-}
-
-fn corpus() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/locks")
-}
-
 fn load(p: &Path) -> Scenario {
     let text = std::fs::read_to_string(p).unwrap();
     Scenario::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
@@ -47,7 +31,7 @@ fn load(p: &Path) -> Scenario {
 
 #[test]
 fn corpus_library_matches_kernel_and_recording() {
-    let files = scenarios(&corpus());
+    let files = scenarios(&corpus_dir("locks"));
     assert!(files.len() >= 40, "the corpus has only {} scenarios", files.len());
     let kernel_ok = kernel::available();
     if let Err(why) = &kernel_ok {
@@ -97,13 +81,7 @@ fn corpus_library_matches_kernel_and_recording() {
             waiting += ker_listing.iter().map(|g| g.waiters.len()).sum::<usize>();
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} of {} scenarios differ:\n{}",
-        failures.len(),
-        files.len(),
-        failures.join("\n")
-    );
+    assert_no_failures(&failures, files.len());
     say(&format!(
         "corpus: {} scenarios, library (index and list) == recording{}; /proc/locks lists {listed} locks and {waiting} waiters alike",
         files.len(),
@@ -113,7 +91,7 @@ fn corpus_library_matches_kernel_and_recording() {
 
 #[test]
 fn racy_corpus_replays_without_error_on_both_sides() {
-    let files = scenarios(&corpus().join("racy"));
+    let files = scenarios(&corpus_dir("locks").join("racy"));
     assert!(!files.is_empty());
     for f in &files {
         let scn = load(f);

@@ -7,14 +7,17 @@
 //! `VFSCALE_RANDOM_CASES` sets the number of scenarios (default 64; 10,000 were run
 //! before the lock issue was resolved: see docs/benchmarks.md).
 
+mod common;
+
 use std::collections::HashMap;
-use std::io::Write;
 
 use proptest::prelude::*;
 use vfscale_conformance::locks::{
     kernel, library, render_results, KernelOptions, LibraryReplay, Op, OpenMode, Outcome, Scenario, Step,
 };
 use vfscale_locks::{FcntlCmd, FlockOp, LockIndex, LockType, Settings};
+
+use common::{cases, say, xorshift_words};
 
 const PROCS: [&str; 3] = ["p1", "p2", "p3"];
 const FILES: [&str; 2] = ["a", "b"];
@@ -254,20 +257,13 @@ fn generate(words: &[u64]) -> Scenario {
     Scenario { steps: g.steps }
 }
 
-fn cases() -> u32 {
-    std::env::var("VFSCALE_RANDOM_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(64)
-}
-
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(64), failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn random_scenarios_match_the_kernel(words in prop::collection::vec(any::<u64>(), 20..80)) {
         if let Err(why) = kernel::available() {
-            let _ = writeln!(std::io::stderr(), "SKIP random kernel comparison: {why}");
+            say(&format!("SKIP random kernel comparison: {why}"));
             return Ok(());
         }
         let scn = generate(&words);
@@ -290,14 +286,7 @@ fn the_generator_makes_blocking_and_deadlock_scenarios() {
     let mut deadlocks = 0;
     let mut seed = 0x9E3779B97F4A7C15u64;
     for _ in 0..300 {
-        let words: Vec<u64> = (0..60)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed
-            })
-            .collect();
+        let words = xorshift_words(&mut seed, 60);
         let scn = generate(&words);
         for r in library::replay(&scn).unwrap() {
             blocked += (r.result == Outcome::Blocked) as usize;

@@ -7,37 +7,17 @@
 //! kernel, 8 times that between the two library designs). `VFSCALE_RECORD=1` rewrites
 //! every `X.expected` from the kernel's answers.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+mod common;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use vfscale_conformance::loop_dev::{kernel, library, render_results, Backing, Mode, Op, Scenario, Step};
 use vfscale_loop::{CtlLock, Settings};
 
-fn say(msg: &str) {
-    let _ = std::io::stderr().write_all(format!("{msg}\n").as_bytes());
-}
+use common::{cases, corpus_dir, say, scenarios};
 
 fn kernel_available(what: &str) -> bool {
-    match kernel::available() {
-        Ok(()) => true,
-        Err(why) => {
-            say(&format!("SKIP: {what}: the kernel target is unavailable: {why}"));
-            false
-        }
-    }
-}
-
-fn corpus() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/loop");
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
-        .collect();
-    v.sort();
-    v
+    common::kernel_available(what, kernel::available())
 }
 
 fn global() -> Settings {
@@ -53,7 +33,7 @@ fn lib(scn: &Scenario, s: Settings) -> String {
 
 #[test]
 fn corpus_library_matches_kernel_and_recording() {
-    let files = corpus();
+    let files = scenarios(&corpus_dir("loop"));
     assert!(files.len() >= 20, "the corpus has only {} scenarios", files.len());
     let live = kernel_available("live kernel comparison of the loop corpus (comparing with recordings only)");
     let record = std::env::var_os("VFSCALE_RECORD").is_some();
@@ -286,13 +266,6 @@ fn settle(scn: Scenario) -> Scenario {
             }
         }
     }
-}
-
-fn cases(default: u32) -> u32 {
-    std::env::var("VFSCALE_RANDOM_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
 }
 
 #[test]

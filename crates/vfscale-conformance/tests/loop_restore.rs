@@ -2,13 +2,11 @@
 //! fresh, nothing else) even when a replay fails half-way or is interrupted. Needs root
 //! and `/dev/loop-control`; prints `SKIP` otherwise.
 
-use std::io::Write;
+mod common;
 
 use vfscale_conformance::loop_dev::{kernel, Scenario};
 
-fn say(msg: &str) {
-    let _ = std::io::stderr().write_all(format!("{msg}\n").as_bytes());
-}
+use common::say;
 
 /// A scenario that binds devices (one stacked on another, one read-only so it stays
 /// non-fresh), adds and removes devices, and leaves handles open.

@@ -4,11 +4,13 @@
 //!
 //! Only result lines go to stdout (`replay`); messages go to stderr.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand, ValueEnum};
 use vfscale_conformance::icache::{library, model, render_results, Scenario};
+
+use crate::corpus::{self, read};
 
 /// `vfscale icache ...`.
 #[derive(Debug, Subcommand)]
@@ -66,10 +68,6 @@ pub fn run(c: IcacheCommand) -> Result<ExitCode, String> {
     }
 }
 
-fn read(path: &Path) -> Result<String, String> {
-    std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
-}
-
 /// Both replays of `text`: results, or the scenario's error.
 fn both(text: &str) -> (Result<String, String>, Result<String, String>) {
     match Scenario::parse(text) {
@@ -103,16 +101,9 @@ fn replay(a: &IcacheReplayArgs) -> Result<ExitCode, String> {
         IcacheAgainst::Both => {
             let (lib, model) = both(&text);
             let (lib, model) = (lib.map_err(at)?, model.map_err(at)?);
-            print!("{lib}");
-            if lib != model {
-                eprintln!(
-                    "{}: results differ at {}",
-                    a.file.display(),
-                    first_difference(&lib, &model, "model")
-                );
-                return Ok(ExitCode::from(1));
-            }
-            eprintln!("{}: library and model agree", a.file.display());
+            return Ok(corpus::report_both(&a.file, &lib, &model, "model", |l, m| {
+                first_difference(l, m, "model")
+            }));
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -136,34 +127,9 @@ fn first_difference(a: &str, b: &str, what: &str) -> String {
     )
 }
 
-fn collect(path: &Path, out: &mut Vec<PathBuf>) -> Result<(), String> {
-    if path.is_dir() {
-        let mut entries: Vec<_> = std::fs::read_dir(path)
-            .map_err(|e| format!("{}: {e}", path.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .collect();
-        entries.sort();
-        for e in entries {
-            if e.is_dir() || e.extension().is_some_and(|x| x == "jsonl") {
-                collect(&e, out)?;
-            }
-        }
-    } else {
-        out.push(path.to_path_buf());
-    }
-    Ok(())
-}
-
 fn check(paths: &[PathBuf]) -> Result<ExitCode, String> {
-    let mut files = Vec::new();
-    for p in paths {
-        collect(p, &mut files)?;
-    }
-    if files.is_empty() {
-        return Err("no *.jsonl scenarios found".into());
-    }
-    let (mut same, mut differ) = (0, 0);
-    for f in &files {
+    let files = corpus::scenario_files(paths)?;
+    corpus::check(&files, |f| {
         let text = read(f)?;
         let (lib, model) = both(&text);
         let (lib, model) = (as_recorded(lib), as_recorded(model));
@@ -185,21 +151,6 @@ fn check(paths: &[PathBuf]) -> Result<ExitCode, String> {
             eprintln!("{}: no .expected; library and model agree", f.display());
             None
         };
-        match problem {
-            None => {
-                same += 1;
-                println!("same    {}", f.display());
-            }
-            Some(p) => {
-                differ += 1;
-                println!("DIFFER  {}: {p}", f.display());
-            }
-        }
-    }
-    println!("{same} agree, {differ} differ, of {} scenarios", files.len());
-    Ok(if differ == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
+        Ok(problem)
     })
 }

@@ -12,6 +12,7 @@ use clap::{Args, Subcommand};
 use vfscale_conformance::loop_dev::{kernel, library, render_results, CtlLock, Scenario, Settings};
 
 use crate::cli::Against;
+use crate::corpus::{self, first_difference, read};
 
 /// `vfscale loop ...`.
 #[derive(Debug, Subcommand)]
@@ -68,7 +69,7 @@ pub fn run(c: LoopCommand) -> Result<ExitCode, String> {
 }
 
 fn parse(path: &Path) -> Result<Scenario, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = read(path)?;
     Scenario::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
@@ -84,19 +85,6 @@ fn on_kernel(scn: &Scenario, path: &Path) -> Result<String, String> {
         return Err("interrupted; the loop devices were restored to the starting state".into());
     }
     r.map(|r| render_results(&r))
-}
-
-fn first_difference(a: &str, b: &str) -> String {
-    for (i, (x, y)) in a.lines().zip(b.lines()).enumerate() {
-        if x != y {
-            return format!("step {i}:\n  library: {x}\n  kernel:  {y}");
-        }
-    }
-    format!(
-        "the library printed {} lines, the kernel {}",
-        a.lines().count(),
-        b.lines().count()
-    )
 }
 
 fn replay(a: &LoopReplayArgs) -> Result<ExitCode, String> {
@@ -121,47 +109,20 @@ fn replay(a: &LoopReplayArgs) -> Result<ExitCode, String> {
             let lib = on_library(&scn, settings, &a.file)?;
             kernel_ok()?;
             let ker = on_kernel(&scn, &a.file)?;
-            print!("{lib}");
-            if lib != ker {
-                eprintln!(
-                    "{}: results differ at {}",
-                    a.file.display(),
-                    first_difference(&lib, &ker)
-                );
-                return Ok(ExitCode::from(1));
-            }
-            eprintln!("{}: library and kernel agree", a.file.display());
+            return Ok(corpus::report_both(
+                &a.file,
+                &lib,
+                &ker,
+                "kernel",
+                first_difference,
+            ));
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn collect(path: &Path, out: &mut Vec<PathBuf>) -> Result<(), String> {
-    if path.is_dir() {
-        let mut entries: Vec<_> = std::fs::read_dir(path)
-            .map_err(|e| format!("{}: {e}", path.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .collect();
-        entries.sort();
-        for e in entries {
-            if e.is_dir() || e.extension().is_some_and(|x| x == "jsonl") {
-                collect(&e, out)?;
-            }
-        }
-    } else {
-        out.push(path.to_path_buf());
-    }
-    Ok(())
-}
-
 fn check(paths: &[PathBuf]) -> Result<ExitCode, String> {
-    let mut files = Vec::new();
-    for p in paths {
-        collect(p, &mut files)?;
-    }
-    if files.is_empty() {
-        return Err("no *.jsonl scenarios found".into());
-    }
+    let files = corpus::scenario_files(paths)?;
     let live = match kernel::available() {
         Ok(()) => true,
         Err(why) => {
@@ -169,8 +130,7 @@ fn check(paths: &[PathBuf]) -> Result<ExitCode, String> {
             false
         }
     };
-    let (mut same, mut differ) = (0, 0);
-    for f in &files {
+    corpus::check(&files, |f| {
         let scn = parse(f)?;
         let lib = on_library(&scn, Settings::default(), f)?;
         let mut problems = Vec::new();
@@ -185,18 +145,6 @@ fn check(paths: &[PathBuf]) -> Result<ExitCode, String> {
                 problems.push(format!("the kernel: {}", first_difference(&lib, &ker)));
             }
         }
-        if problems.is_empty() {
-            same += 1;
-            println!("same    {}", f.display());
-        } else {
-            differ += 1;
-            println!("DIFFER  {}: {}", f.display(), problems.join("; "));
-        }
-    }
-    println!("{same} agree, {differ} differ, of {} scenarios", files.len());
-    Ok(if differ == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
+        Ok((!problems.is_empty()).then(|| problems.join("; ")))
     })
 }

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 mod cli;
+mod corpus;
 mod icache_cmd;
 mod lab_cmd;
 mod loop_cmd;

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use vfscale_locks::{Settings, WakeMode};
 
 use crate::cli::{Against, CheckArgs, FdCheckArgs, FdReplayArgs, ReplayArgs, Wake};
+use crate::corpus::{self, first_difference, read};
 
 /// A scenario format with its two runners; each returns the rendered result lines.
 trait Subsystem {
@@ -91,24 +92,6 @@ fn fd_child(named: &Option<PathBuf>) -> PathBuf {
     })
 }
 
-fn read(path: &Path) -> Result<String, String> {
-    std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
-}
-
-/// The first line where two result streams differ, for a report.
-fn first_difference(a: &str, b: &str) -> String {
-    for (i, (x, y)) in a.lines().zip(b.lines()).enumerate() {
-        if x != y {
-            return format!("step {i}:\n  library: {x}\n  kernel:  {y}");
-        }
-    }
-    format!(
-        "the library printed {} lines, the kernel {}",
-        a.lines().count(),
-        b.lines().count()
-    )
-}
-
 fn replay(sub: &dyn Subsystem, file: &Path, against: Against) -> Result<ExitCode, String> {
     let text = read(file)?;
     let at = |e: String| format!("{}: {e}", file.display());
@@ -123,68 +106,22 @@ fn replay(sub: &dyn Subsystem, file: &Path, against: Against) -> Result<ExitCode
         Against::Both => {
             let lib = sub.library(&text).map_err(at)?;
             let ker = kernel()?;
-            print!("{lib}");
-            if lib != ker {
-                eprintln!(
-                    "{}: results differ at {}",
-                    file.display(),
-                    first_difference(&lib, &ker)
-                );
-                return Ok(ExitCode::from(1));
-            }
-            eprintln!("{}: library and kernel agree", file.display());
+            return Ok(corpus::report_both(file, &lib, &ker, "kernel", first_difference));
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn collect(path: &Path, out: &mut Vec<PathBuf>) -> Result<(), String> {
-    if path.is_dir() {
-        let mut entries: Vec<_> = std::fs::read_dir(path)
-            .map_err(|e| format!("{}: {e}", path.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .collect();
-        entries.sort();
-        for e in entries {
-            if e.is_dir() || e.extension().is_some_and(|x| x == "jsonl") {
-                collect(&e, out)?;
-            }
-        }
-    } else {
-        out.push(path.to_path_buf());
-    }
-    Ok(())
-}
-
 fn check(sub: &dyn Subsystem, paths: &[PathBuf]) -> Result<ExitCode, String> {
-    let mut files = Vec::new();
-    for p in paths {
-        collect(p, &mut files)?;
-    }
-    if files.is_empty() {
-        return Err("no *.jsonl scenarios found".into());
-    }
+    let files = corpus::scenario_files(paths)?;
     sub.kernel_available()
         .map_err(|why| format!("the kernel target cannot run here: {why}"))?;
-    let (mut same, mut differ) = (0, 0);
-    for f in &files {
+    corpus::check(&files, |f| {
         let text = read(f)?;
         let at = |e: String| format!("{}: {e}", f.display());
         let lib = sub.library(&text).map_err(at)?;
         let ker = sub.kernel(&text).map_err(at)?;
-        if lib == ker {
-            same += 1;
-            println!("same    {}", f.display());
-        } else {
-            differ += 1;
-            println!("DIFFER  {}: {}", f.display(), first_difference(&lib, &ker));
-        }
-    }
-    println!("{same} agree, {differ} differ, of {} scenarios", files.len());
-    Ok(if differ == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
+        Ok((lib != ker).then(|| first_difference(&lib, &ker)))
     })
 }
 
