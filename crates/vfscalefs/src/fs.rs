@@ -14,8 +14,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::{
     CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, RequestId, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, RequestId, TimeOrNow, WriteFlags,
 };
 
 use crate::handles::Handle;
@@ -102,6 +102,40 @@ fn attr(inode: &Inode, st: &libc::stat64) -> FileAttr {
     }
 }
 
+/// What a `READDIRPLUS` entry became.
+enum PlusEntry {
+    /// Looked up: one lookup counted on this connection.
+    Looked(Node, FileAttr),
+    /// The name went away meanwhile: skipped, as a `readdir` racing an unlink may.
+    Gone,
+    /// Not cached and no descriptor to spare beyond the reserve.
+    NoBudget,
+    /// The lookup failed otherwise.
+    Failed(io::Error),
+}
+
+/// The attributes sent with `.` and `..`, which the kernel does not instantiate: only the
+/// inode number and type are used (for the `dirent`).
+fn unlooked(ino: u64, d_type: u8) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(ino),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: dirent_type(d_type),
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
 /// One connection: a mountpoint of the server.
 pub struct Conn {
     idx: usize,
@@ -143,6 +177,38 @@ impl Conn {
         let inode = self.srv.inodes.lookup(self.idx, fd, &st)?;
         let a = attr(&inode, &st);
         Ok((inode, a))
+    }
+
+    /// One `READDIRPLUS` entry other than `.`/`..`: looked up (one lookup counted, as by
+    /// `lookup`) if the descriptor budget allows, else through the cache only.
+    /// `budget` is the number of descriptors this reply may still take.
+    fn plus_entry(&self, parent: &Inode, name: &OsStr, budget: &mut u64) -> PlusEntry {
+        if *budget > 0 {
+            *budget -= 1;
+            match self.lookup_entry(parent, name) {
+                Ok((n, a)) => return PlusEntry::Looked(n, a),
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::ENOENT) => return PlusEntry::Gone,
+                    Some(libc::EMFILE | libc::ENFILE) => {}
+                    _ => return PlusEntry::Failed(e),
+                },
+            }
+        }
+        // Short of descriptors: an inode the cache already holds needs none.
+        let Ok(c) = sys::component(name) else {
+            return PlusEntry::Failed(io::Error::from_raw_os_error(libc::EINVAL));
+        };
+        match sys::stat_at(parent.fd(), &c) {
+            Ok(st) => match self.srv.inodes.lookup_cached(self.idx, &st) {
+                Some(n) => {
+                    let a = attr(&n, &st);
+                    PlusEntry::Looked(n, a)
+                }
+                None => PlusEntry::NoBudget,
+            },
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => PlusEntry::Gone,
+            Err(e) => PlusEntry::Failed(e),
+        }
     }
 
     fn dir(&self, id: INodeNo) -> Result<Node, Errno> {
@@ -287,6 +353,12 @@ impl Filesystem for Conn {
             .add_capabilities(InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS)
             .map_err(|missing| io::Error::other(format!("the kernel lacks lock forwarding ({missing:?})")))?;
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        if self.srv.opts.readdirplus {
+            // READDIRPLUS on the first read of a directory and whenever the kernel saw
+            // lookups follow a readdir (`ls -l`), plain READDIR otherwise.
+            let _ =
+                config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
+        }
         let _ = config.set_max_background(64);
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
@@ -745,6 +817,80 @@ impl Filesystem for Conn {
                 ) {
                     break 'outer;
                 }
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let h = some!(self.handle(fh), reply, Errno::EBADF);
+        let Some(pos) = &h.dir else {
+            return reply.error(Errno::ENOTDIR);
+        };
+        let _g = pos.lock();
+        tri!(sys::seek_to(h.fd(), offset as i64), reply);
+        let ttl = self.ttl();
+        let mut buf = vec![0u8; 32 * 1024];
+        let mut added = 0usize;
+        let mut budget = self.srv.fd_budget();
+        'outer: loop {
+            let entries = tri!(sys::getdents(h.fd(), &mut buf), reply);
+            if entries.is_empty() {
+                break;
+            }
+            for e in entries {
+                let name = OsStr::from_bytes(&e.name);
+                let off = e.off as u64;
+                if name == "." || name == ".." {
+                    // Never instantiated by the kernel (fs/fuse/readdir.c,
+                    // fuse_direntplus_link), so never counted; the node id field is
+                    // the dirent's inode number, as fuser writes both from one field.
+                    if reply.add(
+                        INodeNo(e.ino),
+                        off,
+                        name,
+                        &ttl,
+                        &unlooked(e.ino, e.kind),
+                        Generation(0),
+                    ) {
+                        break 'outer;
+                    }
+                    added += 1;
+                    continue;
+                }
+                match self.plus_entry(&h.inode, name, &mut budget) {
+                    PlusEntry::Looked(node, a) => {
+                        if reply.add(INodeNo(node.id), off, name, &ttl, &a, Generation(0)) {
+                            // Not sent: take back the lookup the kernel will never hold.
+                            self.srv.inodes.forget(self.idx, node.id, 1);
+                            break 'outer;
+                        }
+                    }
+                    PlusEntry::Gone => continue,
+                    PlusEntry::NoBudget if added > 0 => break 'outer,
+                    PlusEntry::NoBudget => {
+                        // The first entry: looked up into the reserve (one descriptor
+                        // per reply, so listing goes on). An entry without attributes
+                        // (node id 0) is not an option with fuser 0.18: it writes the
+                        // dirent's d_ino from the node id, and glibc's readdir skips
+                        // d_ino 0 entries, so the name would silently vanish.
+                        let (node, a) = tri!(self.lookup_entry(&h.inode, name), reply);
+                        if reply.add(INodeNo(node.id), off, name, &ttl, &a, Generation(0)) {
+                            self.srv.inodes.forget(self.idx, node.id, 1);
+                            break 'outer;
+                        }
+                    }
+                    PlusEntry::Failed(err) if added == 0 => return reply.error(errno(err)),
+                    PlusEntry::Failed(_) => break 'outer,
+                }
+                added += 1;
             }
         }
         reply.ok();

@@ -18,7 +18,8 @@
 //!   looking up the same inode meanwhile waits for that load and takes the same inode,
 //!   dropping its own descriptor.
 //! * **Lookup counts and forget.** Every reply that hands the kernel a node id (lookup,
-//!   create, mkdir, mknod, symlink, link) counts one lookup on that connection; `forget`
+//!   create, mkdir, mknod, symlink, link, and each entry of `READDIRPLUS` but `.` and
+//!   `..`) counts one lookup on that connection; `forget`
 //!   takes them back. While any connection holds a lookup the inode is *pinned*: it keeps
 //!   one reference of its own. Counts are per connection, so one mountpoint going away
 //!   drops exactly its own.
@@ -216,8 +217,11 @@ pub struct InodeTable {
 /// Table counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TableStats {
-    /// Inodes in the cache, the root included.
+    /// Inodes on the superblock's lists (loaded, not evicted), the root included.
     pub inodes: u64,
+    /// Lookups the kernels hold, summed over inodes and connections (0 once every
+    /// connection has forgotten everything but the root, whose lookups are implicit).
+    pub lookups: u64,
 }
 
 fn mix(key: &BackingKey) -> u64 {
@@ -320,13 +324,36 @@ impl InodeTable {
             }
             None => return Err(std::io::Error::from_raw_os_error(libc::EAGAIN)),
         };
+        Self::count_lookup(conn, &node);
+        Ok(node)
+    }
+
+    /// Counts one lookup, on connection `conn`, of the inode with identity `st` if the
+    /// cache already has it, without a descriptor: the budget-short path of
+    /// `READDIRPLUS` (see `fs.rs`). `None` when the inode is not cached.
+    pub fn lookup_cached(&self, conn: usize, st: &libc::stat64) -> Option<Node> {
+        let key = BackingKey {
+            dev: st.st_dev,
+            ino: st.st_ino,
+        };
+        let id = self.id_for(&key);
+        let node = if id == ROOT_ID {
+            self.root.clone()
+        } else {
+            Node(self.sb.ilookup5(id, move |i| i.data().key == key)?)
+        };
+        Self::count_lookup(conn, &node);
+        Some(node)
+    }
+
+    /// One more lookup of `node` held by connection `conn`'s kernel; the first one of
+    /// all connections pins the inode.
+    fn count_lookup(conn: usize, node: &Node) {
         let mut pin = node.pin.lock();
         node.lookups[conn].fetch_add(1, Ordering::AcqRel);
         if pin.is_none() && node.id != ROOT_ID {
             *pin = Some(node.0.clone());
         }
-        drop(pin);
-        Ok(node)
     }
 
     /// `FORGET`: connection `conn`'s kernel drops `n` lookups of node `id`.
@@ -363,10 +390,18 @@ impl InodeTable {
         drop(all);
     }
 
-    /// Counters.
+    /// Inodes in the cache, the root included (cheap: per-CPU counters).
+    pub fn nr_inodes(&self) -> u64 {
+        self.cache.stats().nr_inodes
+    }
+
+    /// Counters (walks the table for the lookup sum).
     pub fn stats(&self) -> TableStats {
+        let mut lookups = 0;
+        self.sb.for_each_inode(|r| lookups += r.data().total_lookups());
         TableStats {
-            inodes: self.cache.stats().nr_inodes,
+            inodes: self.sb.nr_inodes() as u64,
+            lookups,
         }
     }
 }

@@ -42,7 +42,9 @@
 //!
 //! # Lock order
 //!
-//! The inode cache's locks (inside `vfscale-icache`) are taken only inside its calls; an
+//! A directory handle's position lock (`READDIR`/`READDIRPLUS`) → the inode cache (each
+//! `READDIRPLUS` entry is a lookup made under it). The inode cache's locks (inside
+//! `vfscale-icache`) are taken only inside its calls; an
 //! inode's `pin` is held around its lookup counts and released before the reference it
 //! held is put. Per inode: `lock_owners` → the lock context's inode lock (`flc_lock`,
 //! inside `vfscale-locks`) → a waiter's state. A connection's interrupt table → a
@@ -106,6 +108,11 @@ pub struct Options {
     pub dev: bool,
     /// As `dev`, for `suid`.
     pub suid: bool,
+    /// Answer `READDIRPLUS` (entries with attributes, each one a lookup).
+    pub readdirplus: bool,
+    /// Descriptors `READDIRPLUS` leaves free for opens and lookups (`None`: an eighth of
+    /// the limit, 64 to 65,536).
+    pub fd_reserve: Option<u64>,
 }
 
 impl Default for Options {
@@ -119,6 +126,8 @@ impl Default for Options {
             read_only: false,
             dev: false,
             suid: false,
+            readdirplus: true,
+            fd_reserve: None,
         }
     }
 }
@@ -144,6 +153,9 @@ impl Options {
                 "suid" => self.suid = true,
                 "passthrough" => self.passthrough = true,
                 "nopassthrough" => self.passthrough = false,
+                "readdirplus" => self.readdirplus = true,
+                "noreaddirplus" => self.readdirplus = false,
+                "fd_reserve" => self.fd_reserve = Some(num(v)?),
                 "threads" => self.threads = num(v)?.clamp(1, 1024) as usize,
                 "ttl" | "attr_timeout" | "entry_timeout" => self.ttl = Duration::from_millis(num(v)?),
                 _ => return Err(format!("unknown option {opt:?}")),
@@ -190,6 +202,18 @@ impl Server {
     /// The lock side.
     pub fn locks(&self) -> &Locks {
         &self.locks
+    }
+
+    /// How many more source descriptors one `READDIRPLUS` reply may open: the descriptor
+    /// limit less the reserve (`Options::fd_reserve`) less one per cached inode (each
+    /// holds its `O_PATH` descriptor). Open handles are not counted: `EMFILE` from the
+    /// lookup itself is the backstop.
+    pub fn fd_budget(&self) -> u64 {
+        let limit = self.handles.limit() as u64;
+        let reserve = self.opts.fd_reserve.unwrap_or((limit / 8).clamp(64, 65_536));
+        limit
+            .saturating_sub(reserve)
+            .saturating_sub(self.inodes.nr_inodes())
     }
 
     /// How many files the handle table can hold.
@@ -258,6 +282,30 @@ fn check_mountpoint(p: &Path) -> Result<(), Error> {
     Ok(())
 }
 
+/// `SIGUSR1`: one line `inodes=N lookups=M handles=H` (the inode table's size, the root
+/// included, the lookups the kernels hold, the open files) appended to the file named by `VFSCALEFS_STATS`, or
+/// to stderr. After the kernels have forgotten everything (`umount`, or
+/// `echo 2 > /proc/sys/vm/drop_caches` with nothing open) it reads `inodes=1 lookups=0`.
+fn write_stats(srv: &Server) {
+    use std::io::Write as _;
+    let s = srv.inodes.stats();
+    let open: usize = (0..srv.inodes.connections())
+        .map(|c| srv.handles.of_connection(c).len())
+        .sum();
+    let line = format!("inodes={} lookups={} handles={open}\n", s.inodes, s.lookups);
+    let wrote = std::env::var_os("VFSCALEFS_STATS").is_some_and(|p| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .and_then(|mut f| f.write_all(line.as_bytes()))
+            .is_ok()
+    });
+    if !wrote {
+        let _ = std::io::stderr().write_all(format!("vfscalefs: {line}").as_bytes());
+    }
+}
+
 /// Lazily detaches the mount at `p` (the last resort when it is busy).
 fn detach(p: &Path) {
     // SAFETY: geteuid has no preconditions.
@@ -298,6 +346,7 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
     sigs.add(Signal::SIGINT);
     sigs.add(Signal::SIGTERM);
     sigs.add(Signal::SIGHUP);
+    sigs.add(Signal::SIGUSR1);
     sigs.thread_block()
         .map_err(|e| Error::Source(source.to_owned(), e.into()))?;
 
@@ -358,19 +407,25 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
         })
         .collect();
 
+    let stats_srv = srv.clone();
     std::thread::Builder::new()
         .name("vfscalefs-signals".into())
         .spawn(move || {
-            if sigs.wait().is_ok() {
-                for (p, mut u) in unmounters {
-                    if u.unmount().is_err() {
-                        // Busy: detach it; the connection ends when its last user closes.
-                        eprintln!(
-                            "vfscalefs: {} is busy; detached, it goes away when no longer used",
-                            p.display()
-                        );
-                        detach(&p);
-                    }
+            loop {
+                match sigs.wait() {
+                    Ok(Signal::SIGUSR1) => write_stats(&stats_srv),
+                    Ok(_) => break,
+                    Err(_) => return,
+                }
+            }
+            for (p, mut u) in unmounters {
+                if u.unmount().is_err() {
+                    // Busy: detach it; the connection ends when its last user closes.
+                    eprintln!(
+                        "vfscalefs: {} is busy; detached, it goes away when no longer used",
+                        p.display()
+                    );
+                    detach(&p);
                 }
             }
         })

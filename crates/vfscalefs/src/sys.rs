@@ -125,6 +125,26 @@ pub fn stat_fd(fd: BorrowedFd<'_>) -> io::Result<libc::stat64> {
     Ok(unsafe { st.assume_init() })
 }
 
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)` of one path component (checked by
+/// [`component`]), without a descriptor.
+pub fn stat_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<libc::stat64> {
+    let mut st = std::mem::MaybeUninit::<libc::stat64>::uninit();
+    // SAFETY: `name` is NUL-terminated; `st` is written on success.
+    let r = unsafe {
+        libc::fstatat64(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstatat succeeded and filled `st`.
+    Ok(unsafe { st.assume_init() })
+}
+
 /// An error from a plain libc call that returns -1.
 pub fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 {

@@ -83,6 +83,11 @@ pub struct Mounted {
 impl Mounted {
     /// Serves a fresh source directory on `n` fresh mountpoints with `-o opts`.
     pub fn start(n: usize, opts: &str) -> Result<Mounted, String> {
+        Self::start_env(n, opts, &[])
+    }
+
+    /// As [`Mounted::start`], with environment variables for the server.
+    pub fn start_env(n: usize, opts: &str, env: &[(&str, &Path)]) -> Result<Mounted, String> {
         let dir = TempDir::new("mnt");
         let source = dir.0.join("src");
         std::fs::create_dir(&source).unwrap();
@@ -97,6 +102,9 @@ impl Mounted {
             cmd.arg("-o").arg(opts);
         }
         cmd.stdin(Stdio::null());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
         let child = cmd.spawn().map_err(|e| format!("spawn vfscalefs: {e}"))?;
         let mut m = Mounted {
             child: Some(child),
