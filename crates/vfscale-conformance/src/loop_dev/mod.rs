@@ -6,6 +6,7 @@
 pub mod kernel;
 pub mod library;
 mod model;
+pub mod reference;
 
 pub use model::*;
 /// The library's settings, for the runners' callers.
