@@ -6,7 +6,9 @@
 //! not yet destroyed, `nr_unused` the LRU; after unmount both are 0 and every inode was
 //! destroyed exactly once (counted in the filesystem's own `destroy_inode`).
 //!
-//! `VFSCALE_STRESS_ITERS` sets the number of rounds (default a few; 2 shared cores).
+//! `VFSCALE_STRESS_ITERS` (rounds, default 6), `VFSCALE_STRESS_OPS` (operations per thread
+//! and round, default 2000) and `VFSCALE_STRESS_THREADS` (default 4) scale it up; the
+//! defaults are small (2 shared cores).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
