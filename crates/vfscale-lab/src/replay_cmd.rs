@@ -119,8 +119,9 @@ fn check(sub: &dyn Subsystem, paths: &[PathBuf]) -> Result<ExitCode, String> {
     // Scenarios under a `racy/` directory depend on which of several woken waiters the
     // kernel lets win (the format says so): both sides must replay them without error,
     // but their results are not compared.
-    let (racy, files): (Vec<PathBuf>, Vec<PathBuf>) =
-        files.into_iter().partition(|f| f.components().any(|c| c.as_os_str() == "racy"));
+    let (racy, files): (Vec<PathBuf>, Vec<PathBuf>) = files
+        .into_iter()
+        .partition(|f| f.components().any(|c| c.as_os_str() == "racy"));
     for f in &racy {
         let text = read(f)?;
         let at = |e: String| format!("{}: {e}", f.display());
