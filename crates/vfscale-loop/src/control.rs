@@ -177,7 +177,7 @@ impl LoopControl {
 
     /// Opens `/dev/loop{index}`: `ENOENT` when there is no such device, `ENXIO` while it
     /// runs down or is being removed, `EBUSY` for an exclusive open of a device that
-    /// another opener claims. In [`CtlLock::PerDevice`] this takes only the device's
+    /// another opener claims (checked first: `bdev_open` claims before `lo_open`). In [`CtlLock::PerDevice`] this takes only the device's
     /// lock (and a lookup shard's, briefly).
     pub fn open(&self, index: u32, mode: OpenMode) -> Result<LoopHandle, Errno> {
         let dev = self.lookup(index).ok_or(Errno::ENOENT)?;

@@ -86,10 +86,19 @@ impl Backing {
             Backing::Loop(d) => d.write,
         }
     }
-    fn can_odirect(&self) -> Option<u64> {
+    /// `FMODE_CAN_ODIRECT`: a block device (loop on loop) always allows it.
+    fn can_odirect(&self) -> bool {
         match self {
-            Backing::File(f) => f.direct().map(|_| f.min_dio()),
-            Backing::Loop(_) => None,
+            Backing::File(f) => f.direct().is_some(),
+            Backing::Loop(_) => true,
+        }
+    }
+    /// `loop_query_min_dio_size`: `STATX_DIOALIGN`'s offset alignment; a block device
+    /// reports its logical block size.
+    fn min_dio(&self) -> u64 {
+        match self {
+            Backing::File(f) => f.min_dio(),
+            Backing::Loop(d) => u64::from(d.dev.block_size()),
         }
     }
 }
@@ -152,6 +161,9 @@ pub(crate) struct LoInner {
     pub(crate) excl_holders: usize,
     /// The backing (as `lo_backing_file`); the I/O path reads its copy in the queue.
     pub(crate) backing: Option<Backing>,
+    /// `lo_min_dio_size`: the backing's direct-I/O alignment, taken when it is assigned
+    /// (`loop_assign_backing_file`), so a later block-size change below does not move it.
+    pub(crate) min_dio: u64,
 }
 
 /// What I/O reads, replaced only while the queue is frozen.
@@ -185,6 +197,9 @@ pub struct LoopDevice {
     /// Block size of the device's page cache, as Linux sets it at the first open
     /// (`set_init_blocksize`), for the answer to writes during rundown.
     cache_block: AtomicU64,
+    /// Write-back failures so far (`mapping->wb_err`): writes the page cache took but
+    /// could not store (during rundown, or when a device below refuses them).
+    wb_err: AtomicU64,
     queue: Queue<IoConfig>,
     /// Live handles, for nothing but debugging leaks.
     handles: AtomicUsize,
@@ -196,6 +211,8 @@ pub(crate) struct OpenDesc {
     pub(crate) dev: Arc<LoopDevice>,
     pub(crate) write: bool,
     pub(crate) excl: bool,
+    /// `file->f_wb_err`: the device's write-back failures this description has reported.
+    pub(crate) wb_seen: AtomicU64,
 }
 
 /// An open handle of a loop device (`/dev/loopN` opened once). Clones share the open
@@ -261,6 +278,7 @@ impl LoopDevice {
                 openers: 0,
                 excl_holders: 0,
                 backing: None,
+                min_dio: SECTOR,
             }),
             state: AtomicU32::new(0),
             visible: AtomicBool::new(true),
@@ -270,6 +288,7 @@ impl LoopDevice {
             disk_ro: AtomicBool::new(false),
             write_cache: AtomicBool::new(false),
             cache_block: AtomicU64::new(PAGE),
+            wb_err: AtomicU64::new(0),
             queue: Queue::new(None),
             handles: AtomicUsize::new(0),
         }
@@ -365,14 +384,16 @@ impl LoopDevice {
 
     pub(crate) fn open(this: &Arc<Self>, mode: OpenMode) -> Result<LoopHandle, Errno> {
         let mut g = this.lock();
+        // bdev_open: the exclusive claim (bd_prepare_to_claim, EBUSY) comes before
+        // blkdev_get_whole -> lo_open (ENXIO in rundown or while deleting).
+        if mode.excl && g.excl_holders > 0 {
+            return Err(Errno::EBUSY);
+        }
         match this.state() {
             LoopState::Deleting | LoopState::Rundown => return Err(Errno::ENXIO),
             _ => {}
         }
         if mode.excl {
-            if g.excl_holders > 0 {
-                return Err(Errno::EBUSY);
-            }
             g.excl_holders += 1;
         }
         if g.openers == 0 {
@@ -389,6 +410,7 @@ impl LoopDevice {
                 dev: this.clone(),
                 write: mode.write,
                 excl: mode.excl,
+                wb_seen: AtomicU64::new(this.wb_err.load(Ordering::Acquire)),
             }),
         })
     }
@@ -451,8 +473,8 @@ impl LoopDevice {
     /// `lo_can_use_dio`.
     fn can_use_dio(&self, g: &DevGuard<'_>) -> bool {
         let Some(b) = &g.backing else { return false };
-        let Some(min) = b.can_odirect() else { return false };
-        u64::from(self.block_size()) >= min && g.offset % min == 0
+        let min = g.min_dio;
+        b.can_odirect() && u64::from(self.block_size()) >= min && g.offset % min == 0
     }
 
     /// `loop_update_dio`: direct I/O is switched off when it can no longer be used.
@@ -566,8 +588,11 @@ impl LoopHandle {
         }
         let ro = flags & LO_FLAGS_READ_ONLY != 0;
         dev.disk_ro.store(ro, Ordering::Release);
+        // loop_assign_backing_file, then loop_update_limits: block size 0 is the
+        // default (loop_default_blocksize: the direct-I/O alignment with direct I/O).
+        g.min_dio = backing.min_dio();
         let bs = if config.block_size == 0 {
-            SECTOR
+            default_block_size(flags, g.min_dio)
         } else {
             u64::from(config.block_size)
         };
@@ -621,6 +646,7 @@ impl LoopHandle {
         if new_size != old_size {
             return Err(Errno::EINVAL);
         }
+        g.min_dio = backing.min_dio();
         let old = g.backing.replace(backing.clone());
         dev.update_dio(&mut g);
         let dio = g.flags & LO_FLAGS_DIRECT_IO != 0;
@@ -707,7 +733,8 @@ impl LoopHandle {
         dev.recompute_size(&g).map_err(|_| Errno::EIO)
     }
 
-    /// `LOOP_SET_BLOCK_SIZE`: a power of two from 512 to 64 KiB; 0 resets to 512.
+    /// `LOOP_SET_BLOCK_SIZE`: a power of two from 512 to 64 KiB; 0 resets to the default
+    /// (512, or the backing's direct-I/O alignment while direct I/O is on).
     pub fn set_block_size(&self, size: u64) -> Result<(), Errno> {
         let dev = self.dev();
         let mut g = dev.lock();
@@ -720,7 +747,7 @@ impl LoopHandle {
         }
         // Linux compares the whole argument, then hands it on as an unsigned int.
         let bs = match size as u32 {
-            0 => SECTOR,
+            0 => default_block_size(g.flags, g.min_dio),
             b => u64::from(b),
         };
         if bs == u64::from(dev.block_size()) {
@@ -823,6 +850,7 @@ impl LoopHandle {
             // a partial block needs a read, which fails.
             let cb = dev.cache_block.load(Ordering::Relaxed);
             return if pos % cb == 0 && (n as u64) % cb == 0 {
+                dev.wb_err.fetch_add(1, Ordering::AcqRel);
                 Ok(n)
             } else {
                 Err(Errno::EIO)
@@ -841,14 +869,44 @@ impl LoopHandle {
         };
         match put {
             Ok(k) if k == n => Ok(n),
-            _ => Err(Errno::EIO),
+            _ => {
+                // Linux takes the write into this device's page cache (a block it
+                // covers only in part is read first, which must succeed) and its
+                // write-back fails: the data are lost and the next fsync of each open
+                // description says EIO (mapping_set_error, errseq).
+                let cb = dev.cache_block.load(Ordering::Relaxed);
+                if pos % cb != 0 || (n as u64) % cb != 0 {
+                    let start = pos / cb * cb;
+                    let end = (pos + n as u64).div_ceil(cb) * cb;
+                    let mut tmp = vec![0u8; (end.min(cap) - start) as usize];
+                    let got = match &cfg.backing {
+                        Backing::File(f) => f.read_at(&mut tmp, cfg.offset + start, cfg.dio),
+                        Backing::Loop(d) => {
+                            (LoopHandle { desc: d.clone() }).read_at(&mut tmp, cfg.offset + start)
+                        }
+                    };
+                    if got.is_err() {
+                        return Err(Errno::EIO);
+                    }
+                }
+                dev.wb_err.fetch_add(1, Ordering::AcqRel);
+                Ok(n)
+            }
         }
     }
 
-    /// `fsync`: a flush reaches the backing file when the device has a write cache;
-    /// `EIO` when that cache belongs to a device that is no longer bound.
+    /// `fsync`: `EIO` once per open description for writes whose write-back failed; then
+    /// a flush reaches the backing file when the device has a write cache; `EIO` when
+    /// that cache belongs to a device that is no longer bound.
     pub fn flush(&self) -> Result<(), Errno> {
         let dev = self.dev();
+        // file_write_and_wait_range: a write-back failure this description has not
+        // reported yet.
+        let failed = dev.wb_err.load(Ordering::Acquire);
+        if self.desc.wb_seen.load(Ordering::Acquire) < failed {
+            self.desc.wb_seen.store(failed, Ordering::Release);
+            return Err(Errno::EIO);
+        }
         if !dev.write_cache() {
             return Ok(());
         }
@@ -955,5 +1013,15 @@ impl LoopDevice {
     /// Live handles of this device (for leak checks in tests).
     pub fn live_handles(&self) -> usize {
         self.handles.load(Ordering::Relaxed)
+    }
+}
+
+/// `loop_default_blocksize`: with direct I/O, the backing's direct-I/O alignment
+/// (`lo_min_dio_size`), else 512.
+fn default_block_size(flags: u32, min_dio: u64) -> u64 {
+    if flags & LO_FLAGS_DIRECT_IO != 0 {
+        min_dio
+    } else {
+        SECTOR
     }
 }
