@@ -217,6 +217,34 @@ impl Reference {
         Ok(StepResult::new(i, out))
     }
 
+    /// Whether I/O through `handle` is sound in the format's sense (`docs/scenarios/loop.md`,
+    /// "I/O"), so that Linux's answer does not depend on its page cache: the device is
+    /// unbound or in rundown, or bound with its backing covering it and its size a whole
+    /// number of logical blocks of at most a page, and the same holds for every loop
+    /// device below it. `false` for a handle that is not open.
+    pub fn io_sound(&self, handle: &str) -> bool {
+        self.handles
+            .get(handle)
+            .is_some_and(|d| self.dev_sound(self.descs[*d].dev))
+    }
+
+    fn dev_sound(&self, i: u32) -> bool {
+        let dev = &self.devs[&i];
+        if dev.state != State::Bound {
+            return true;
+        }
+        if dev.lbs > PAGE || dev.size() % dev.lbs != 0 {
+            return false;
+        }
+        match dev.backing.as_ref().expect("bound") {
+            BackRef::File(f) => dev.offset + dev.size() <= self.files[f].data.len() as u64,
+            BackRef::Desc(l) => {
+                let li = self.descs[*l].dev;
+                dev.offset + dev.size() <= self.devs[&li].size() && self.dev_sound(li)
+            }
+        }
+    }
+
     fn run(&mut self, op: &Op) -> Outcome {
         let unit = |r: Res<()>| match r {
             Ok(()) => Outcome::Ok,
@@ -941,7 +969,9 @@ impl Reference {
             return Err(ENOSPC);
         }
         let end = size.min(pos + len);
-        let block = dev.cache_block.max(dev.lbs);
+        // The page cache's block size is fixed at the first open (set_init_blocksize), a
+        // later LOOP_SET_BLOCK_SIZE does not change it.
+        let block = dev.cache_block;
         let folio = block.max(PAGE);
         // generic_perform_write, one folio at a time.
         let mut done = pos;
