@@ -66,7 +66,7 @@ pub fn format_pm(mean: f64, error: f64, unit: Unit) -> String {
     }
     let (scale, prefix) = prefix_for(mean, unit);
     let value = format(mean, unit);
-    if !error.is_finite() || error == 0.0 {
+    if !error.is_finite() || negligible(mean, error) {
         return value;
     }
     let e = plain(error / scale, ERROR_DIGITS);
@@ -96,11 +96,17 @@ pub fn format_ratio(r: f64) -> String {
 
 /// A ratio and its error: `25.9× ± 4.1`.
 pub fn format_ratio_pm(r: f64, e: f64) -> String {
-    if e.is_finite() && e > 0.0 && r.is_finite() {
+    if e.is_finite() && !negligible(r, e) && r.is_finite() {
         format!("{} ± {}", format_ratio(r), plain(e, ERROR_DIGITS))
     } else {
         format_ratio(r)
     }
+}
+
+/// An error that is only floating-point noise of identical samples (the mean of three
+/// equal values has a standard deviation of about 1e-17 of it): not worth a `±`.
+fn negligible(mean: f64, error: f64) -> bool {
+    error <= 0.0 || error <= mean.abs() * 1e-9
 }
 
 fn format_digits(x: f64, unit: Unit, digits: usize) -> String {
@@ -192,6 +198,15 @@ pub fn plain(x: f64, digits: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rounding_noise_has_no_error() {
+        // Three identical samples of 109.0 give a standard deviation of ~1.7e-14.
+        assert_eq!(format_pm(109.0, 1.7e-14, Unit::Bytes), "109 B");
+        assert_eq!(format_pm(3.0, 5.4e-16, Unit::Plain), "3.00");
+        assert_eq!(format_ratio_pm(1.0, 1e-16), "1.00×");
+        assert_eq!(format_pm(93.1, 4.2, Unit::Nanoseconds), "93.1 ns ± 4.2 ns");
+    }
 
     #[test]
     fn si_forms() {
