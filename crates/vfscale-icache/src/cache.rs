@@ -763,16 +763,12 @@ fn destroy_inode<F: SuperOperations>(inode: &Inode<F>) {
     let sb = &*inode.sb;
     sb.ops.destroy_inode(inode);
     sb.cache.counters().nr_inodes.fetch_sub(1, Ordering::Relaxed);
-    let p = InodePtr(NonNull::from(inode));
+    let p = NonNull::from(inode).as_ptr();
     let pin = sb.cache.domain.pin();
     // SAFETY: the inode is off every list and chain, nobody holds a reference, and
-    // walkers that may still see its pointer are pinned: the box is freed after them.
-    unsafe {
-        pin.defer(Box::new(move || {
-            let p = p;
-            drop(Box::from_raw(p.0.as_ptr()));
-        }));
-    }
+    // walkers that may still see its pointer are pinned: the box (from `alloc_inode`'s
+    // `Box::leak`) is freed after them.
+    unsafe { pin.defer_free_box(p) };
 }
 
 /// `list_lru_walk_one` with `inode_lru_isolate` over one LRU shard.

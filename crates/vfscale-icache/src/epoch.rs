@@ -19,10 +19,6 @@ mod imp {
     /// A pinned section (`rcu_read_lock`).
     pub(crate) struct Guard(crossbeam_epoch::Guard);
 
-    struct SendBox(*mut (dyn FnOnce() + Send));
-    // SAFETY: the closure inside is `Send`; the raw pointer only hides its lifetime.
-    unsafe impl Send for SendBox {}
-
     impl Domain {
         pub(crate) fn new() -> Self {
             Domain
@@ -32,24 +28,26 @@ mod imp {
         }
     }
 
+    struct SendPtr<T>(*mut T);
+    // SAFETY: the pointee is `Send`; the pointer only carries it to the thread that frees it.
+    unsafe impl<T: Send> Send for SendPtr<T> {}
+
     impl Guard {
-        /// Runs `f` once every thread pinned now has unpinned.
+        /// Frees the box `p` once every thread pinned now has unpinned: a deferred free
+        /// without boxing a closure (crossbeam stores the one-word closure inline), so an
+        /// eviction costs no allocation of its own.
         ///
         /// # Safety
-        /// `f` may run on another thread, after this function returns, and must stay
-        /// sound to run then (it typically frees memory that readers may still hold).
-        pub(crate) unsafe fn defer(&self, f: Box<dyn FnOnce() + Send + '_>) {
-            // SAFETY: the caller vouches that running `f` later is sound; the lifetime is
-            // erased only to satisfy crossbeam's `'static` bound on stored closures.
-            let f: Box<dyn FnOnce() + Send + 'static> = unsafe { std::mem::transmute(f) };
-            let b = SendBox(Box::into_raw(f));
-            // SAFETY: `defer_unchecked` runs the closure once; the box is rebuilt from the
-            // pointer `into_raw` gave.
+        /// `p` came from `Box::into_raw`/`Box::leak`, nobody frees it otherwise, and it is
+        /// sound to drop the box on another thread after this returns.
+        pub(crate) unsafe fn defer_free_box<T: Send>(&self, p: *mut T) {
+            let p = SendPtr(p);
+            // SAFETY: run once, after every current pin ended; by the caller's contract the
+            // box is ours to drop then.
             unsafe {
                 self.0.defer_unchecked(move || {
-                    let b = b;
-                    let f = Box::from_raw(b.0);
-                    f()
+                    let p = p;
+                    drop(Box::from_raw(p.0));
                 })
             };
         }
@@ -135,6 +133,24 @@ mod imp {
             // SAFETY: see the caller's contract.
             let f: Garbage = unsafe { std::mem::transmute(f) };
             self.0.garbage.lock().push(f);
+        }
+    }
+
+    impl Guard {
+        /// # Safety
+        /// As the crossbeam version: `p` is a leaked box nobody else frees.
+        pub(crate) unsafe fn defer_free_box<T: Send>(&self, p: *mut T) {
+            struct SendPtr<T>(*mut T);
+            // SAFETY: the pointee is `Send`.
+            unsafe impl<T: Send> Send for SendPtr<T> {}
+            let p = SendPtr(p);
+            // SAFETY: by the caller's contract.
+            unsafe {
+                self.defer(Box::new(move || {
+                    let p = p;
+                    drop(Box::from_raw(p.0));
+                }))
+            };
         }
     }
 
