@@ -73,6 +73,8 @@ impl Scale {
             Workload::Inodes => Scale {
                 tasks: vec![1, 2],
                 sizes: vec![200_000],
+                // Not `evict` (issue 9's 1,000,000-inode point): only with --mode evict.
+                modes: crate::measure::inodes::PHASES.to_vec(),
                 ..base
             },
             // Seed 004: 69 devices at boot; half a second per run keeps the whole bench

@@ -201,7 +201,9 @@ const WORKLOADS_HELP: &str = "Workloads:
   lockmany            many locks held on one file (--held); modes ofd, posix
   pipebench, opensock seed 001: descriptor allocation and install
   dup1                will-it-scale dup1
-  inodes              seed 002: create, walk, cold-walk, chmod, unlink (--files per task)
+  inodes              seed 002: create, walk, cold-walk, chmod, unlink (--files per task);
+                      --mode evict: --files N,... inodes cached in all, bytes of
+                      bookkeeping per inode and evict_inodes ns per inode (library only)
   loop                seed 004: boot, open-close, open-close-same, configure, churn, io
 
 Targets: kernel (real system calls; run as root where a workload needs it), kernel-ext4,
@@ -235,9 +237,10 @@ pub struct BenchArgs {
     /// Lock/unlock pairs per task of the lockperf workloads.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub iterations: Option<u64>,
-    /// Files per task (inodes).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
-    pub files: Option<u64>,
+    /// Files per task (inodes), comma-separated for several sizes; with --mode evict,
+    /// inodes cached in all (e.g. 250000,1000000).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub files: Vec<u64>,
     /// Locks held on the file, comma-separated (lockmany).
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub held: Vec<u64>,

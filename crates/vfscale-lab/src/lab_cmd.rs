@@ -91,9 +91,9 @@ pub fn bench(a: &BenchArgs) -> Result<ExitCode, String> {
         )?;
         s.iterations = a.iterations;
     }
-    if let Some(f) = a.files {
+    if !a.files.is_empty() {
         only("--files", w == Workload::Inodes, "inodes")?;
-        s.sizes = vec![f];
+        s.sizes = a.files.clone();
     }
     if !a.held.is_empty() {
         only("--held", w == Workload::Lockmany, "lockmany")?;

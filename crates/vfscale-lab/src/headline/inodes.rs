@@ -6,6 +6,10 @@
 //! 2. Counters: global lock acquisitions per operation (target: exactly 0 for `library`,
 //!    ≥ 1 for `library-prepatch`) and the cold walk's loads per distinct inode (target:
 //!    exactly 1 for `library`).
+//! 3. The 1,000,000-inode point (`--mode evict`, when it ran): bytes of bookkeeping per
+//!    cached inode beyond the filesystem's data at the largest size (target ≤ 128), and
+//!    `evict_inodes` ns per inode at each size with the linearity ratio, ns/inode at the
+//!    largest size ÷ at the smallest (linear: ≤ 1.5; one size: no linearity target).
 
 use super::{metric, task_counts, Finding, Ratio, Targets};
 use crate::export::units::{self, Unit};
@@ -18,6 +22,80 @@ const ALTERNATIVES: [&str; 3] = ["rwlock-hashmap", "dashmap", "moka"];
 
 /// The experiment's lines (none when it did not run).
 pub fn findings(report: &Report) -> Vec<Finding> {
+    let mut out = phases(report);
+    out.extend(evict(report));
+    out
+}
+
+/// Bookkeeping bound per cached inode (issue 9).
+pub const MAX_BYTES_PER_INODE: f64 = 128.0;
+/// `evict_inodes` is called linear when ns/inode at the largest size is at most this
+/// many times ns/inode at the smallest (a 4× size range; cache misses grow a little).
+pub const MAX_LINEARITY: f64 = 1.5;
+
+/// Line 3: the evict point, for `library` (and prepatch's figures beside it).
+fn evict(report: &Report) -> Vec<Finding> {
+    const MODE: &str = crate::measure::inodes::million::MODE;
+    // (files, tasks, bytes/inode, evict ns/inode, evicted == cached) per row of `target`,
+    // fewest tasks first, by size.
+    let points = |target: &str| {
+        let mut v: Vec<(u64, usize, f64, f64, bool)> = report
+            .results
+            .iter()
+            .filter(|r| r.workload == W && r.target == target && r.mode == MODE)
+            .filter_map(|r| {
+                let m = |k: &str| r.metrics.get(k).map(|s| s.mean);
+                Some((
+                    r.files?,
+                    r.tasks,
+                    m("bytes_per_inode")?,
+                    m("evict_ns_per_inode")?,
+                    m("evicted_inodes")? == m("unused_inodes")? && m("left_after_umount")? == 0.0,
+                ))
+            })
+            .collect();
+        let one = v.iter().map(|p| p.1).min();
+        v.retain(|p| Some(p.1) == one);
+        v.sort_by_key(|p| p.0);
+        v
+    };
+    let lib = points("library");
+    let (Some(lo), Some(hi)) = (lib.first(), lib.last()) else {
+        return Vec::new();
+    };
+    let mut t = Targets::new();
+    let k = |n: u64| {
+        if n % 1_000_000 == 0 {
+            format!("{}M", n / 1_000_000)
+        } else {
+            format!("{}k", n / 1_000)
+        }
+    };
+    let mut text = format!("inodes evict, {} cached: {:.1} B/inode", k(hi.0), hi.2);
+    t.check(hi.2 <= MAX_BYTES_PER_INODE, format!("{:.1} B/inode > 128", hi.2));
+    let ns: Vec<String> = lib.iter().map(|p| format!("{:.0} ns @{}", p.3, k(p.0))).collect();
+    text.push_str(&format!("; evict_inodes {}", ns.join(", ")));
+    if lib.len() > 1 {
+        let r = hi.3 / lo.3;
+        text.push_str(&format!(" (×{r:.2}, linear ≤ ×{MAX_LINEARITY})"));
+        t.check(
+            r <= MAX_LINEARITY,
+            format!("evict ns/inode ×{r:.2} from {} to {}", k(lo.0), k(hi.0)),
+        );
+    }
+    t.check(lib.iter().all(|p| p.4), "an unused inode survived evict_inodes");
+    if let Some(pre) = points("library-prepatch").last().filter(|p| p.0 == hi.0) {
+        text.push_str(&format!("; prepatch {:.1} B, {:.0} ns", pre.2, pre.3));
+    }
+    vec![Finding {
+        seed: "seed 002",
+        text,
+        status: t.status(),
+    }]
+}
+
+/// Lines 1 and 2: the phases.
+fn phases(report: &Report) -> Vec<Finding> {
     let counts = task_counts(report, W, "library", "walk");
     let (Some(&one), Some(&n)) = (counts.first(), counts.last()) else {
         return Vec::new();

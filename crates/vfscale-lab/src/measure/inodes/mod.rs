@@ -17,9 +17,14 @@
 //! directories are per task and the "disk" is read without locks) and
 //! `shard_lock_acquisitions_per_op` (per-chain/per-CPU/per-shard/per-directory locks);
 //! on `cold-walk` also `loads_per_distinct_inode`.
+//!
+//! Not a default phase: `--mode evict` ([`million`]), issue 9's 1,000,000-inode point
+//! (`--files` = inodes cached in all; bytes of bookkeeping per cached inode and
+//! `evict_inodes` time per inode), `library` and `library-prepatch` only.
 
 mod fs;
 mod kernel;
+pub mod million;
 mod tables;
 
 use super::{Config, Sample, Skip, Target, SKIP_PREFIX};
@@ -74,6 +79,22 @@ pub fn run(target: Target, cfg: &Config) -> Result<Sample, Skip> {
     };
     let files = cfg.size.max(1);
     let tasks = cfg.tasks.max(1);
+    if cfg.modes.contains(&million::MODE) {
+        let mut s = match million::run(target, tasks, files) {
+            Ok(s) => s,
+            // With other phases selected, they still run; the point is listed skipped.
+            Err(Skip(why)) if !phases.is_empty() => Sample::from([(format!("{SKIP_PREFIX}{why}"), 0.0)]),
+            Err(e) => return Err(e),
+        };
+        if !phases.is_empty() {
+            let rest = Config {
+                modes: phases,
+                ..cfg.clone()
+            };
+            s.extend(run(target, &rest)?);
+        }
+        return Ok(s);
+    }
     let mut s = match target {
         Target::Kernel => kernel::run(tasks, files, &phases, cfg.dir.as_deref())?,
         Target::KernelExt4 => kernel::run_ext4(tasks, files, &phases)?,
