@@ -332,6 +332,7 @@ impl Inner {
             .map_or(size_of::<FileLockContext>(), |(l, _)| l.pad_to_align().size());
         let mut bytes = in_arc;
         bytes += self.arena.slots.capacity() * size_of::<Option<Node>>();
+        bytes += self.tree.memory();
         bytes += (self.arena.free.capacity() + self.posix.capacity() + self.flock.capacity())
             * size_of::<NodeId>();
         for n in self.arena.live() {

@@ -27,46 +27,28 @@
 
 use crate::context::{Arena, NodeId, NIL};
 use crate::lock::{posix_locks_conflict, FileLock, OwnerKey};
+use crate::start_index::StartTree;
 use crate::LockType;
 
-/// A record's place in the two trees. Meaningful only while the record is indexed.
-///
-/// `repr(C)`, with what an overlap scan reads last, so that in a [`Node`] (which puts
-/// these links right before the record's range) the scan's fields share a cache line
-/// more often.
-///
-/// [`Node`]: crate::context::Node
+/// A record's place in the by-owner tree. Meaningful only while the record is indexed.
 #[derive(Clone, Copy, Debug)]
-#[repr(C)]
 pub(crate) struct IndexLinks {
     /// The list-order key of the owner's run.
     pub seq: u64,
     /// Children in the by-owner tree: left, right.
     by_owner: [NodeId; 2],
-    /// AVL heights in the two trees.
+    /// AVL height in the by-owner tree.
     h_owner: u8,
-    h_start: u8,
-    /// In the trees.
+    /// In the index.
     pub indexed: bool,
-    /// The largest `end` of a write lock in this record's by-start subtree
-    /// (`i64::MIN` if none).
-    max_wend: i64,
-    /// The largest `end` in this record's by-start subtree.
-    max_end: i64,
-    /// Children in the by-start tree: left, right.
-    by_start: [NodeId; 2],
 }
 
 impl Default for IndexLinks {
     fn default() -> Self {
         IndexLinks {
             by_owner: [NIL; 2],
-            by_start: [NIL; 2],
             h_owner: 0,
-            h_start: 0,
             indexed: false,
-            max_end: i64::MIN,
-            max_wend: i64::MIN,
             seq: 0,
         }
     }
@@ -85,7 +67,7 @@ pub(crate) struct Work {
 #[derive(Debug)]
 pub(crate) struct PosixTree {
     root_owner: NodeId,
-    root_start: NodeId,
+    by_start: StartTree,
     len: usize,
     next_seq: u64,
 }
@@ -94,7 +76,7 @@ impl Default for PosixTree {
     fn default() -> Self {
         PosixTree {
             root_owner: NIL,
-            root_start: NIL,
+            by_start: StartTree::default(),
             len: 0,
             next_seq: 0,
         }
@@ -109,12 +91,9 @@ trait Side {
     fn set_height(ix: &mut IndexLinks, h: u8);
     /// Whether `a`'s key is below `b`'s.
     fn less(ar: &Arena, a: NodeId, b: NodeId) -> bool;
-    /// Recomputes the augmentation of `t` from its record and children.
-    fn augment(_ar: &mut Arena, _t: NodeId) {}
 }
 
 struct ByOwner;
-struct ByStart;
 
 fn owner_key(fl: &FileLock, id: NodeId) -> (OwnerKey, i64, NodeId) {
     (fl.owner, fl.start, id)
@@ -138,43 +117,6 @@ impl Side for ByOwner {
     }
 }
 
-impl Side for ByStart {
-    fn kids(ix: &IndexLinks) -> [NodeId; 2] {
-        ix.by_start
-    }
-    fn set_kids(ix: &mut IndexLinks, k: [NodeId; 2]) {
-        ix.by_start = k;
-    }
-    fn height(ix: &IndexLinks) -> u8 {
-        ix.h_start
-    }
-    fn set_height(ix: &mut IndexLinks, h: u8) {
-        ix.h_start = h;
-    }
-    fn less(ar: &Arena, a: NodeId, b: NodeId) -> bool {
-        (ar.node(a).fl.start, a) < (ar.node(b).fl.start, b)
-    }
-    fn augment(ar: &mut Arena, t: NodeId) {
-        let n = ar.node(t);
-        let mut max_end = n.fl.end;
-        let mut max_wend = if n.fl.ty == LockType::Write {
-            n.fl.end
-        } else {
-            i64::MIN
-        };
-        for k in n.ix.by_start {
-            if k != NIL {
-                let c = &ar.node(k).ix;
-                max_end = max_end.max(c.max_end);
-                max_wend = max_wend.max(c.max_wend);
-            }
-        }
-        let ix = &mut ar.node_mut(t).ix;
-        ix.max_end = max_end;
-        ix.max_wend = max_wend;
-    }
-}
-
 fn height<S: Side>(ar: &Arena, t: NodeId) -> i32 {
     if t == NIL {
         0
@@ -188,7 +130,6 @@ fn update<S: Side>(ar: &mut Arena, t: NodeId) {
     let [l, r] = S::kids(&ar.node(t).ix);
     let h = 1 + height::<S>(ar, l).max(height::<S>(ar, r));
     S::set_height(&mut ar.node_mut(t).ix, h as u8);
-    S::augment(ar, t);
 }
 
 fn rotate<S: Side>(ar: &mut Arena, t: NodeId, dir: usize) -> NodeId {
@@ -239,18 +180,13 @@ fn set_kid<S: Side>(ar: &mut Arena, t: NodeId, side: usize, k: NodeId) {
     S::set_kids(&mut ar.node_mut(t).ix, kids);
 }
 
-/// What a parent's height and augmentation are computed from.
-fn summary<S: Side>(ix: &IndexLinks) -> (u8, i64, i64) {
-    (S::height(ix), ix.max_end, ix.max_wend)
-}
-
 /// Rebalances `t` after a change below it: (new subtree root, whether the subtree's
-/// root, height or augmentation changed). When nothing changed, the ancestors need no
-/// update either, so the walk back up stops there.
+/// root or height changed). When nothing changed, the ancestors need no update either,
+/// so the walk back up stops there.
 fn fix<S: Side>(ar: &mut Arena, t: NodeId) -> (NodeId, bool) {
-    let before = summary::<S>(&ar.node(t).ix);
+    let before = S::height(&ar.node(t).ix);
     let r = rebalance::<S>(ar, t);
-    (r, r != t || summary::<S>(&ar.node(r).ix) != before)
+    (r, r != t || S::height(&ar.node(r).ix) != before)
 }
 
 fn insert<S: Side>(ar: &mut Arena, t: NodeId, id: NodeId, w: &mut Work) -> (NodeId, bool) {
@@ -332,7 +268,9 @@ impl PosixTree {
         ix.indexed = true;
         ix.seq = seq;
         self.root_owner = insert::<ByOwner>(ar, self.root_owner, id, w).0;
-        self.root_start = insert::<ByStart>(ar, self.root_start, id, w).0;
+        let fl = &ar.node(id).fl;
+        self.by_start
+            .insert(fl.start, fl.end, id, fl.ty == LockType::Write, w);
         self.len += 1;
     }
 
@@ -340,7 +278,7 @@ impl PosixTree {
     pub fn remove(&mut self, ar: &mut Arena, id: NodeId, w: &mut Work) {
         debug_assert!(ar.node(id).ix.indexed, "record {id} is not indexed");
         self.root_owner = remove::<ByOwner>(ar, self.root_owner, id, w).0;
-        self.root_start = remove::<ByStart>(ar, self.root_start, id, w).0;
+        self.by_start.remove(ar.node(id).fl.start, id, w);
         ar.node_mut(id).ix.indexed = false;
         self.len -= 1;
     }
@@ -398,56 +336,21 @@ impl PosixTree {
         let mut best: Option<(u64, i64, NodeId)> = None;
         // A read request conflicts only with write locks: skip subtrees without one.
         let writes_only = req.ty != LockType::Write;
-        self.scan_overlapping(
-            ar,
-            self.root_start,
-            req.start,
-            req.end,
-            writes_only,
-            w,
-            &mut |id, fl| {
-                if posix_locks_conflict(req, fl) {
-                    let key = (ar.node(id).ix.seq, fl.start, id);
-                    if best.map_or(true, |b| key < b) {
-                        best = Some(key);
-                    }
+        self.by_start.scan(req.start, req.end, writes_only, w, &mut |id| {
+            let n = ar.node(id);
+            if posix_locks_conflict(req, &n.fl) {
+                let key = (n.ix.seq, n.fl.start, id);
+                if best.map_or(true, |b| key < b) {
+                    best = Some(key);
                 }
-            },
-        );
+            }
+        });
         best.map(|(_, _, id)| id)
     }
 
-    /// Calls `f` for every lock in subtree `t` overlapping `[qs, qe]` (write locks only
-    /// if `writes_only`), in start order.
-    #[allow(clippy::too_many_arguments)]
-    fn scan_overlapping(
-        &self,
-        ar: &Arena,
-        t: NodeId,
-        qs: i64,
-        qe: i64,
-        writes_only: bool,
-        w: &mut Work,
-        f: &mut dyn FnMut(NodeId, &FileLock),
-    ) {
-        if t == NIL {
-            return;
-        }
-        w.nodes += 1;
-        let n = ar.node(t);
-        let reach = if writes_only { n.ix.max_wend } else { n.ix.max_end };
-        if reach < qs {
-            return;
-        }
-        self.scan_overlapping(ar, n.ix.by_start[0], qs, qe, writes_only, w, f);
-        if n.fl.start > qe {
-            return;
-        }
-        if n.fl.end >= qs && (!writes_only || n.fl.ty == LockType::Write) {
-            w.checks += 1;
-            f(t, &n.fl);
-        }
-        self.scan_overlapping(ar, n.ix.by_start[1], qs, qe, writes_only, w, f);
+    /// Bytes held by the by-start tree's nodes (the by-owner links are in the records).
+    pub fn memory(&self) -> usize {
+        self.by_start.memory()
     }
 
     /// Every lock, in Linux's list order.
@@ -473,49 +376,42 @@ impl PosixTree {
     /// Checks the trees' shape, order, heights and augmentation (tests).
     #[cfg(test)]
     pub fn check(&self, ar: &Arena) {
-        /// In-order walk; returns (height, max end, max write end) of subtree `t`.
-        fn walk<S: Side>(ar: &Arena, t: NodeId, out: &mut Vec<NodeId>) -> (i32, i64, i64) {
+        /// In-order walk; returns the height of subtree `t`.
+        fn walk<S: Side>(ar: &Arena, t: NodeId, out: &mut Vec<NodeId>) -> i32 {
             if t == NIL {
-                return (0, i64::MIN, i64::MIN);
+                return 0;
             }
             let n = ar.node(t);
             let [l, r] = S::kids(&n.ix);
-            let (hl, el, wl) = walk::<S>(ar, l, out);
+            let hl = walk::<S>(ar, l, out);
             out.push(t);
-            let (hr, er, wr) = walk::<S>(ar, r, out);
+            let hr = walk::<S>(ar, r, out);
             assert!((hl - hr).abs() <= 1, "unbalanced at {t}");
             let h = 1 + hl.max(hr);
             assert_eq!(h, S::height(&n.ix) as i32, "height of {t}");
-            let own_w = if n.fl.ty == LockType::Write {
-                n.fl.end
-            } else {
-                i64::MIN
-            };
-            (h, n.fl.end.max(el).max(er), own_w.max(wl).max(wr))
+            h
         }
         let mut a = Vec::new();
         walk::<ByOwner>(ar, self.root_owner, &mut a);
-        let mut b = Vec::new();
-        let (_, max_end, max_wend) = walk::<ByStart>(ar, self.root_start, &mut b);
         assert_eq!(a.len(), self.len);
-        assert_eq!(b.len(), self.len);
         assert!(a.windows(2).all(|p| ByOwner::less(ar, p[0], p[1])));
-        assert!(b.windows(2).all(|p| ByStart::less(ar, p[0], p[1])));
-        if self.root_start != NIL {
-            let ix = &ar.node(self.root_start).ix;
+        // The by-start tree holds the same records, with their ranges and types.
+        let b = self.by_start.check();
+        assert_eq!(b.len(), self.len);
+        for &(start, end, id, write) in &b {
+            let n = ar.node(id);
+            assert!(n.ix.indexed);
             assert_eq!(
-                (ix.max_end, ix.max_wend),
-                (max_end, max_wend),
-                "root augmentation"
+                (n.fl.start, n.fl.end, n.fl.ty == LockType::Write),
+                (start, end, write),
+                "by-start entry of {id}"
             );
         }
-        for &t in &b {
-            let n = ar.node(t);
-            let mut sub = Vec::new();
-            let (_, e, we) = walk::<ByStart>(ar, t, &mut sub);
-            assert_eq!((n.ix.max_end, n.ix.max_wend), (e, we), "augmentation of {t}");
-            assert!(n.ix.indexed);
-        }
+        let mut ids: Vec<NodeId> = b.iter().map(|e| e.2).collect();
+        ids.sort_unstable();
+        let mut owners = a.clone();
+        owners.sort_unstable();
+        assert_eq!(ids, owners, "both trees hold the same records");
         for p in a.windows(2) {
             let (x, y) = (ar.node(p[0]), ar.node(p[1]));
             if x.fl.owner == y.fl.owner {

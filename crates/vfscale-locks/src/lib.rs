@@ -107,6 +107,7 @@ mod index;
 mod listing;
 mod lock;
 mod manager;
+mod start_index;
 pub(crate) mod sync;
 mod types;
 mod wait;

@@ -1,0 +1,720 @@
+//! The by-start half of the index: a B+ tree over (`start`, id) of the granted POSIX and
+//! OFD locks, augmented with the greatest `end` (over all locks and over write locks)
+//! of every child subtree — an interval tree with wide nodes.
+//!
+//! Nodes hold up to [`CAP`] entries in arrays of their own (starts together, ends
+//! together), apart from the lock records: a descent over 10,000 locks touches four
+//! nodes, whose upper levels stay in cache, and a leaf's scan is a linear pass over a
+//! couple of cache lines. The arena records are read only for the locks a scan reports.
+//!
+//! Invariants (checked by [`StartTree::check`]):
+//! * every leaf is at the same depth; every node but the root holds at least [`MIN`]
+//!   entries;
+//! * a leaf's entries are sorted by (`start`, id); a branch's `sep[i]`, `i ≥ 1`, is a
+//!   lower bound of every key in child `i` and above every key in child `i - 1`; a
+//!   branch filed at `i ≥ 1` has its parent's `sep[i]` as its own `sep[0]` (child 0's
+//!   `sep[0]` bounds nothing: a new least key goes down the leftmost path);
+//! * a branch's `max_end[i]` and `max_wend[i]` are exactly the greatest end, and
+//!   greatest write-lock end (`i64::MIN` if none), in child `i`.
+
+use crate::context::NodeId;
+use crate::index::Work;
+
+/// Entries per node.
+pub(crate) const CAP: usize = 16;
+/// Least entries in a node other than the root.
+pub(crate) const MIN: usize = CAP / 4;
+
+/// A node index: into `leaves` at height 0, into `branches` above.
+type BId = u32;
+const NONE: BId = BId::MAX;
+
+type Key = (i64, NodeId);
+
+#[derive(Clone, Debug)]
+struct Leaf {
+    len: u32,
+    /// Bit `k`: entry `k` is a write lock.
+    wmask: u32,
+    start: [i64; CAP],
+    end: [i64; CAP],
+    id: [NodeId; CAP],
+}
+
+#[derive(Clone, Debug)]
+struct Branch {
+    len: u32,
+    sep: [i64; CAP],
+    max_end: [i64; CAP],
+    max_wend: [i64; CAP],
+    sep_id: [NodeId; CAP],
+    child: [BId; CAP],
+}
+
+/// One entry of a node, for merging and redistributing two siblings.
+#[derive(Clone, Copy, Debug)]
+enum Item {
+    Leaf {
+        start: i64,
+        end: i64,
+        id: NodeId,
+        write: bool,
+    },
+    Branch {
+        sep: Key,
+        max_end: i64,
+        max_wend: i64,
+        child: BId,
+    },
+}
+
+const EMPTY_LEAF: Leaf = Leaf {
+    len: 0,
+    wmask: 0,
+    start: [0; CAP],
+    end: [0; CAP],
+    id: [0; CAP],
+};
+
+const EMPTY_BRANCH: Branch = Branch {
+    len: 0,
+    sep: [0; CAP],
+    max_end: [i64::MIN; CAP],
+    max_wend: [i64::MIN; CAP],
+    sep_id: [0; CAP],
+    child: [NONE; CAP],
+};
+
+/// The tree. Empty: `root == NONE`.
+#[derive(Debug)]
+pub(crate) struct StartTree {
+    leaves: Vec<Leaf>,
+    branches: Vec<Branch>,
+    free_leaves: Vec<BId>,
+    free_branches: Vec<BId>,
+    root: BId,
+    /// Height of the root: 0 when it is a leaf.
+    height: u32,
+}
+
+impl Default for StartTree {
+    fn default() -> Self {
+        StartTree {
+            leaves: Vec::new(),
+            branches: Vec::new(),
+            free_leaves: Vec::new(),
+            free_branches: Vec::new(),
+            root: NONE,
+            height: 0,
+        }
+    }
+}
+
+/// Grows `v` by an eighth at a time (as the record arena does), so a large index
+/// wastes little on spare capacity.
+fn push_slot<T>(v: &mut Vec<T>, x: T) -> BId {
+    if v.len() == v.capacity() {
+        v.reserve_exact((v.len() / 8).max(2));
+    }
+    v.push(x);
+    (v.len() - 1) as BId
+}
+
+impl Leaf {
+    fn key(&self, k: usize) -> Key {
+        (self.start[k], self.id[k])
+    }
+    fn summary(&self) -> (i64, i64) {
+        let (mut e, mut we) = (i64::MIN, i64::MIN);
+        for k in 0..self.len as usize {
+            e = e.max(self.end[k]);
+            if self.wmask & (1 << k) != 0 {
+                we = we.max(self.end[k]);
+            }
+        }
+        (e, we)
+    }
+    fn item(&self, k: usize) -> Item {
+        Item::Leaf {
+            start: self.start[k],
+            end: self.end[k],
+            id: self.id[k],
+            write: self.wmask & (1 << k) != 0,
+        }
+    }
+    fn set(&mut self, k: usize, it: Item) {
+        let Item::Leaf {
+            start,
+            end,
+            id,
+            write,
+        } = it
+        else {
+            unreachable!("a branch entry in a leaf")
+        };
+        self.start[k] = start;
+        self.end[k] = end;
+        self.id[k] = id;
+        self.wmask = (self.wmask & !(1 << k)) | ((write as u32) << k);
+    }
+    /// Inserts `it` at `pos`, shifting the entries after it (the leaf is not full).
+    fn insert(&mut self, pos: usize, it: Item) {
+        let len = self.len as usize;
+        debug_assert!(len < CAP);
+        self.start.copy_within(pos..len, pos + 1);
+        self.end.copy_within(pos..len, pos + 1);
+        self.id.copy_within(pos..len, pos + 1);
+        let low = self.wmask & ((1u32 << pos) - 1);
+        self.wmask = low | ((self.wmask & !((1u32 << pos) - 1)) << 1);
+        self.len += 1;
+        self.set(pos, it);
+    }
+    fn remove(&mut self, pos: usize) {
+        let len = self.len as usize;
+        self.start.copy_within(pos + 1..len, pos);
+        self.end.copy_within(pos + 1..len, pos);
+        self.id.copy_within(pos + 1..len, pos);
+        let low = self.wmask & ((1u32 << pos) - 1);
+        self.wmask = low | ((self.wmask >> 1) & !((1u32 << pos) - 1));
+        self.len -= 1;
+        self.wmask &= (1u32 << self.len) - 1;
+    }
+}
+
+impl Branch {
+    fn key(&self, i: usize) -> Key {
+        (self.sep[i], self.sep_id[i])
+    }
+    fn summary(&self) -> (i64, i64) {
+        let n = self.len as usize;
+        let e = self.max_end[..n].iter().copied().max().unwrap_or(i64::MIN);
+        let we = self.max_wend[..n].iter().copied().max().unwrap_or(i64::MIN);
+        (e, we)
+    }
+    /// The child whose key range holds `key`.
+    fn find(&self, key: Key) -> usize {
+        let mut i = self.len as usize - 1;
+        while i > 0 && self.key(i) > key {
+            i -= 1;
+        }
+        i
+    }
+    fn item(&self, i: usize) -> Item {
+        Item::Branch {
+            sep: self.key(i),
+            max_end: self.max_end[i],
+            max_wend: self.max_wend[i],
+            child: self.child[i],
+        }
+    }
+    fn set(&mut self, i: usize, it: Item) {
+        let Item::Branch {
+            sep,
+            max_end,
+            max_wend,
+            child,
+        } = it
+        else {
+            unreachable!("a leaf entry in a branch")
+        };
+        (self.sep[i], self.sep_id[i]) = sep;
+        self.max_end[i] = max_end;
+        self.max_wend[i] = max_wend;
+        self.child[i] = child;
+    }
+    fn insert(&mut self, pos: usize, it: Item) {
+        let len = self.len as usize;
+        debug_assert!(len < CAP);
+        self.sep.copy_within(pos..len, pos + 1);
+        self.sep_id.copy_within(pos..len, pos + 1);
+        self.max_end.copy_within(pos..len, pos + 1);
+        self.max_wend.copy_within(pos..len, pos + 1);
+        self.child.copy_within(pos..len, pos + 1);
+        self.len += 1;
+        self.set(pos, it);
+    }
+    fn remove(&mut self, pos: usize) {
+        let len = self.len as usize;
+        self.sep.copy_within(pos + 1..len, pos);
+        self.sep_id.copy_within(pos + 1..len, pos);
+        self.max_end.copy_within(pos + 1..len, pos);
+        self.max_wend.copy_within(pos + 1..len, pos);
+        self.child.copy_within(pos + 1..len, pos);
+        self.len -= 1;
+    }
+}
+
+impl StartTree {
+    fn new_leaf(&mut self) -> BId {
+        match self.free_leaves.pop() {
+            Some(b) => {
+                self.leaves[b as usize] = EMPTY_LEAF;
+                b
+            }
+            None => push_slot(&mut self.leaves, EMPTY_LEAF),
+        }
+    }
+
+    fn new_branch(&mut self) -> BId {
+        match self.free_branches.pop() {
+            Some(b) => {
+                self.branches[b as usize] = EMPTY_BRANCH;
+                b
+            }
+            None => push_slot(&mut self.branches, EMPTY_BRANCH),
+        }
+    }
+
+    fn len_of(&self, b: BId, h: u32) -> usize {
+        if h == 0 {
+            self.leaves[b as usize].len as usize
+        } else {
+            self.branches[b as usize].len as usize
+        }
+    }
+
+    fn summary_of(&self, b: BId, h: u32) -> (i64, i64) {
+        if h == 0 {
+            self.leaves[b as usize].summary()
+        } else {
+            self.branches[b as usize].summary()
+        }
+    }
+
+    fn item_of(&self, b: BId, h: u32, k: usize) -> Item {
+        if h == 0 {
+            self.leaves[b as usize].item(k)
+        } else {
+            self.branches[b as usize].item(k)
+        }
+    }
+
+    /// The separator to file node `b` under: its least key (a leaf) or its own `sep[0]`.
+    fn lower_bound(&self, b: BId, h: u32) -> Key {
+        if h == 0 {
+            self.leaves[b as usize].key(0)
+        } else {
+            self.branches[b as usize].key(0)
+        }
+    }
+
+    /// Writes `items` into node `b` (of height `h`) as its whole content.
+    fn fill(&mut self, b: BId, h: u32, items: &[Item]) {
+        if h == 0 {
+            let l = &mut self.leaves[b as usize];
+            l.len = items.len() as u32;
+            l.wmask = 0;
+            for (k, &it) in items.iter().enumerate() {
+                l.set(k, it);
+            }
+        } else {
+            let br = &mut self.branches[b as usize];
+            br.len = items.len() as u32;
+            for (k, &it) in items.iter().enumerate() {
+                br.set(k, it);
+            }
+        }
+    }
+
+    fn free(&mut self, b: BId, h: u32) {
+        if h == 0 {
+            self.free_leaves.push(b);
+        } else {
+            self.free_branches.push(b);
+        }
+    }
+
+    /// Splits full child `i` of branch `p` (child height `h`) in two: in the middle, or,
+    /// if `key` goes after all of it, leaving [`MIN`] entries on the right (so an
+    /// ascending run fills its nodes to three quarters).
+    fn split_child(&mut self, p: BId, i: usize, h: u32, key: Key) {
+        let c = self.branches[p as usize].child[i];
+        let appending = if h == 0 {
+            self.leaves[c as usize].key(CAP - 1) < key
+        } else {
+            self.branches[c as usize].key(CAP - 1) <= key
+        };
+        let mid = if appending { CAP - MIN } else { CAP / 2 };
+        let mut items = [EMPTY_ITEM; CAP];
+        for (k, it) in items.iter_mut().enumerate().take(CAP).skip(mid) {
+            *it = self.item_of(c, h, k);
+        }
+        let r = if h == 0 {
+            self.new_leaf()
+        } else {
+            self.new_branch()
+        };
+        self.fill(r, h, &items[mid..CAP]);
+        if h == 0 {
+            self.leaves[c as usize].len = mid as u32;
+            self.leaves[c as usize].wmask &= (1u32 << mid) - 1;
+        } else {
+            self.branches[c as usize].len = mid as u32;
+        }
+        let (le, lwe) = self.summary_of(c, h);
+        let (re, rwe) = self.summary_of(r, h);
+        let sep = self.lower_bound(r, h);
+        let pb = &mut self.branches[p as usize];
+        pb.max_end[i] = le;
+        pb.max_wend[i] = lwe;
+        pb.insert(
+            i + 1,
+            Item::Branch {
+                sep,
+                max_end: re,
+                max_wend: rwe,
+                child: r,
+            },
+        );
+    }
+
+    /// Adds an entry.
+    pub fn insert(&mut self, start: i64, end: i64, id: NodeId, write: bool, w: &mut Work) {
+        let key = (start, id);
+        let item = Item::Leaf {
+            start,
+            end,
+            id,
+            write,
+        };
+        if self.root == NONE {
+            self.root = self.new_leaf();
+            self.height = 0;
+        }
+        if self.len_of(self.root, self.height) == CAP {
+            // A new root above the full one, which then splits under it.
+            let (e, we) = self.summary_of(self.root, self.height);
+            let nr = self.new_branch();
+            self.branches[nr as usize].insert(
+                0,
+                Item::Branch {
+                    sep: (i64::MIN, 0),
+                    max_end: e,
+                    max_wend: we,
+                    child: self.root,
+                },
+            );
+            self.root = nr;
+            self.height += 1;
+            self.split_child(nr, 0, self.height - 1, key);
+        }
+        let (mut b, mut h) = (self.root, self.height);
+        while h > 0 {
+            w.nodes += 1;
+            let mut i = self.branches[b as usize].find(key);
+            let c = self.branches[b as usize].child[i];
+            if self.len_of(c, h - 1) == CAP {
+                self.split_child(b, i, h - 1, key);
+                if self.branches[b as usize].key(i + 1) <= key {
+                    i += 1;
+                }
+            }
+            let br = &mut self.branches[b as usize];
+            br.max_end[i] = br.max_end[i].max(end);
+            if write {
+                br.max_wend[i] = br.max_wend[i].max(end);
+            }
+            b = br.child[i];
+            h -= 1;
+        }
+        w.nodes += 1;
+        let l = &mut self.leaves[b as usize];
+        let n = l.len as usize;
+        let pos = (0..n).find(|&k| l.key(k) > key).unwrap_or(n);
+        l.insert(pos, item);
+    }
+
+    /// Takes out the entry (`start`, `id`).
+    pub fn remove(&mut self, start: i64, id: NodeId, w: &mut Work) {
+        let key = (start, id);
+        assert!(self.root != NONE, "record {id} is not in the index");
+        self.remove_in(self.root, self.height, key, w);
+        let (r, h) = (self.root, self.height);
+        if h > 0 && self.branches[r as usize].len == 1 {
+            self.root = self.branches[r as usize].child[0];
+            self.height -= 1;
+            self.free(r, h);
+        } else if h == 0 && self.leaves[r as usize].len == 0 {
+            self.free(r, 0);
+            self.root = NONE;
+        }
+    }
+
+    fn remove_in(&mut self, b: BId, h: u32, key: Key, w: &mut Work) {
+        w.nodes += 1;
+        if h == 0 {
+            let l = &mut self.leaves[b as usize];
+            let pos = (0..l.len as usize)
+                .find(|&k| l.key(k) == key)
+                .unwrap_or_else(|| panic!("record {} is not in the index", key.1));
+            l.remove(pos);
+            return;
+        }
+        let i = self.branches[b as usize].find(key);
+        let c = self.branches[b as usize].child[i];
+        self.remove_in(c, h - 1, key, w);
+        let (e, we) = self.summary_of(c, h - 1);
+        let br = &mut self.branches[b as usize];
+        br.max_end[i] = e;
+        br.max_wend[i] = we;
+        let n = br.len as usize;
+        if self.len_of(c, h - 1) < MIN && n > 1 {
+            let j = if i + 1 < n { i } else { i - 1 };
+            self.rebalance(b, j, h - 1);
+        }
+    }
+
+    /// Merges children `j` and `j + 1` of branch `p` (height `h`), or, if they do not
+    /// fit in one node, shares their entries evenly between them.
+    fn rebalance(&mut self, p: BId, j: usize, h: u32) {
+        let (a, c) = {
+            let pb = &self.branches[p as usize];
+            (pb.child[j], pb.child[j + 1])
+        };
+        let (na, nc) = (self.len_of(a, h), self.len_of(c, h));
+        let mut items = [EMPTY_ITEM; 2 * CAP];
+        for k in 0..na {
+            items[k] = self.item_of(a, h, k);
+        }
+        for k in 0..nc {
+            items[na + k] = self.item_of(c, h, k);
+        }
+        let total = na + nc;
+        if total <= CAP {
+            self.fill(a, h, &items[..total]);
+            self.free(c, h);
+            let (e, we) = self.summary_of(a, h);
+            let pb = &mut self.branches[p as usize];
+            pb.remove(j + 1);
+            pb.max_end[j] = e;
+            pb.max_wend[j] = we;
+        } else {
+            let half = total / 2;
+            self.fill(a, h, &items[..half]);
+            self.fill(c, h, &items[half..total]);
+            let (ae, awe) = self.summary_of(a, h);
+            let (ce, cwe) = self.summary_of(c, h);
+            let sep = self.lower_bound(c, h);
+            let pb = &mut self.branches[p as usize];
+            pb.max_end[j] = ae;
+            pb.max_wend[j] = awe;
+            pb.max_end[j + 1] = ce;
+            pb.max_wend[j + 1] = cwe;
+            (pb.sep[j + 1], pb.sep_id[j + 1]) = sep;
+        }
+    }
+
+    /// Calls `f` with every entry overlapping `[qs, qe]` (write locks only if
+    /// `writes_only`), in (start, id) order.
+    pub fn scan(&self, qs: i64, qe: i64, writes_only: bool, w: &mut Work, f: &mut dyn FnMut(NodeId)) {
+        if self.root != NONE {
+            self.scan_in(self.root, self.height, qs, qe, writes_only, w, f);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn scan_in(
+        &self,
+        b: BId,
+        h: u32,
+        qs: i64,
+        qe: i64,
+        writes_only: bool,
+        w: &mut Work,
+        f: &mut dyn FnMut(NodeId),
+    ) {
+        w.nodes += 1;
+        if h == 0 {
+            let l = &self.leaves[b as usize];
+            for k in 0..l.len as usize {
+                if l.start[k] > qe {
+                    break;
+                }
+                if l.end[k] >= qs && (!writes_only || l.wmask & (1 << k) != 0) {
+                    w.checks += 1;
+                    f(l.id[k]);
+                }
+            }
+            return;
+        }
+        let br = &self.branches[b as usize];
+        let reach = if writes_only { &br.max_wend } else { &br.max_end };
+        for i in 0..br.len as usize {
+            // `sep[0]` bounds nothing on the tree's leftmost path: child 0 is always in.
+            if i > 0 && br.sep[i] > qe {
+                break;
+            }
+            if reach[i] >= qs {
+                self.scan_in(br.child[i], h - 1, qs, qe, writes_only, w, f);
+            }
+        }
+    }
+
+    /// Bytes held by the tree's buffers, at their capacity.
+    pub fn memory(&self) -> usize {
+        use std::mem::size_of;
+        self.leaves.capacity() * size_of::<Leaf>()
+            + self.branches.capacity() * size_of::<Branch>()
+            + (self.free_leaves.capacity() + self.free_branches.capacity()) * size_of::<BId>()
+    }
+
+    /// Checks the invariants in the module docs; returns every entry as (start, end,
+    /// id, write), in key order (tests).
+    #[cfg(test)]
+    pub fn check(&self) -> Vec<(i64, i64, NodeId, bool)> {
+        let mut out = Vec::new();
+        if self.root != NONE {
+            self.check_in(self.root, self.height, true, (i64::MIN, 0), None, &mut out);
+        }
+        assert!(
+            out.windows(2).all(|p| (p[0].0, p[0].2) < (p[1].0, p[1].2)),
+            "keys sorted"
+        );
+        out
+    }
+
+    #[cfg(test)]
+    fn check_in(
+        &self,
+        b: BId,
+        h: u32,
+        root: bool,
+        lo: Key,
+        hi: Option<Key>,
+        out: &mut Vec<(i64, i64, NodeId, bool)>,
+    ) -> (i64, i64) {
+        let n = self.len_of(b, h);
+        assert!(n <= CAP && (root || n >= MIN), "node {b} at height {h} holds {n}");
+        assert!(n >= 1 || (root && h == 0), "empty node {b}");
+        if h == 0 {
+            let l = &self.leaves[b as usize];
+            assert_eq!(l.wmask >> n, 0, "write bits past the end of leaf {b}");
+            for k in 0..n {
+                let key = l.key(k);
+                assert!(
+                    key >= lo && hi.map_or(true, |hi| key < hi),
+                    "leaf key {key:?} out of range"
+                );
+                out.push((l.start[k], l.end[k], l.id[k], l.wmask & (1 << k) != 0));
+            }
+            return l.summary();
+        }
+        let br = &self.branches[b as usize];
+        let (mut e, mut we) = (i64::MIN, i64::MIN);
+        for i in 0..n {
+            let clo = if i == 0 { lo } else { br.key(i) };
+            let chi = if i + 1 < n { Some(br.key(i + 1)) } else { hi };
+            if i > 0 {
+                assert!(br.key(i) > br.key(i - 1).max(lo), "separators of {b}");
+                if h > 1 {
+                    let c = &self.branches[br.child[i] as usize];
+                    assert_eq!(c.key(0), br.key(i), "branch filed under its own first separator");
+                }
+            }
+            let (ce, cwe) = self.check_in(br.child[i], h - 1, false, clo, chi, out);
+            assert_eq!(
+                (br.max_end[i], br.max_wend[i]),
+                (ce, cwe),
+                "augmentation of {b}[{i}]"
+            );
+            e = e.max(ce);
+            we = we.max(cwe);
+        }
+        (e, we)
+    }
+}
+
+const EMPTY_ITEM: Item = Item::Leaf {
+    start: 0,
+    end: 0,
+    id: 0,
+    write: false,
+};
+
+#[cfg(test)]
+mod tests {
+    //! The tree against a plain sorted set: random inserts and removals (ascending runs,
+    //! descending runs and random keys, growing to thousands of entries and shrinking
+    //! back to none), with the invariants checked and random overlap scans compared.
+
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn scan_all(t: &StartTree, qs: i64, qe: i64, wo: bool) -> Vec<NodeId> {
+        let mut got = Vec::new();
+        t.scan(qs, qe, wo, &mut Work::default(), &mut |id| got.push(id));
+        got
+    }
+
+    #[test]
+    fn matches_a_sorted_set_through_growth_and_shrinkage() {
+        let mut t = StartTree::default();
+        let mut model: BTreeMap<(i64, NodeId), (i64, bool)> = BTreeMap::new();
+        let mut x = 0x2545F4914F6CDD1Du64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut next_id: NodeId = 0;
+        let w = &mut Work::default();
+        for phase in 0..8u64 {
+            let target = [3000, 0, 500, 2000, 10, 4000, 0, 100][phase as usize];
+            let mut steps = 0;
+            while model.len() != target && steps < 20_000 {
+                steps += 1;
+                let grow = model.len() < target;
+                if grow {
+                    let start = match phase % 3 {
+                        0 => next_id as i64,
+                        1 => 1_000_000 - next_id as i64,
+                        _ => (rnd() % 5000) as i64,
+                    };
+                    let end = start + (rnd() % 4) as i64 * if rnd() % 50 == 0 { 1000 } else { 1 };
+                    let write = rnd() % 3 != 0;
+                    t.insert(start, end, next_id, write, w);
+                    model.insert((start, next_id), (end, write));
+                    next_id += 1;
+                } else {
+                    let k = (rnd() % model.len() as u64) as usize;
+                    let key = *model.keys().nth(k).unwrap();
+                    t.remove(key.0, key.1, w);
+                    model.remove(&key);
+                }
+                if steps % 97 == 0 || model.len() == target {
+                    let all = t.check();
+                    let want: Vec<_> = model.iter().map(|(&(s, id), &(e, wr))| (s, e, id, wr)).collect();
+                    assert_eq!(all, want, "phase {phase} step {steps}");
+                    for _ in 0..4 {
+                        let qs = (rnd() % 6000) as i64;
+                        let qe = qs + (rnd() % 20) as i64;
+                        let wo = rnd() % 2 == 0;
+                        let want: Vec<NodeId> = model
+                            .iter()
+                            .filter(|(&(s, _), &(e, wr))| s <= qe && e >= qs && (!wo || wr))
+                            .map(|(&(_, id), _)| id)
+                            .collect();
+                        assert_eq!(scan_all(&t, qs, qe, wo), want, "scan [{qs}, {qe}] writes {wo}");
+                    }
+                }
+            }
+            assert_eq!(model.len(), target);
+        }
+        assert!(t.height <= 3);
+    }
+
+    #[test]
+    fn an_ascending_run_fills_its_leaves() {
+        let mut t = StartTree::default();
+        let w = &mut Work::default();
+        for i in 0..10_000u32 {
+            t.insert(2 * i as i64, 2 * i as i64, i, true, w);
+        }
+        t.check();
+        let per = t.memory() as f64 / 10_000.0;
+        assert!(per < 40.0, "{per} bytes per entry");
+        assert_eq!(t.height, 3, "16^3 > 10,000 / 0.75");
+    }
+}
