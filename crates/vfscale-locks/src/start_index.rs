@@ -440,28 +440,36 @@ impl StartTree {
         }
     }
 
-    fn remove_in(&mut self, b: BId, h: u32, key: Key, w: &mut Work) {
+    /// Removes `key` below node `b`; returns the removed entry's (end, write).
+    fn remove_in(&mut self, b: BId, h: u32, key: Key, w: &mut Work) -> (i64, bool) {
         w.nodes += 1;
         if h == 0 {
             let l = &mut self.leaves[b as usize];
             let pos = (0..l.len as usize)
                 .find(|&k| l.key(k) == key)
                 .unwrap_or_else(|| panic!("record {} is not in the index", key.1));
+            let gone = (l.end[pos], l.wmask & (1 << pos) != 0);
             l.remove(pos);
-            return;
+            return gone;
         }
         let i = self.branches[b as usize].find(key);
         let c = self.branches[b as usize].child[i];
-        self.remove_in(c, h - 1, key, w);
-        let (e, we) = self.summary_of(c, h - 1);
-        let br = &mut self.branches[b as usize];
-        br.max_end[i] = e;
-        br.max_wend[i] = we;
-        let n = br.len as usize;
-        if self.len_of(c, h - 1) < MIN && n > 1 {
+        let (end, write) = self.remove_in(c, h - 1, key, w);
+        let n = self.branches[b as usize].len as usize;
+        let under = self.len_of(c, h - 1) < MIN && n > 1;
+        let br = &self.branches[b as usize];
+        // The child's summary changes only if the entry gone was its greatest end.
+        if !under && (end == br.max_end[i] || (write && end == br.max_wend[i])) {
+            let (e, we) = self.summary_of(c, h - 1);
+            let br = &mut self.branches[b as usize];
+            br.max_end[i] = e;
+            br.max_wend[i] = we;
+        }
+        if under {
             let j = if i + 1 < n { i } else { i - 1 };
             self.rebalance(b, j, h - 1);
         }
+        (end, write)
     }
 
     /// Merges children `j` and `j + 1` of branch `p` (height `h`), or, if they do not
