@@ -36,9 +36,10 @@
 //!   start; a new owner's locks go at the end. `F_GETLK` reports the first conflicting
 //!   lock in that order, as Linux does.
 //! * **The index** ([`LockIndex::Tree`], the default; issue 12). The list is kept as two
-//!   balanced trees over the same records: by (owner, start), the runs the merge walk
-//!   visits, and an interval tree by start (augmented with the greatest end, over all
-//!   locks and over write locks) for conflict searches. List order is a key: every
+//!   balanced trees over the same records: an AVL tree by (owner, start) threaded
+//!   through the records, the runs the merge walk visits, and a B+ tree by start with
+//!   16-entry nodes in arrays of their own (augmented per child with the greatest end,
+//!   over all locks and over write locks) for conflict searches. List order is a key: every
 //!   record carries its owner run's sequence number, given when the run starts at the
 //!   end of the list, so "first in list order" is the least (run, start). A record is in
 //!   both trees exactly while it is a granted POSIX or OFD lock, and its range never

@@ -481,8 +481,8 @@ impl StartTree {
         };
         let (na, nc) = (self.len_of(a, h), self.len_of(c, h));
         let mut items = [EMPTY_ITEM; 2 * CAP];
-        for k in 0..na {
-            items[k] = self.item_of(a, h, k);
+        for (k, it) in items.iter_mut().enumerate().take(na) {
+            *it = self.item_of(a, h, k);
         }
         for k in 0..nc {
             items[na + k] = self.item_of(c, h, k);
@@ -547,6 +547,7 @@ impl StartTree {
         }
         let br = &self.branches[b as usize];
         let reach = if writes_only { &br.max_wend } else { &br.max_end };
+        #[allow(clippy::needless_range_loop)]
         for i in 0..br.len as usize {
             // `sep[0]` bounds nothing on the tree's leftmost path: child 0 is always in.
             if i > 0 && br.sep[i] > qe {
