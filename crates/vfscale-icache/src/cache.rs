@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
-use crate::epoch::Domain;
+use crate::epoch::{Domain, Guard};
 use crate::inode::*;
 use crate::sync::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::wait::{WaitOutcome, WaitTable, Waiter};
@@ -167,6 +167,101 @@ pub(crate) struct SbInner<F: SuperOperations> {
     lru: Box<[CachePadded<Mutex<LruShard<F>>>]>,
     lru_len: Box<[CachePadded<StdAtomicUsize>]>,
     prune_cursor: StdAtomicUsize,
+    /// Where the superblock lives (the pointer from `Box::into_raw`): what inodes hold as
+    /// `i_sb`, and what the last one out frees.
+    pub(crate) this: NonNull<SbInner<F>>,
+    /// Inodes allocated and not yet through `destroy_inode`, per CPU shard: `+1` on the
+    /// allocating CPU's shard, `-1` on the destroying one's (a shard alone may wrap below
+    /// 0; the wrapping sum is exact). Only summed at teardown.
+    live: Box<[CachePadded<AtomicUsize>]>,
+    /// No handle ([`SuperBlock`], a waiting lookup) is left: the superblock is freed when
+    /// its last inode is destroyed.
+    detached: AtomicBool,
+    /// The free is claimed (exactly once).
+    freed: AtomicBool,
+}
+
+// SAFETY: `this` points at the superblock itself; everything else is `Send + Sync` (locks,
+// atomics, the filesystem's `Send + Sync` operations, lists of inode pointers used under
+// their locks).
+unsafe impl<F: SuperOperations> Send for SbInner<F> {}
+// SAFETY: as above.
+unsafe impl<F: SuperOperations> Sync for SbInner<F> {}
+
+impl<F: SuperOperations> Drop for SbInner<F> {
+    fn drop(&mut self) {
+        let n = self
+            .live
+            .iter()
+            .fold(0usize, |a, c| a.wrapping_add(c.load(Ordering::Relaxed)));
+        // Checked in the models too (their builds are release builds).
+        if cfg!(any(debug_assertions, vfscale_loom, vfscale_shuttle)) {
+            assert_eq!(n, 0, "superblock {} freed with live inodes", self.dev);
+        }
+    }
+}
+
+/// A counted handle on a superblock: what [`SuperBlock`] and a waiting lookup
+/// ([`InodeWait`]) hold (inodes hold an uncounted `i_sb`). Dropping the last one detaches
+/// the superblock: it is freed once its live inodes are all destroyed.
+pub(crate) struct SbHandle<F: SuperOperations> {
+    sb: NonNull<SbInner<F>>,
+}
+
+// SAFETY: a handle is a shared reference to a `Sync` superblock that it keeps alive.
+unsafe impl<F: SuperOperations> Send for SbHandle<F> {}
+// SAFETY: as above.
+unsafe impl<F: SuperOperations> Sync for SbHandle<F> {}
+
+impl<F: SuperOperations> std::ops::Deref for SbHandle<F> {
+    type Target = SbInner<F>;
+    fn deref(&self) -> &SbInner<F> {
+        // SAFETY: a handle is counted in `Arc<SbHandle>`; the superblock is not freed
+        // before the last handle is dropped (`detached`).
+        unsafe { self.sb.as_ref() }
+    }
+}
+
+impl<F: SuperOperations> Drop for SbHandle<F> {
+    fn drop(&mut self) {
+        let sb: &SbInner<F> = self;
+        // Pinned before `detached` is set: once it is, a destroyer may free the
+        // superblock, but only a grace period after, so `sb` stays valid until we unpin.
+        let pin = sb.cache.domain.pin();
+        sb.detached.store(true, Ordering::SeqCst);
+        sb_try_free(sb, &pin);
+    }
+}
+
+/// The last use of `sb` by an inode: `destroy_inode` of one of its inodes is done. The
+/// caller is pinned (`pin`) since before this call and touches `sb` no more after it.
+fn sb_inode_gone<F: SuperOperations>(sb: &SbInner<F>, pin: &Guard) {
+    // Dekker with `SbHandle::drop` (all SeqCst): either this decrement is seen by the
+    // detacher's sum, or this load sees `detached` and sums itself. The last decrement in
+    // the SeqCst order sees every other one.
+    sb.live[sb.cache.shard_of_cpu()].fetch_sub(1, Ordering::SeqCst);
+    if sb.detached.load(Ordering::SeqCst) {
+        sb_try_free(sb, pin);
+    }
+}
+
+/// Frees a detached superblock when no inode of it is live, a grace period later.
+fn sb_try_free<F: SuperOperations>(sb: &SbInner<F>, pin: &Guard) {
+    // No inode is allocated once `detached` is set (allocating takes a handle, and every
+    // handle's drop happens before the last one's), so every increment is visible here and
+    // the sum can only overstate what is live: 0 means none.
+    let n = sb
+        .live
+        .iter()
+        .fold(0usize, |a, c| a.wrapping_add(c.load(Ordering::SeqCst)));
+    if n == 0 && !sb.freed.swap(true, Ordering::AcqRel) {
+        // SAFETY: `this` came from `Box::into_raw` in `mount` and only this claim frees
+        // it. Everyone that may still touch `sb` is pinned since before the decrement or
+        // the `detached` store we observed (each touches it only while pinned after that
+        // point), so freeing after the grace period is safe; inodes of it may still be
+        // read by pinned chain walkers, which compare `i_sb` but do not dereference it.
+        unsafe { pin.defer_free_box(sb.this.as_ptr()) };
+    }
 }
 
 impl<F: SuperOperations> SbInner<F> {
@@ -200,15 +295,16 @@ impl<F: SuperOperations> SbInner<F> {
 
 /// `alloc_inode` + `inode_init_always`: `i_count` 1, `nlink` 1, no state.
 fn alloc_inode<F: SuperOperations>(
-    sb: &Arc<SbInner<F>>,
+    sb: &SbInner<F>,
     ino: u64,
     hashval: u64,
     data: F::Data,
 ) -> NonNull<Inode<F>> {
+    sb.live[sb.cache.shard_of_cpu()].fetch_add(1, Ordering::Relaxed);
     let b = Box::new(Inode {
         ino,
         hashval,
-        sb: sb.clone(),
+        sb: sb.this,
         i_lock: Mutex::new(()),
         state: AtomicU32::new(0),
         count: AtomicU32::new(1),
@@ -228,13 +324,16 @@ fn alloc_inode<F: SuperOperations>(
 fn destroy_unpublished<F: SuperOperations>(p: NonNull<Inode<F>>) {
     // SAFETY: `p` came from `alloc_inode` and was never published: this is the only pointer.
     let b = unsafe { Box::from_raw(p.as_ptr()) };
-    b.sb.ops.destroy_inode(&b);
-    b.sb.cache.counters().nr_inodes.fetch_sub(1, Ordering::Relaxed);
+    let sb = b.sb();
+    sb.ops.destroy_inode(&b);
+    sb.cache.counters().nr_inodes.fetch_sub(1, Ordering::Relaxed);
+    let pin = sb.cache.domain.pin();
+    sb_inode_gone(sb, &pin);
 }
 
 /// `inode_sb_list_add`: onto the list of this CPU's shard.
 fn inode_sb_list_add<F: SuperOperations>(inode: &Inode<F>) {
-    let sb = &*inode.sb;
+    let sb = inode.sb();
     let shard = if sb.cache.settings.sb_list == SbList::Global {
         0
     } else {
@@ -248,7 +347,7 @@ fn inode_sb_list_add<F: SuperOperations>(inode: &Inode<F>) {
 
 /// `inode_sb_list_del`.
 fn inode_sb_list_del<F: SuperOperations>(inode: &Inode<F>) {
-    let sb = &*inode.sb;
+    let sb = inode.sb();
     let mut l = sb.list_lock(inode.sb_shard.load(Ordering::Relaxed) as usize);
     let i = inode.sb_index.load(Ordering::Relaxed);
     debug_assert!(
@@ -276,8 +375,8 @@ fn hash_link<F: SuperOperations>(cache: &CacheInner<F>, b: &Bucket<F>, inode: &I
 
 /// `remove_inode_hash`.
 pub(crate) fn remove_inode_hash<F: SuperOperations>(inode: &Inode<F>) {
-    let cache = &*inode.sb.cache;
-    let b = cache.bucket(&inode.sb, inode.hashval);
+    let cache = &*inode.sb().cache;
+    let b = cache.bucket(inode.sb(), inode.hashval);
     let _h = cache.hash_lock(b);
     let _g = inode.lock();
     if inode.state.load(Ordering::Relaxed) & HASHED == 0 {
@@ -362,7 +461,7 @@ enum Find<F: SuperOperations> {
 /// holds the chain lock. `skip_freeing` is `insert_inode_locked`'s walk (it passes over
 /// inodes being freed and never waits).
 fn find_inode<F: SuperOperations>(
-    sb: &Arc<SbInner<F>>,
+    sb: &SbInner<F>,
     b: &Bucket<F>,
     hashval: u64,
     test: &Test<F>,
@@ -376,7 +475,7 @@ fn find_inode<F: SuperOperations>(
             // is freed only a grace period after it left the chain.
             let inode = unsafe { n.as_ref() };
             p = inode.hash_next.load(Ordering::Acquire);
-            if !Arc::ptr_eq(&inode.sb, sb) || inode.hashval != hashval || !test.matches(inode, hashval) {
+            if inode.sb != sb.this || inode.hashval != hashval || !test.matches(inode, hashval) {
                 continue;
             }
             let g = inode.lock();
@@ -443,7 +542,7 @@ enum Attempt<F: SuperOperations> {
 /// A found inode: wait while it is `I_NEW`; then an unhashed one is put and the
 /// operation starts over (`iget_locked`, `ilookup`, `insert_inode_locked` all do this).
 fn settle_found<F: SuperOperations>(
-    sb: &Arc<SbInner<F>>,
+    sb: &SbInner<F>,
     op: &mut Op<F>,
     r: InodeRef<F>,
     maybe_new: bool,
@@ -479,11 +578,7 @@ fn settle_found<F: SuperOperations>(
 }
 
 /// Runs an operation from the start.
-fn run<F: SuperOperations>(
-    sb: &Arc<SbInner<F>>,
-    op: &mut Op<F>,
-    waiter: &mut Option<Arc<Waiter>>,
-) -> Attempt<F> {
+fn run<F: SuperOperations>(sb: &SbInner<F>, op: &mut Op<F>, waiter: &mut Option<Arc<Waiter>>) -> Attempt<F> {
     let cache = &*sb.cache;
     match op {
         Op::Iget { hashval, test, make } => {
@@ -573,7 +668,7 @@ fn run<F: SuperOperations>(
                     // SAFETY: chain members are alive under the chain lock.
                     let o = unsafe { n.as_ref() };
                     p = o.hash_next.load(Ordering::Acquire);
-                    if !Arc::ptr_eq(&o.sb, sb) || o.hashval != hashval || !test.matches(o, hashval) {
+                    if o.sb != sb.this || o.hashval != hashval || !test.matches(o, hashval) {
                         continue;
                     }
                     let g = o.lock();
@@ -660,7 +755,7 @@ fn iput_final<F: SuperOperations>(inode: &Inode<F>, g: MutexGuard<'_, ()>) {
             inode.name()
         );
     }
-    let sb = &*inode.sb;
+    let sb = inode.sb();
     let drop_it = sb.ops.drop_inode(inode);
     if !drop_it && s & I_DONTCACHE == 0 && sb.is_active() {
         // __inode_add_lru(inode, true)
@@ -695,7 +790,7 @@ fn iput_final<F: SuperOperations>(inode: &Inode<F>, g: MutexGuard<'_, ()>) {
 
 /// `__inode_add_lru` after `iput_final` dropped `i_lock`: checks again under both locks.
 fn inode_lru_list_add<F: SuperOperations>(inode: &Inode<F>) {
-    let sb = &*inode.sb;
+    let sb = inode.sb();
     let shard = if sb.cache.settings.lru == Lru::Single {
         0
     } else {
@@ -723,7 +818,7 @@ fn inode_lru_list_add<F: SuperOperations>(inode: &Inode<F>) {
 
 /// `inode_lru_list_del` of an inode the caller is evicting (`I_FREEING`).
 fn inode_lru_list_del<F: SuperOperations>(inode: &Inode<F>) {
-    let sb = &*inode.sb;
+    let sb = inode.sb();
     let shard = inode.lru_shard.load(Ordering::Relaxed) as usize;
     let mut l = sb.lru_lock(shard);
     let _g = inode.lock();
@@ -739,7 +834,7 @@ fn inode_lru_list_del<F: SuperOperations>(inode: &Inode<F>) {
 fn evict<F: SuperOperations>(inode: &Inode<F>) {
     debug_assert!(inode.state.load(Ordering::Relaxed) & I_FREEING != 0);
     debug_assert!(inode.state.load(Ordering::Relaxed) & ON_LRU == 0);
-    let sb = &*inode.sb;
+    let sb = inode.sb();
     inode_sb_list_del(inode);
     sb.ops.evict_inode(inode);
     {
@@ -760,7 +855,7 @@ fn evict<F: SuperOperations>(inode: &Inode<F>) {
 
 /// `destroy_inode`: `->destroy_inode` now, the memory after a grace period.
 fn destroy_inode<F: SuperOperations>(inode: &Inode<F>) {
-    let sb = &*inode.sb;
+    let sb = inode.sb();
     sb.ops.destroy_inode(inode);
     sb.cache.counters().nr_inodes.fetch_sub(1, Ordering::Relaxed);
     let p = NonNull::from(inode).as_ptr();
@@ -769,6 +864,8 @@ fn destroy_inode<F: SuperOperations>(inode: &Inode<F>) {
     // walkers that may still see its pointer are pinned: the box (from `alloc_inode`'s
     // `Box::leak`) is freed after them.
     unsafe { pin.defer_free_box(p) };
+    // The inode's last use of its superblock (which may be freed a grace period later).
+    sb_inode_gone(sb, &pin);
 }
 
 /// `list_lru_walk_one` with `inode_lru_isolate` over one LRU shard.
@@ -898,28 +995,38 @@ impl<F: SuperOperations> InodeCache<F> {
         } else {
             shards
         };
+        let sb = Box::new(SbInner {
+            cache: self.inner.clone(),
+            ops,
+            dev: self.inner.next_dev.fetch_add(1, Ordering::Relaxed),
+            active: AtomicBool::new(true),
+            lists: (0..sb_shards)
+                .map(|_| CachePadded::new(Mutex::new(Vec::new())))
+                .collect(),
+            lru: (0..lru_shards)
+                .map(|_| {
+                    CachePadded::new(Mutex::new(LruShard {
+                        map: BTreeMap::new(),
+                        next: 0,
+                    }))
+                })
+                .collect(),
+            lru_len: (0..lru_shards)
+                .map(|_| CachePadded::new(StdAtomicUsize::new(0)))
+                .collect(),
+            prune_cursor: StdAtomicUsize::new(0),
+            this: NonNull::dangling(),
+            live: (0..shards)
+                .map(|_| CachePadded::new(AtomicUsize::new(0)))
+                .collect(),
+            detached: AtomicBool::new(false),
+            freed: AtomicBool::new(false),
+        });
+        let p = NonNull::from(Box::leak(sb));
+        // SAFETY: just leaked, not shared yet: this is the only pointer.
+        unsafe { (*p.as_ptr()).this = p };
         SuperBlock {
-            inner: Arc::new(SbInner {
-                cache: self.inner.clone(),
-                ops,
-                dev: self.inner.next_dev.fetch_add(1, Ordering::Relaxed),
-                active: AtomicBool::new(true),
-                lists: (0..sb_shards)
-                    .map(|_| CachePadded::new(Mutex::new(Vec::new())))
-                    .collect(),
-                lru: (0..lru_shards)
-                    .map(|_| {
-                        CachePadded::new(Mutex::new(LruShard {
-                            map: BTreeMap::new(),
-                            next: 0,
-                        }))
-                    })
-                    .collect(),
-                lru_len: (0..lru_shards)
-                    .map(|_| CachePadded::new(StdAtomicUsize::new(0)))
-                    .collect(),
-                prune_cursor: StdAtomicUsize::new(0),
-            }),
+            inner: Arc::new(SbHandle { sb: p }),
         }
     }
 
@@ -945,7 +1052,7 @@ impl<F: SuperOperations> InodeCache<F> {
 /// A mounted superblock: where inodes are looked up, created and reclaimed. Dropping it
 /// unmounts it (as [`SuperBlock::umount`]) if that was not done.
 pub struct SuperBlock<F: SuperOperations> {
-    inner: Arc<SbInner<F>>,
+    inner: Arc<SbHandle<F>>,
 }
 
 impl<F: SuperOperations> fmt::Debug for SuperBlock<F> {
@@ -1094,7 +1201,7 @@ impl<F: SuperOperations> SuperBlock<F> {
         hashval: u64,
         mut m: impl FnMut(&Inode<F>) -> Match,
     ) -> Option<InodeRef<F>> {
-        let sb = &self.inner;
+        let sb: &SbInner<F> = &self.inner;
         let b = sb.cache.bucket(sb, hashval);
         let _h = sb.cache.hash_lock(b);
         let mut p = b.head.load(Ordering::Acquire);
@@ -1102,7 +1209,7 @@ impl<F: SuperOperations> SuperBlock<F> {
             // SAFETY: chain members are alive under the chain lock.
             let inode = unsafe { n.as_ref() };
             p = inode.hash_next.load(Ordering::Acquire);
-            if !Arc::ptr_eq(&inode.sb, sb) || inode.hashval != hashval {
+            if inode.sb != sb.this || inode.hashval != hashval {
                 continue;
             }
             match m(inode) {
@@ -1173,7 +1280,7 @@ impl<F: SuperOperations> SuperBlock<F> {
     }
 
     fn check_own(&self, inode: &InodeRef<F>) {
-        if !Arc::ptr_eq(&inode.sb, &self.inner) {
+        if inode.sb != self.inner.this {
             panic!(
                 "insert_inode_locked: {} belongs to another superblock",
                 inode.name()
@@ -1190,7 +1297,7 @@ impl<F: SuperOperations> SuperBlock<F> {
     /// entries, oldest first, and evicts the unused ones without `I_REFERENCED`. Returns
     /// the entries taken off the LRU.
     pub fn prune_icache_sb(&self, nr_to_scan: usize) -> usize {
-        let sb = &*self.inner;
+        let sb: &SbInner<F> = &self.inner;
         let n = sb.lru.len();
         let total = self.count_objects();
         let mut dispose = Vec::new();
@@ -1222,7 +1329,7 @@ impl<F: SuperOperations> SuperBlock<F> {
     /// `evict_inodes`: evicts every unused inode of the superblock that is not `I_NEW` or
     /// already being evicted. Returns how many it evicted.
     pub fn evict_inodes(&self) -> usize {
-        let sb = &*self.inner;
+        let sb: &SbInner<F> = &self.inner;
         let mut dispose = Vec::new();
         for shard in 0..sb.lists.len() {
             let l = sb.list_lock(shard);
@@ -1268,7 +1375,7 @@ impl<F: SuperOperations> SuperBlock<F> {
     /// (a visited inode is held; one already being evicted is skipped). `f` runs with no
     /// lock held.
     pub fn for_each_inode(&self, mut f: impl FnMut(&InodeRef<F>)) {
-        let sb = &*self.inner;
+        let sb: &SbInner<F> = &self.inner;
         for shard in 0..sb.lists.len() {
             let held: Vec<InodeRef<F>> = {
                 let l = sb.list_lock(shard);
@@ -1293,7 +1400,7 @@ impl<F: SuperOperations> SuperBlock<F> {
 
     /// The inode numbers on the LRU, oldest first (shard by shard with per-CPU LRUs).
     pub fn lru_inos(&self) -> Vec<u64> {
-        let sb = &*self.inner;
+        let sb: &SbInner<F> = &self.inner;
         let mut v = Vec::new();
         for s in 0..sb.lru.len() {
             let l = sb.lru_lock(s);
@@ -1421,7 +1528,7 @@ enum Stage<F: SuperOperations> {
 /// put).
 #[must_use = "dropping a wait abandons the lookup"]
 pub struct InodeWait<F: SuperOperations, T> {
-    sb: Arc<SbInner<F>>,
+    sb: Arc<SbHandle<F>>,
     op: Op<F>,
     stage: Stage<F>,
     waiter: Arc<Waiter>,
@@ -1455,7 +1562,7 @@ impl Interrupter {
 
 impl<F: SuperOperations, T: FromOutcome<F>> InodeWait<F, T> {
     fn from_attempt(
-        sb: &Arc<SbInner<F>>,
+        sb: &Arc<SbHandle<F>>,
         op: Op<F>,
         waiter: Option<Arc<Waiter>>,
         a: Attempt<F>,

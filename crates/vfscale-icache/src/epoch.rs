@@ -165,4 +165,4 @@ mod imp {
     pub(crate) fn flush() {}
 }
 
-pub(crate) use imp::{flush, Domain};
+pub(crate) use imp::{flush, Domain, Guard};

@@ -4,7 +4,6 @@
 use std::fmt;
 use std::ops::Deref;
 use std::ptr::NonNull;
-use std::sync::Arc;
 
 use crate::cache::SbInner;
 use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
@@ -117,7 +116,8 @@ pub struct InodeState {
 pub struct Inode<F: SuperOperations> {
     pub(crate) ino: u64,
     pub(crate) hashval: u64,
-    pub(crate) sb: Arc<SbInner<F>>,
+    /// `i_sb`: not counted; the superblock outlives its inodes (see the crate's "Lifetimes").
+    pub(crate) sb: NonNull<SbInner<F>>,
     /// `i_lock`: protects `state` writes and the 1 -> 0 and 0 -> 1 transitions of `count`.
     pub(crate) i_lock: Mutex<()>,
     pub(crate) state: AtomicU32,
@@ -134,7 +134,26 @@ pub struct Inode<F: SuperOperations> {
     pub(crate) data: F::Data,
 }
 
+// SAFETY: `sb` is the only field that is not `Send + Sync` by itself: a pointer to a
+// superblock whose shared state is atomics, locks and the filesystem's `Send + Sync`
+// operations, alive as long as the inode is (see `Inode::sb`); the rest is atomics, locks
+// and `Send + Sync` data.
+unsafe impl<F: SuperOperations> Send for Inode<F> {}
+// SAFETY: as above: `&Inode` only reads `sb` and gives `&SbInner`, which is `Sync`.
+unsafe impl<F: SuperOperations> Sync for Inode<F> {}
+
 impl<F: SuperOperations> Inode<F> {
+    /// `i_sb`.
+    pub(crate) fn sb(&self) -> &SbInner<F> {
+        // SAFETY: a superblock is freed only after every inode it allocated went through
+        // `destroy_inode` (its per-shard live counts sum to 0) and then a grace period
+        // (crate docs, "Lifetimes"). Whoever holds `&Inode` holds a reference, a list lock,
+        // the eviction duty, or is pinned with the inode reached from a chain; the first
+        // three exclude `destroy_inode` having run; a pinned walker dereferences `sb` only
+        // after comparing it equal to a superblock it holds a handle to.
+        unsafe { self.sb.as_ref() }
+    }
+
     /// `i_ino`.
     pub fn ino(&self) -> u64 {
         self.ino
@@ -152,12 +171,12 @@ impl<F: SuperOperations> Inode<F> {
 
     /// The filesystem operations of its superblock.
     pub fn sb_ops(&self) -> &F {
-        &self.sb.ops
+        &self.sb().ops
     }
 
     /// The superblock's device number (as [`crate::SuperBlock::dev`]).
     pub fn sb_dev(&self) -> u64 {
-        self.sb.dev
+        self.sb().dev
     }
 
     /// `i_nlink`.
@@ -237,7 +256,7 @@ impl<F: SuperOperations> Inode<F> {
 
     /// "sb 3 ino 5", for messages.
     pub(crate) fn name(&self) -> String {
-        format!("inode {} of sb {}", self.ino, self.sb.dev)
+        format!("inode {} of sb {}", self.ino, self.sb().dev)
     }
 
     /// `__iget`: the caller holds `i_lock`.
@@ -295,7 +314,7 @@ impl<F: SuperOperations> Inode<F> {
             self.take_waiters()
         };
         if w {
-            self.sb.cache.waits.wake_all(self.addr());
+            self.sb().cache.waits.wake_all(self.addr());
         }
     }
 }
@@ -303,7 +322,7 @@ impl<F: SuperOperations> Inode<F> {
 impl<F: SuperOperations> fmt::Debug for Inode<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Inode")
-            .field("sb", &self.sb.dev)
+            .field("sb", &self.sb().dev)
             .field("ino", &self.ino)
             .field("state", &self.state())
             .finish()

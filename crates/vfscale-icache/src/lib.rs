@@ -126,8 +126,25 @@
 //!   replay uses) keeps the spec's single-list order exactly.
 //! * **Counters** (`nr_inodes`, `nr_unused`, lock acquisitions, loads): per CPU shard,
 //!   on their own cache lines; [`InodeCache::stats`] sums them.
-//! * Remaining shared writes on the *create/evict* path (not the hit path): the
-//!   superblock's `Arc` count (each inode holds its superblock).
+//! * **`i_sb` is not counted**: creating or evicting an inode writes no superblock-wide
+//!   line (see "Lifetimes"); the live-inode count that keeps the superblock is per CPU.
+//!
+//! # Lifetimes
+//!
+//! * An inode's memory: freed a grace period (epoch) after `->destroy_inode`, so a
+//!   lock-free walker that reached it from a chain may still read it.
+//! * A superblock (`i_sb`, as in Linux: a plain pointer in every inode): counted handles
+//!   are only [`SuperBlock`] and a waiting lookup ([`InodeWait`]). Each inode is counted
+//!   in a per-CPU-shard live count (`+1` at allocation on the allocating CPU's shard, `-1`
+//!   at the end of `destroy_inode` on the destroying CPU's). When the last handle goes the
+//!   superblock is *detached*; it is freed (a grace period later, through the epoch) by
+//!   whoever then sees the shards sum to 0: the detacher, or the destroyer of its last
+//!   inode. The decrement/`detached` pair is a SeqCst Dekker, so exactly one of them sees
+//!   the sum reach 0 (a `freed` flag claims the free once); no inode is allocated after
+//!   detaching (allocating takes a handle), so a sum can only overstate the live count.
+//!   Every use of `i_sb` after an inode's decrement is pinned since before it. So an
+//!   [`InodeRef`] may outlive its [`SuperBlock`]: its last `iput` evicts it (the
+//!   superblock is no longer active) and, being the last, frees the superblock.
 //!
 //! # Experiment settings
 //!

@@ -171,3 +171,45 @@ fn iget_waits_for_eviction() {
         assert_eq!(cache.stats().nr_inodes, 0);
     });
 }
+
+/// The superblock's lifetime (inodes hold an uncounted `i_sb`): after an umount that
+/// leaves two busy inodes, the last handle is dropped (detach) while another thread puts
+/// the last reference of one inode (its `iput_final` evicts it), and the unmounting thread
+/// then puts the other. Whatever the
+/// interleaving, the superblock (and with it the filesystem's operations) is freed exactly
+/// once, only after both inodes were destroyed (its drop asserts no live inode is left),
+/// and no eviction touches it after it was freed.
+#[test]
+fn sb_freed_after_last_inode() {
+    model(|| {
+        let fs = Fs::default();
+        let counts = fs.0.clone();
+        let cache = InodeCache::new(Settings::default());
+        let sb = cache.mount(fs);
+        let Some(Iget::New(n)) = sb.iget_locked(1) else {
+            panic!()
+        };
+        let r = load(n, 5);
+        let Some(Iget::New(n)) = sb.iget_locked(2) else {
+            panic!()
+        };
+        let r2 = load(n, 6);
+        assert_eq!(sb.umount(), 2, "both inodes are busy");
+        let t = thread::spawn(move || {
+            assert_eq!(read(&r), 5);
+            assert_eq!(r.sb_dev(), 1);
+            drop(r);
+        });
+        drop(sb);
+        assert_eq!(read(&r2), 6);
+        drop(r2);
+        t.join().unwrap();
+        assert_eq!(counts.destroys.load(Ordering::SeqCst), 2);
+        assert_eq!(cache.stats().nr_inodes, 0);
+        assert_eq!(
+            Arc::strong_count(&counts),
+            1,
+            "the superblock (holding the mounted Fs) is freed once no handle and no inode is left"
+        );
+    });
+}
