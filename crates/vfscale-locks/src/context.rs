@@ -2,6 +2,7 @@
 
 use std::sync::{Arc, Weak};
 
+use crate::chain::Chain;
 use crate::fair::{a_quantum_after, waited_a_quantum, Clock, Stamp};
 use crate::index::{IndexLinks, PosixTree, Work};
 use crate::lock::{
@@ -161,6 +162,10 @@ pub struct ContextStats {
     /// Index tree nodes visited (descents, overlap scans, rebalancing); 0 with
     /// [`LockIndex::List`].
     pub index_nodes: u64,
+    /// Wait-tree records visited while blocking a request: children compared in the
+    /// insert descent (a jump over a run of like waiters counts one), records on the
+    /// path to the root, former waiters re-checked.
+    pub wait_nodes: u64,
 }
 
 /// What one inode's lock state occupies in memory, from [`FileLockContext::memory`].
@@ -216,6 +221,8 @@ pub(crate) struct Inner {
     freed: bool,
     /// Where the inode is in its hand-off quantum.
     turn: Turn,
+    /// The run of like waiters the insert descent jumps over (see `chain.rs`).
+    chain: Chain,
     /// Time for the hand-off (see `fair.rs`).
     clock: Clock,
 }
@@ -285,6 +292,7 @@ impl Inner {
     fn release(&mut self, id: NodeId) {
         let n = self.node(id);
         debug_assert!(n.children().is_empty() && n.blocker().is_none() && !n.ix.indexed);
+        self.chain.on_release(id);
         self.arena.release(id);
     }
 
@@ -388,6 +396,8 @@ impl Inner {
     /// Takes every direct waiter of `id` out of the tree (and the blocked hash) without
     /// waking it yet; returns them, oldest first.
     fn detach_children(&mut self, id: NodeId, bg: &mut BlockedGuard<'_>) -> Vec<NodeId> {
+        self.chain
+            .on_take_children(id, self.arena.node(id).children(), &self.arena);
         let children = self.node_mut(id).take_children();
         self.node_mut(id).shrink();
         for &c in &children {
@@ -399,6 +409,7 @@ impl Inner {
     /// Clears request `c`'s side of its tree link (its blocker's list is the caller's
     /// business), its detector mirror and its place in the blocked hash.
     fn detach(&mut self, c: NodeId, bg: &mut BlockedGuard<'_>) {
+        self.chain.on_detach(c);
         let n = self.node_mut(c).wait_mut();
         n.blocker = None;
         let hashed = std::mem::replace(&mut n.hashed, false);
@@ -427,6 +438,8 @@ impl Inner {
     fn link_under(&mut self, b: NodeId, wid: NodeId, bg: &mut BlockedGuard<'_>) {
         let link = self.link_to(b);
         let hashed = self.node(b).fl.is_process_posix();
+        let busy = !self.node(b).children().is_empty();
+        self.chain.on_link(b, busy, wid, &self.arena.node(wid).fl);
         self.node_mut(b).wait_mut().children.push(wid);
         let n = self.node_mut(wid).wait_mut();
         n.blocker = Some(b);
@@ -453,6 +466,7 @@ impl Inner {
     /// conflicts with every record of `path` (which ends at a granted lock), and, for a
     /// process-owned POSIX request, the deadlock check its retry would run finds none.
     fn retry_would_sleep(&mut self, d: NodeId, path: &[NodeId], bg: &mut BlockedGuard<'_>) -> bool {
+        self.stats.wait_nodes += 1;
         let fl = self.node(d).fl;
         if !path.iter().all(|&a| family_conflict(&fl, &self.node(a).fl)) {
             return false;
@@ -476,6 +490,7 @@ impl Inner {
             return;
         }
         let path: Vec<NodeId> = std::iter::once(wid).chain(self.ancestors(wid)).collect();
+        self.stats.wait_nodes += path.len() as u64;
         let mut keep = Vec::new();
         for c in orphans {
             if self.retry_would_sleep(c, &path, bg) {
@@ -490,6 +505,8 @@ impl Inner {
         // 003's herd the subtree is a chain of every waiter, checked on each re-queue.
         let above = &path[1..];
         while let Some(n) = keep.pop() {
+            self.chain
+                .on_take_children(n, self.arena.node(n).children(), &self.arena);
             let mut kids = self.node_mut(n).take_children();
             let mut i = 0;
             while i < kids.len() {
@@ -517,18 +534,65 @@ impl Inner {
         let fl = self.node(wid).fl;
         let mut b = blocker;
         if mode == WakeMode::Tree {
+            let mut path = Vec::new();
+            let mut jumped = false;
             'descend: loop {
-                for &c in self.node(b).children() {
-                    if family_conflict(&self.node(c).fl, &fl) {
-                        b = c;
+                for &c in self.arena.node(b).children() {
+                    self.stats.wait_nodes += 1;
+                    if family_conflict(&self.arena.node(c).fl, &fl) {
+                        // A run of like waiters below `c`: the walk would go down
+                        // through all of them (see `chain.rs`).
+                        b = match self.chain.jump(c, &fl) {
+                            Some(tail) => {
+                                jumped = true;
+                                tail
+                            }
+                            None => c,
+                        };
+                        if !jumped {
+                            path.push(b);
+                        }
                         continue 'descend;
                     }
                 }
                 break;
             }
+            #[cfg(any(debug_assertions, test))]
+            {
+                self.chain.check(&self.arena);
+                assert_eq!(
+                    b,
+                    self.plain_descent(blocker, &fl),
+                    "the jump lands where the walk does"
+                );
+            }
+            if !jumped {
+                self.chain.build(&path, &self.arena);
+            }
         }
         self.link_under(b, wid, bg);
         self.stats.blocks += 1;
+    }
+
+    /// Checks the tracked run of like waiters against the tree.
+    #[cfg(test)]
+    pub(crate) fn chain_check(&self) {
+        self.chain.check(&self.arena);
+    }
+
+    /// `__locks_insert_block`'s descent as Linux walks it, to check the jump against.
+    #[cfg(any(debug_assertions, test))]
+    fn plain_descent(&self, blocker: NodeId, fl: &FileLock) -> NodeId {
+        let mut b = blocker;
+        'descend: loop {
+            for &c in self.node(b).children() {
+                if family_conflict(&self.node(c).fl, fl) {
+                    b = c;
+                    continue 'descend;
+                }
+            }
+            return b;
+        }
     }
 
     /// Puts a request to sleep under `blocker`, or back to sleep after a retry. Its own
@@ -570,6 +634,7 @@ impl Inner {
     }
 
     fn unlink_from_blocker(&mut self, wid: NodeId, bg: &mut BlockedGuard<'_>) {
+        self.chain.on_unlink(wid);
         let Some(n) = self.node_mut(wid).wait.as_deref_mut() else {
             return;
         };
@@ -596,6 +661,7 @@ impl Inner {
         match slot.take() {
             None => self.alloc(fl),
             Some(id) => {
+                self.chain.on_grant(id, &self.arena);
                 self.unlink_from_blocker(id, bg);
                 let n = self.node_mut(id);
                 n.fl = fl;

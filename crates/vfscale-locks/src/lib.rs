@@ -100,6 +100,7 @@
 
 #![warn(missing_docs)]
 
+mod chain;
 mod context;
 mod errno;
 mod fair;

@@ -282,6 +282,11 @@ fn herd(mgr: &Arc<LockManager>, cfg: &Config) -> Result<Sample, Skip> {
         "global_lock_acquisitions_per_op".into(),
         (sh1 - sh0) as f64 / grants as f64,
     );
+    // Wait-tree records visited per request put to sleep (machine-independent).
+    s.insert(
+        "wait_nodes_per_block".into(),
+        (st1.wait_nodes - st0.wait_nodes) as f64 / (st1.blocks - st0.blocks).max(1) as f64,
+    );
     Ok(s)
 }
 
