@@ -14,6 +14,22 @@ use super::tables::{Attrs, Counts, Dashmap, Disk, Icache, Moka, RwlockHashmap, T
 use super::{Span, PHASES};
 use crate::measure::{Sample, Skip, Target};
 
+/// What `readdir` gives: the names in one buffer, and (start, end, ino) per entry.
+struct Dents {
+    names: String,
+    ents: Vec<(usize, usize, u64)>,
+}
+
+impl Dents {
+    fn inos(&self) -> impl Iterator<Item = u64> + '_ {
+        self.ents.iter().map(|e| e.2)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
+        self.ents.iter().map(|&(a, b, i)| (&self.names[a..b], i))
+    }
+}
+
 /// One task's directory.
 #[derive(Default)]
 struct Dir {
@@ -29,11 +45,22 @@ struct MemFs {
 }
 
 impl MemFs {
-    /// `readdir`: the entries of directory `d` (one read lock of that directory).
-    fn readdir(&self, d: usize, c: &Counts) -> Vec<(String, u64)> {
+    /// `readdir`: the entries of directory `d` (one read lock of that directory), copied
+    /// into one buffer as `getdents` copies them into the caller's (not an allocation per
+    /// name: that cost, common to every target, would hide the tables' own).
+    fn readdir(&self, d: usize, c: &Counts) -> Dents {
         bump(&c.shard);
         let e = self.dirs[d].entries.read().unwrap();
-        e.iter().map(|(n, i)| (n.clone(), *i)).collect()
+        let mut out = Dents {
+            names: String::with_capacity(e.len() * 8),
+            ents: Vec::with_capacity(e.len()),
+        };
+        for (n, i) in e.iter() {
+            let start = out.names.len();
+            out.names.push_str(n);
+            out.ents.push((start, out.names.len(), *i));
+        }
+        out
     }
 
     fn phase(&self, phase: &str, t: usize) {
@@ -51,12 +78,12 @@ impl MemFs {
                 }
             }
             "walk" => {
-                for (_, ino) in self.readdir(t, c) {
+                for ino in self.readdir(t, c).inos() {
                     self.table.with(ino, &self.disk, c, &mut stat);
                 }
             }
             "chmod" => {
-                for (_, ino) in self.readdir(t, c) {
+                for ino in self.readdir(t, c).inos() {
                     self.table.with(ino, &self.disk, c, &mut |a| {
                         a.mode.store(0o100600, Ordering::Relaxed)
                     });
@@ -65,15 +92,16 @@ impl MemFs {
             }
             "cold-walk" => {
                 for d in 0..self.dirs.len() {
-                    for (_, ino) in self.readdir(d, c) {
+                    for ino in self.readdir(d, c).inos() {
                         self.table.with(ino, &self.disk, c, &mut stat);
                     }
                 }
             }
             "unlink" => {
-                for (name, ino) in self.readdir(t, c) {
+                let dents = self.readdir(t, c);
+                for (name, ino) in dents.iter() {
                     bump(&c.shard);
-                    self.dirs[t].entries.write().unwrap().remove(&name);
+                    self.dirs[t].entries.write().unwrap().remove(name);
                     self.disk.get(ino).nlink.store(0, Ordering::Relaxed);
                     self.table.unlink(ino, c);
                 }
