@@ -56,6 +56,11 @@
 //!      lock, if it sleeps again or gives up they are woken, because "conflicts with" is
 //!      not transitive: they conflict with it, but perhaps not with its new blocker
 //!      (the (0,2)/(1,2)/(2,2) case of seed 003).
+//!   4. the insert descent may jump over a *run* (`chain.rs`): waiters each the only
+//!      child of the one before, of one kind, type and range, with counted owners; a
+//!      request that conflicts with a member and shares no owner with the run would
+//!      descend through all of them, so it goes straight to the run's tail. The tree is
+//!      exactly the plain walk's (checked beside it under `cfg(test)`/debug).
 //! * Waiters are woken after every lock is dropped ([`WakeList`-style batching](crate)).
 //! * **Fairness** (issue 12). An owner that unlocks and locks again usually beats the
 //!   waiter it woke (barging, as in Linux: that is the throughput). So that every wait
