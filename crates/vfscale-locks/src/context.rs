@@ -1144,13 +1144,13 @@ impl Inner {
         }
 
         let mut seq = run;
-        let mut run_key = |t: &mut PosixTree| *seq.get_or_insert_with(|| t.new_seq());
+        let mut run_key = |t: &mut PosixTree, ar: &mut Arena| *seq.get_or_insert_with(|| t.new_seq(ar));
         if !added {
             if lock_is_unlock(&req) {
                 return None;
             }
             let new = self.grant_record(req, slot, bg);
-            let k = run_key(&mut self.tree);
+            let k = run_key(&mut self.tree, &mut self.arena);
             self.tree.insert(&mut self.arena, new, k, &mut self.work);
         } else if let Some(b) = became {
             if self.node(b).ix.indexed {
@@ -1159,11 +1159,11 @@ impl Inner {
             let n = self.node_mut(b);
             n.fl.start = req.start;
             n.fl.end = req.end;
-            let k = run_key(&mut self.tree);
+            let k = run_key(&mut self.tree, &mut self.arena);
             self.tree.insert(&mut self.arena, b, k, &mut self.work);
         }
         if let Some(r) = right {
-            let k = run_key(&mut self.tree);
+            let k = run_key(&mut self.tree, &mut self.arena);
             self.tree.remove(&mut self.arena, r, &mut self.work);
             if left == Some(r) {
                 // The request splits one lock in two: the left part is a new record.
@@ -1178,7 +1178,7 @@ impl Inner {
             self.wake_up_blocks(r, wl, bg);
         }
         if let Some(l) = left {
-            let k = run_key(&mut self.tree);
+            let k = run_key(&mut self.tree, &mut self.arena);
             self.tree.remove(&mut self.arena, l, &mut self.work);
             self.node_mut(l).fl.end = req.start - 1;
             self.tree.insert(&mut self.arena, l, k, &mut self.work);

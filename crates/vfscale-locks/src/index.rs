@@ -1,31 +1,38 @@
-//! The index over an inode's POSIX and OFD locks ([`LockIndex::Tree`]): two trees, so
-//! that set, unlock, conflict search and `F_GETLK` cost O(log n + k) in the n locks held
-//! instead of Linux's O(n) list walk, with every result unchanged.
+//! The index over an inode's POSIX and OFD locks ([`LockIndex::Tree`]): a table of
+//! owners and a tree by start, so that set, unlock, conflict search and `F_GETLK` cost
+//! O(log n + k) in the n locks held instead of Linux's O(n) list walk, with every result
+//! unchanged.
 //!
-//! * **By owner** (`owner`, `start`, id): an AVL tree threaded through the records of
-//!   the inode's arena. One owner's locks are a contiguous run sorted by start, which is
-//!   exactly the part of Linux's list that `posix_lock_inode` walks to merge, split and
-//!   trim.
+//! * **By owner**: a hash table (`hashbrown::HashTable` of record ids) from each owner
+//!   holding a lock here to the root of that owner's own AVL tree by (`start`, id),
+//!   threaded through the records of the inode's arena. An owner's locks are exactly
+//!   the part of Linux's list that `posix_lock_inode` walks to merge, split and trim,
+//!   so a set or unlock costs O(log k) in the k locks of its own owner, whatever the
+//!   other owners hold (one probe for an owner holding nothing). A table entry is a
+//!   record id (4 bytes and a control byte per bucket): the owner is read from the
+//!   record.
 //! * **By start** (`start`, id): a B+ tree of 16-entry nodes kept apart from the records
 //!   (`start_index.rs`), augmented per child with the largest `end`, over all locks and
 //!   over write locks only: an interval tree that finds the locks overlapping a range
 //!   without visiting those that end before it (and, for a read request, without
 //!   visiting read locks). Over 10,000 locks a descent touches 4 nodes (height 3), not
-//!   14 records of 104 bytes, and the arena is read only for the locks found.
+//!   14 records, and the arena is read only for the locks found.
 //!
 //! Cost (cachegrind, `examples/lockmany_probe.rs`, one OFD owner setting and removing a
 //! lock at a random free byte among H one-byte locks, and testing a held byte): a
-//! set+unset pair 2,600 instructions and 0 L1 misses at H = 10, 5,460 and 7.8 at
-//! 10,000 (the AVL by start took 3,486, and 8,565 with 30 misses); a test 365
-//! instructions at 10, 700 with 8.2 misses at 10,000 (was 1,146 and 14). What still grows
-//! is the by-owner descents (four per pair, about 1,900 instructions at 10,000).
+//! set+unset pair 2,070 instructions and 0 L1 misses at H = 10, 3,050 and 7.8 at
+//! 10,000 (one AVL by (owner, start) over all owners: 2,600 and 5,460; the AVL by start
+//! before that: 3,486 and 8,565 with 30 misses); a test 363 instructions at 10, 700 with
+//! 8 misses at 10,000 (was 1,146 and 14). What still grows is the B+ tree descent (4
+//! nodes of 6–9 cache lines at 10,000).
 //!
 //! **Linux's list order** is kept as a key. In Linux an owner's locks are adjacent and
 //! sorted by start, and an owner with no lock on the inode starts its run at the end of
 //! the list; the run keeps its place while the owner holds at least one lock (a lock
 //! that replaces another takes its place). So the list is sorted by (`seq`, `start`),
 //! where `seq` numbers the owner's run in the order runs were started; every record
-//! carries its run's `seq`. `F_GETLK` reports, and a blocked request waits on, the
+//! carries its run's `seq` (32 bits; renumbered 1, 2, … in order when 2^32 runs have
+//! been started). `F_GETLK` reports, and a blocked request waits on, the
 //! conflicting lock with the least (`seq`, `start`) — the first one Linux's walk meets.
 //!
 //! Both trees hold exactly the granted POSIX and OFD locks. A record's `owner`, `start`
@@ -35,15 +42,18 @@
 //! [`LockIndex::Tree`]: crate::LockIndex::Tree
 
 use crate::context::{Arena, NodeId, NIL};
+use hashbrown::HashTable;
+
 use crate::lock::{posix_locks_conflict, FileLock, OwnerKey};
 use crate::start_index::StartTree;
-use crate::LockType;
+use crate::{FileId, LockType, OwnerId};
 
 /// A record's place in the by-owner tree. Meaningful only while the record is indexed.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct IndexLinks {
-    /// The list-order key of the owner's run.
-    pub seq: u64,
+    /// The list-order key of the owner's run (32 bits, so that the links and the key
+    /// take 16 bytes; [`PosixTree::new_seq`] renumbers the runs when they run out).
+    pub seq: u32,
     /// Children in the by-owner tree: left, right.
     by_owner: [NodeId; 2],
     /// AVL height in the by-owner tree.
@@ -72,24 +82,31 @@ pub(crate) struct Work {
     pub checks: u64,
 }
 
-/// The two trees of one inode.
-#[derive(Debug)]
+/// The two indexes of one inode.
+#[derive(Debug, Default)]
 pub(crate) struct PosixTree {
-    root_owner: NodeId,
+    /// Each owner holding a lock here: the root of its own AVL tree by (`start`, id).
+    /// An entry is only a record id (4 bytes and a control byte per bucket); its owner
+    /// is read from the record.
+    owners: HashTable<NodeId>,
     by_start: StartTree,
     len: usize,
-    next_seq: u64,
+    next_seq: u32,
 }
 
-impl Default for PosixTree {
-    fn default() -> Self {
-        PosixTree {
-            root_owner: NIL,
-            by_start: StartTree::default(),
-            len: 0,
-            next_seq: 0,
-        }
-    }
+/// The greatest run key handed out before the runs are renumbered (small in unit tests,
+/// so that the proptests renumber often).
+const SEQ_LIMIT: u32 = if cfg!(test) { 40 } else { u32::MAX - 1 };
+
+/// A lock owner's hash: a multiply folded onto the low bits (which pick the bucket);
+/// the high bits (the table's tag) are the product's own.
+fn owner_hash(owner: OwnerKey) -> u64 {
+    let (tag, v) = match owner {
+        OwnerKey::Process(OwnerId(v)) => (0u64, v),
+        OwnerKey::File(FileId(v)) => (1u64 << 63, v),
+    };
+    let x = (v ^ tag).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x ^ (x >> 32)
 }
 
 /// One of the two trees: how its links, height and key are reached.
@@ -104,8 +121,9 @@ trait Side {
 
 struct ByOwner;
 
-fn owner_key(fl: &FileLock, id: NodeId) -> (OwnerKey, i64, NodeId) {
-    (fl.owner, fl.start, id)
+/// The key of a record in its owner's tree (all of one owner's records).
+fn owner_key(fl: &FileLock, id: NodeId) -> (i64, NodeId) {
+    (fl.start, id)
 }
 
 impl Side for ByOwner {
@@ -264,19 +282,56 @@ impl PosixTree {
         self.len
     }
 
-    /// A fresh list-order key, for an owner starting a run.
-    pub fn new_seq(&mut self) -> u64 {
+    /// A fresh list-order key, for an owner starting a run: above every run's. When
+    /// the keys run out (after 2^32 runs started on this inode), the live runs are
+    /// renumbered 1, 2, … in their order first (O(n) once per 2^32 runs).
+    pub fn new_seq(&mut self, ar: &mut Arena) -> u32 {
+        if self.next_seq >= SEQ_LIMIT {
+            let mut runs: Vec<(u32, NodeId)> = self.owners.iter().map(|&r| (ar.node(r).ix.seq, r)).collect();
+            runs.sort_unstable();
+            let mut stack = Vec::new();
+            for (i, &(_, root)) in runs.iter().enumerate() {
+                stack.push(root);
+                while let Some(t) = stack.pop() {
+                    let ix = &mut ar.node_mut(t).ix;
+                    ix.seq = i as u32 + 1;
+                    stack.extend(ix.by_owner.into_iter().filter(|&k| k != NIL));
+                }
+            }
+            self.next_seq = runs.len() as u32;
+        }
         self.next_seq += 1;
         self.next_seq
     }
 
+    /// The root of `owner`'s tree, if it holds a lock here.
+    fn owner_root(&self, ar: &Arena, owner: OwnerKey, w: &mut Work) -> Option<NodeId> {
+        w.nodes += 1;
+        self.owners
+            .find(owner_hash(owner), |&r| ar.node(r).fl.owner == owner)
+            .copied()
+    }
+
     /// Adds granted lock `id` with list-order key `seq`.
-    pub fn insert(&mut self, ar: &mut Arena, id: NodeId, seq: u64, w: &mut Work) {
+    pub fn insert(&mut self, ar: &mut Arena, id: NodeId, seq: u32, w: &mut Work) {
         let ix = &mut ar.node_mut(id).ix;
         debug_assert!(!ix.indexed, "record {id} indexed twice");
         ix.indexed = true;
         ix.seq = seq;
-        self.root_owner = insert::<ByOwner>(ar, self.root_owner, id, w).0;
+        let owner = ar.node(id).fl.owner;
+        let h = owner_hash(owner);
+        w.nodes += 1;
+        match self.owners.find_mut(h, |&r| ar.node(r).fl.owner == owner) {
+            Some(root) => {
+                debug_assert_eq!(ar.node(*root).ix.seq, seq, "one run, one key");
+                *root = insert::<ByOwner>(ar, *root, id, w).0;
+            }
+            None => {
+                let root = insert::<ByOwner>(ar, NIL, id, w).0;
+                self.owners
+                    .insert_unique(h, root, |&r| owner_hash(ar.node(r).fl.owner));
+            }
+        }
         let fl = &ar.node(id).fl;
         self.by_start
             .insert(fl.start, fl.end, id, fl.ty == LockType::Write, w);
@@ -286,7 +341,22 @@ impl PosixTree {
     /// Takes lock `id` out of the trees.
     pub fn remove(&mut self, ar: &mut Arena, id: NodeId, w: &mut Work) {
         debug_assert!(ar.node(id).ix.indexed, "record {id} is not indexed");
-        self.root_owner = remove::<ByOwner>(ar, self.root_owner, id, w).0;
+        let owner = ar.node(id).fl.owner;
+        w.nodes += 1;
+        match self
+            .owners
+            .find_entry(owner_hash(owner), |&r| ar.node(r).fl.owner == owner)
+        {
+            Ok(mut e) => {
+                let root = remove::<ByOwner>(ar, *e.get(), id, w).0;
+                if root == NIL {
+                    e.remove();
+                } else {
+                    *e.get_mut() = root;
+                }
+            }
+            Err(_) => panic!("record {id}'s owner has no tree"),
+        }
         self.by_start.remove(ar.node(id).fl.start, id, w);
         ar.node_mut(id).ix.indexed = false;
         self.len -= 1;
@@ -303,8 +373,9 @@ impl PosixTree {
         x: i64,
         w: &mut Work,
     ) -> (Option<NodeId>, Option<NodeId>) {
-        let key = (owner, x, NodeId::MAX);
-        let (mut t, mut floor, mut after) = (self.root_owner, None, None);
+        let key = (x, NodeId::MAX);
+        let mut t = self.owner_root(ar, owner, w).unwrap_or(NIL);
+        let (mut floor, mut after) = (None, None);
         while t != NIL {
             w.nodes += 1;
             let n = ar.node(t);
@@ -316,18 +387,28 @@ impl PosixTree {
                 t = n.ix.by_owner[0];
             }
         }
-        let mine = |b: &NodeId| ar.node(*b).fl.owner == owner;
-        (floor.filter(mine), after.filter(mine))
+        (floor, after)
     }
 
     /// The next lock of the same owner after `id`, in start order.
     pub fn owner_next(&self, ar: &Arena, id: NodeId, w: &mut Work) -> Option<NodeId> {
         let fl = &ar.node(id).fl;
-        let owner = fl.owner;
         let key = owner_key(fl, id);
-        // The least key above `id`'s.
-        let (mut t, mut best) = (self.root_owner, None);
-        while t != NIL {
+        // The least key above `id`'s: the leftmost of its right subtree, or else the
+        // lowest ancestor it is left of (found descending from the root).
+        let mut t = ar.node(id).ix.by_owner[1];
+        if t != NIL {
+            loop {
+                w.nodes += 1;
+                let l = ar.node(t).ix.by_owner[0];
+                if l == NIL {
+                    return Some(t);
+                }
+                t = l;
+            }
+        }
+        let (mut t, mut best) = (self.owner_root(ar, fl.owner, w).unwrap_or(NIL), None);
+        while t != NIL && t != id {
             w.nodes += 1;
             if owner_key(&ar.node(t).fl, t) > key {
                 best = Some(t);
@@ -336,13 +417,13 @@ impl PosixTree {
                 t = ar.node(t).ix.by_owner[1];
             }
         }
-        best.filter(|&b| ar.node(b).fl.owner == owner)
+        best
     }
 
     /// The first lock in Linux's list order that `req` conflicts with
     /// (`posix_locks_conflict`).
     pub fn first_conflict(&self, ar: &Arena, req: &FileLock, w: &mut Work) -> Option<NodeId> {
-        let mut best: Option<(u64, i64, NodeId)> = None;
+        let mut best: Option<(u32, i64, NodeId)> = None;
         // A read request conflicts only with write locks: skip subtrees without one.
         let writes_only = req.ty != LockType::Write;
         self.by_start.scan(req.start, req.end, writes_only, w, &mut |id| {
@@ -357,28 +438,30 @@ impl PosixTree {
         best.map(|(_, _, id)| id)
     }
 
-    /// Bytes held by the by-start tree's nodes (the by-owner links are in the records).
+    /// Bytes held by the owner table and the by-start tree's nodes (the by-owner links
+    /// are in the records).
     pub fn memory(&self) -> usize {
-        self.by_start.memory()
+        self.owners.allocation_size() + self.by_start.memory()
     }
 
-    /// Every lock, in Linux's list order.
+    /// Every lock, in Linux's list order: the owners' runs by `seq`, each in start order.
     pub fn list_order(&self, ar: &Arena) -> Vec<NodeId> {
+        let mut runs: Vec<(u32, NodeId)> = self.owners.iter().map(|&r| (ar.node(r).ix.seq, r)).collect();
+        runs.sort_unstable();
         let mut out = Vec::with_capacity(self.len);
         let mut stack = Vec::new();
-        let mut t = self.root_owner;
-        while t != NIL || !stack.is_empty() {
-            while t != NIL {
-                stack.push(t);
-                t = ar.node(t).ix.by_owner[0];
+        for (_, root) in runs {
+            let mut t = root;
+            while t != NIL || !stack.is_empty() {
+                while t != NIL {
+                    stack.push(t);
+                    t = ar.node(t).ix.by_owner[0];
+                }
+                let n = stack.pop().expect("non-empty");
+                out.push(n);
+                t = ar.node(n).ix.by_owner[1];
             }
-            let n = stack.pop().expect("non-empty");
-            out.push(n);
-            t = ar.node(n).ix.by_owner[1];
         }
-        // In-order by (owner, start); runs are sorted by start already, so a stable sort
-        // by run key gives (seq, start).
-        out.sort_by_key(|&id| ar.node(id).ix.seq);
         out
     }
 
@@ -400,10 +483,27 @@ impl PosixTree {
             assert_eq!(h, S::height(&n.ix) as i32, "height of {t}");
             h
         }
+        // Each owner's tree: balanced, ordered by start, one owner and one run key,
+        // found again by the owner's hash; no two owners share a run key.
         let mut a = Vec::new();
-        walk::<ByOwner>(ar, self.root_owner, &mut a);
+        let mut seqs = Vec::new();
+        for &root in self.owners.iter() {
+            let mut run = Vec::new();
+            walk::<ByOwner>(ar, root, &mut run);
+            assert!(!run.is_empty(), "an owner with an empty tree");
+            assert!(run.windows(2).all(|p| ByOwner::less(ar, p[0], p[1])));
+            let owner = ar.node(root).fl.owner;
+            assert!(
+                run.iter().all(|&id| ar.node(id).fl.owner == owner),
+                "one owner per tree"
+            );
+            assert_eq!(self.owner_root(ar, owner, &mut Work::default()), Some(root));
+            seqs.push(ar.node(root).ix.seq);
+            a.extend(run);
+        }
+        seqs.sort_unstable();
+        assert!(seqs.windows(2).all(|p| p[0] < p[1]), "two runs share a key");
         assert_eq!(a.len(), self.len);
-        assert!(a.windows(2).all(|p| ByOwner::less(ar, p[0], p[1])));
         // The by-start tree holds the same records, with their ranges and types.
         let b = self.by_start.check();
         assert_eq!(b.len(), self.len);

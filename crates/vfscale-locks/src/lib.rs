@@ -36,15 +36,16 @@
 //!   start; a new owner's locks go at the end. `F_GETLK` reports the first conflicting
 //!   lock in that order, as Linux does.
 //! * **The index** ([`LockIndex::Tree`], the default; issue 12). The list is kept as two
-//!   balanced trees over the same records: an AVL tree by (owner, start) threaded
-//!   through the records, the runs the merge walk visits, and a B+ tree by start with
+//!   indexes over the same records: a hash table from each owner to its own AVL tree
+//!   by start, threaded through the records (the run the merge walk visits, found in
+//!   O(1) and walked in O(log k) of that owner's k locks), and a B+ tree by start with
 //!   16-entry nodes in arrays of their own (augmented per child with the greatest end,
 //!   over all locks and over write locks) for conflict searches. List order is a key: every
-//!   record carries its owner run's sequence number, given when the run starts at the
-//!   end of the list, so "first in list order" is the least (run, start). A record is in
-//!   both trees exactly while it is a granted POSIX or OFD lock, and its range never
-//!   changes while it is in them. [`LockIndex::List`] keeps Linux's list; the two give
-//!   the same results, listing and counters (tested call by call).
+//!   record carries its owner run's sequence number (32 bits, renumbered in order when
+//!   exhausted), given when the run starts at the end of the list, so "first in list
+//!   order" is the least (run, start). A record is in both indexes exactly while it is
+//!   a granted POSIX or OFD lock, and its range never changes while it is in them.
+//!   [`LockIndex::List`] keeps Linux's list; the two give the same results, listing and counters (tested call by call).
 //! * The flock list holds at most one lock per open file description.
 //! * **The wait tree** (seed 003). Every blocked request hangs under a granted lock or
 //!   under another blocked request (`blocker`):
