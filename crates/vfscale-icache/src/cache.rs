@@ -1,7 +1,6 @@
 //! The cache: hash table, superblock lists, LRU, counters; lookups, `iput` and eviction.
 //! Function names follow `fs/inode.c`.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
@@ -16,7 +15,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::epoch::{Domain, Guard};
 use crate::inode::*;
-use crate::sync::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::sync::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Mutex, MutexGuard, Ordering, SpinWait};
 use crate::wait::{WaitOutcome, WaitTable, Waiter};
 use crate::{CacheStats, HashLock, Lookup, Lru, SbList, Settings, SuperOperations};
 
@@ -71,10 +70,77 @@ fn shard_hint() -> usize {
     }
 }
 
-/// One hash chain (`hlist_bl_head`): its lock and its first inode.
+/// One hash chain (`hlist_bl_head`): one word, the first inode's address with the chain's
+/// lock in bit 0 (a bit spinlock; inodes are at least 8-aligned, so bit 0 of an address is
+/// free). Lock-free readers mask the bit off.
 struct Bucket<F: SuperOperations> {
-    lock: Mutex<()>,
-    head: AtomicPtr<Inode<F>>,
+    head: AtomicUsize,
+    _inode: PhantomData<fn() -> F>,
+}
+
+/// Bit 0 of a chain head: `hlist_bl_lock`.
+const CHAIN_LOCK: usize = 1;
+
+impl<F: SuperOperations> Bucket<F> {
+    fn new() -> Self {
+        Bucket {
+            head: AtomicUsize::new(0),
+            _inode: PhantomData,
+        }
+    }
+
+    /// `hlist_bl_first`: the first inode (lock bit masked off).
+    fn first(&self, o: Ordering) -> *mut Inode<F> {
+        (self.head.load(o) & !CHAIN_LOCK) as *mut Inode<F>
+    }
+
+    /// Sets the first inode, keeping the lock bit; the caller holds the chain's lock (or
+    /// `inode_hash_lock`, with which the bit is never set). Release: a lock-free walker
+    /// that loads the pointer sees what was written before.
+    fn set_first(&self, p: *mut Inode<F>) {
+        let bit = self.head.load(Ordering::Relaxed) & CHAIN_LOCK;
+        debug_assert!(p as usize & CHAIN_LOCK == 0);
+        self.head.store(p as usize | bit, Ordering::Release);
+    }
+
+    /// `hlist_bl_lock` (`bit_spin_lock(0, ..)`): set bit 0, Acquire; while another holds
+    /// it, wait reading (no writes to the line) and try again.
+    fn lock(&self) {
+        loop {
+            if self.head.fetch_or(CHAIN_LOCK, Ordering::Acquire) & CHAIN_LOCK == 0 {
+                return;
+            }
+            let w = SpinWait::new();
+            while self.head.load(Ordering::Relaxed) & CHAIN_LOCK != 0 {
+                w.wait();
+            }
+        }
+    }
+
+    /// `hlist_bl_unlock`: clear bit 0, Release.
+    fn unlock(&self) {
+        let prev = self.head.fetch_and(!CHAIN_LOCK, Ordering::Release);
+        debug_assert!(prev & CHAIN_LOCK != 0, "hash chain unlocked twice");
+    }
+
+    /// Whether someone holds the chain's bit lock (for `debug_assert!`s).
+    fn is_locked(&self) -> bool {
+        self.head.load(Ordering::Relaxed) & CHAIN_LOCK != 0
+    }
+}
+
+/// What holds a chain for insert and remove: its bit lock, or `inode_hash_lock`.
+enum HashGuard<'a, F: SuperOperations> {
+    Global(#[allow(dead_code)] MutexGuard<'a, ()>),
+    Chain(&'a Bucket<F>),
+}
+
+impl<F: SuperOperations> Drop for HashGuard<'_, F> {
+    fn drop(&mut self) {
+        if let HashGuard::Chain(b) = self {
+            b.unlock();
+        }
+    }
 }
 
 /// Per-CPU counters (each on its own cache line).
@@ -125,15 +191,16 @@ impl<F: SuperOperations> CacheInner<F> {
 
     /// The lock that protects `b`'s chain for insert and remove: the chain's own, or
     /// `inode_hash_lock`.
-    fn hash_lock<'a>(&'a self, b: &'a Bucket<F>) -> MutexGuard<'a, ()> {
+    fn hash_lock<'a>(&'a self, b: &'a Bucket<F>) -> HashGuard<'a, F> {
         match self.settings.hash_lock {
             HashLock::Global => {
                 self.counters().global_locks.fetch_add(1, Ordering::Relaxed);
-                self.global_hash_lock.lock()
+                HashGuard::Global(self.global_hash_lock.lock())
             }
             HashLock::PerChain => {
                 self.counters().chain_locks.fetch_add(1, Ordering::Relaxed);
-                b.lock.lock()
+                b.lock();
+                HashGuard::Chain(b)
             }
         }
     }
@@ -141,15 +208,100 @@ impl<F: SuperOperations> CacheInner<F> {
     fn hash_locked(&self, b: &Bucket<F>) -> bool {
         match self.settings.hash_lock {
             HashLock::Global => self.global_hash_lock.is_locked(),
-            HashLock::PerChain => b.lock.is_locked(),
+            HashLock::PerChain => b.is_locked(),
         }
     }
 }
 
-/// One LRU list (`list_lru_one`): age key -> inode, oldest first.
+/// One LRU list (`list_lru_one`): a doubly-linked list through the inodes' `lru_prev` /
+/// `lru_next`, oldest at `head`. Add, delete and rotate are O(1) and allocate nothing.
+/// The links of an inode on it are read and written only under this shard's lock.
 struct LruShard<F: SuperOperations> {
-    map: BTreeMap<u64, InodePtr<F>>,
-    next: u64,
+    head: Option<InodePtr<F>>,
+    tail: Option<InodePtr<F>>,
+    len: usize,
+    /// Its index in the superblock's LRU shards (what an inode on it has as `lru_shard`).
+    shard: u32,
+}
+
+impl<F: SuperOperations> LruShard<F> {
+    fn new(shard: usize) -> Self {
+        LruShard {
+            head: None,
+            tail: None,
+            len: 0,
+            shard: shard as u32,
+        }
+    }
+
+    /// Whether `inode` is linked on this list by `lru_shard` (the caller holds this
+    /// shard's lock: it has `&mut self`/`&self` only through the lock's guard, so the
+    /// links of the inodes on it are the caller's to touch).
+    fn owns(&self, inode: &Inode<F>) -> bool {
+        inode.lru_shard.load(Ordering::Relaxed) == self.shard
+    }
+
+    /// `list_add_tail` (newest at the tail). The caller holds this shard's lock (it has
+    /// `&mut self` through the guard) and the inode is on no LRU (`ON_LRU` clear, under
+    /// `i_lock`).
+    fn add_tail(&mut self, inode: &Inode<F>) {
+        let me = NonNull::from(inode);
+        inode.lru_shard.store(self.shard, Ordering::Relaxed);
+        debug_assert!(inode.lru_prev.load(Ordering::Relaxed).is_null());
+        debug_assert!(inode.lru_next.load(Ordering::Relaxed).is_null());
+        match self.tail {
+            Some(t) => {
+                // SAFETY: on this list, whose lock the caller holds.
+                unsafe { t.get() }.lru_next.store(me.as_ptr(), Ordering::Relaxed);
+                inode.lru_prev.store(t.0.as_ptr(), Ordering::Relaxed);
+            }
+            None => self.head = Some(InodePtr(me)),
+        }
+        self.tail = Some(InodePtr(me));
+        self.len += 1;
+    }
+
+    /// `list_del_init`. The caller holds this shard's lock and the inode is on this list.
+    fn del(&mut self, inode: &Inode<F>) {
+        debug_assert!(self.owns(inode), "{} is on another LRU shard", inode.name());
+        let prev = NonNull::new(inode.lru_prev.swap(std::ptr::null_mut(), Ordering::Relaxed));
+        let next = NonNull::new(inode.lru_next.swap(std::ptr::null_mut(), Ordering::Relaxed));
+        match prev {
+            // SAFETY: on this list, whose lock the caller holds.
+            Some(p) => unsafe { p.as_ref() }.lru_next.store(
+                next.map_or(std::ptr::null_mut(), |n| n.as_ptr()),
+                Ordering::Relaxed,
+            ),
+            None => {
+                debug_assert!(self.head.map(|h| h.0) == Some(NonNull::from(inode)));
+                self.head = next.map(InodePtr);
+            }
+        }
+        match next {
+            // SAFETY: as above.
+            Some(n) => unsafe { n.as_ref() }.lru_prev.store(
+                prev.map_or(std::ptr::null_mut(), |p| p.as_ptr()),
+                Ordering::Relaxed,
+            ),
+            None => {
+                debug_assert!(self.tail.map(|t| t.0) == Some(NonNull::from(inode)));
+                self.tail = prev.map(InodePtr);
+            }
+        }
+        self.len -= 1;
+    }
+
+    /// `list_move_tail` (`LRU_ROTATE`).
+    fn rotate(&mut self, inode: &Inode<F>) {
+        self.del(inode);
+        self.add_tail(inode);
+    }
+
+    /// The inode after `inode` (towards the newest); the caller holds the lock.
+    fn next_of(&self, inode: &Inode<F>) -> Option<InodePtr<F>> {
+        debug_assert!(self.owns(inode));
+        NonNull::new(inode.lru_next.load(Ordering::Relaxed)).map(InodePtr)
+    }
 }
 
 /// One shard of a superblock's inode list.
@@ -313,7 +465,8 @@ fn alloc_inode<F: SuperOperations>(
         sb_shard: AtomicU32::new(0),
         sb_index: AtomicUsize::new(0),
         lru_shard: AtomicU32::new(0),
-        lru_key: AtomicU64::new(0),
+        lru_prev: AtomicPtr::new(std::ptr::null_mut()),
+        lru_next: AtomicPtr::new(std::ptr::null_mut()),
         data,
     });
     sb.cache.counters().nr_inodes.fetch_add(1, Ordering::Relaxed);
@@ -367,9 +520,9 @@ fn hash_link<F: SuperOperations>(cache: &CacheInner<F>, b: &Bucket<F>, inode: &I
     debug_assert!(cache.hash_locked(b));
     inode
         .hash_next
-        .store(b.head.load(Ordering::Relaxed), Ordering::Relaxed);
+        .store(b.first(Ordering::Relaxed), Ordering::Relaxed);
     // Release: a lock-free walker that loads the pointer sees the initialized inode.
-    b.head.store(NonNull::from(inode).as_ptr(), Ordering::Release);
+    b.set_first(NonNull::from(inode).as_ptr());
     inode.set_bits(HASHED | WAS_HASHED);
 }
 
@@ -382,23 +535,30 @@ pub(crate) fn remove_inode_hash<F: SuperOperations>(inode: &Inode<F>) {
     if inode.state.load(Ordering::Relaxed) & HASHED == 0 {
         return;
     }
+    debug_assert!(cache.hash_locked(b));
     let me = NonNull::from(inode).as_ptr();
-    let mut link: &AtomicPtr<Inode<F>> = &b.head;
-    loop {
-        let p = link.load(Ordering::Relaxed);
-        assert!(
-            !p.is_null(),
-            "remove_inode_hash: {} is not on its chain",
-            inode.name()
-        );
-        if p == me {
-            // hlist_del_init_rcu: `hash_next` stays, so a walker standing on us goes on.
-            link.store(inode.hash_next.load(Ordering::Relaxed), Ordering::Release);
-            break;
+    // hlist_del_init_rcu: `hash_next` stays, so a walker standing on us goes on.
+    let after = inode.hash_next.load(Ordering::Relaxed);
+    let mut p = b.first(Ordering::Relaxed);
+    if p == me {
+        b.set_first(after);
+    } else {
+        loop {
+            assert!(
+                !p.is_null(),
+                "remove_inode_hash: {} is not on its chain",
+                inode.name()
+            );
+            // SAFETY: chain members are alive while we hold the chain lock (they are
+            // unhashed under it before they are freed).
+            let link = unsafe { &(*p).hash_next };
+            let q = link.load(Ordering::Relaxed);
+            if q == me {
+                link.store(after, Ordering::Release);
+                break;
+            }
+            p = q;
         }
-        // SAFETY: chain members are alive while we hold the chain lock (they are
-        // unhashed under it before they are freed).
-        link = unsafe { &(*p).hash_next };
     }
     inode.clear_bits(HASHED);
 }
@@ -469,7 +629,7 @@ fn find_inode<F: SuperOperations>(
     skip_freeing: bool,
 ) -> Find<F> {
     'repeat: loop {
-        let mut p = b.head.load(Ordering::Acquire);
+        let mut p = b.first(Ordering::Acquire);
         while let Some(n) = NonNull::new(p) {
             // SAFETY: reached from the chain while pinned or under its lock: the inode
             // is freed only a grace period after it left the chain.
@@ -662,7 +822,7 @@ fn run<F: SuperOperations>(sb: &SbInner<F>, op: &mut Op<F>, waiter: &mut Option<
             let b = cache.bucket(sb, hashval);
             let h = cache.hash_lock(b);
             let old = {
-                let mut p = b.head.load(Ordering::Acquire);
+                let mut p = b.first(Ordering::Acquire);
                 let mut found = None;
                 while let Some(n) = NonNull::new(p) {
                     // SAFETY: chain members are alive under the chain lock.
@@ -806,12 +966,8 @@ fn inode_lru_list_add<F: SuperOperations>(inode: &Inode<F>) {
         inode.set_bits(I_REFERENCED);
         return;
     }
-    let k = l.next;
-    l.next += 1;
-    l.map.insert(k, InodePtr(NonNull::from(inode)));
-    sb.lru_len[shard].store(l.map.len(), Ordering::Relaxed);
-    inode.lru_key.store(k, Ordering::Relaxed);
-    inode.lru_shard.store(shard as u32, Ordering::Relaxed);
+    l.add_tail(inode);
+    sb.lru_len[shard].store(l.len, Ordering::Relaxed);
     inode.set_bits(ON_LRU);
     sb.cache.counters().nr_unused.fetch_add(1, Ordering::Relaxed);
 }
@@ -823,8 +979,8 @@ fn inode_lru_list_del<F: SuperOperations>(inode: &Inode<F>) {
     let mut l = sb.lru_lock(shard);
     let _g = inode.lock();
     if inode.state.load(Ordering::Relaxed) & ON_LRU != 0 {
-        l.map.remove(&inode.lru_key.load(Ordering::Relaxed));
-        sb.lru_len[shard].store(l.map.len(), Ordering::Relaxed);
+        l.del(inode);
+        sb.lru_len[shard].store(l.len, Ordering::Relaxed);
         inode.clear_bits(ON_LRU);
         sb.cache.counters().nr_unused.fetch_sub(1, Ordering::Relaxed);
     }
@@ -877,44 +1033,40 @@ fn prune_shard<F: SuperOperations>(
 ) -> usize {
     let mut l = sb.lru_lock(shard);
     let mut freed = 0;
-    let mut cur = l.map.keys().next().copied();
-    while let Some(k) = cur {
+    let mut cur = l.head;
+    while let Some(p) = cur {
         if budget == 0 {
             break;
         }
         budget -= 1;
-        // list_for_each_safe: the next entry is taken before acting on this one.
-        let next = l.map.range(k + 1..).next().map(|(k, _)| *k);
-        let p = l.map[&k];
         // SAFETY: on the LRU whose lock we hold.
         let inode = unsafe { p.get() };
+        // list_for_each_safe: the next entry is taken before acting on this one (a
+        // rotated inode is met again at the tail if the budget lasts, as in Linux).
+        let next = l.next_of(inode);
         let _g = inode.lock();
         let s = inode.state.load(Ordering::Relaxed);
         if inode.count.load(Ordering::Relaxed) != 0 || s & LINUX_STATE & !I_REFERENCED != 0 {
             // In use, or busy: leave the LRU (lazy removal), not evicted.
-            l.map.remove(&k);
+            l.del(inode);
             inode.clear_bits(ON_LRU);
             sb.cache.counters().nr_unused.fetch_sub(1, Ordering::Relaxed);
             freed += 1;
         } else if s & I_REFERENCED != 0 {
             // Second chance: rotate to the tail.
             inode.clear_bits(I_REFERENCED);
-            l.map.remove(&k);
-            let nk = l.next;
-            l.next += 1;
-            l.map.insert(nk, p);
-            inode.lru_key.store(nk, Ordering::Relaxed);
+            l.rotate(inode);
         } else {
             inode.set_bits(I_FREEING);
             inode.clear_bits(ON_LRU);
-            l.map.remove(&k);
+            l.del(inode);
             sb.cache.counters().nr_unused.fetch_sub(1, Ordering::Relaxed);
             dispose.push(p);
             freed += 1;
         }
         cur = next;
     }
-    sb.lru_len[shard].store(l.map.len(), Ordering::Relaxed);
+    sb.lru_len[shard].store(l.len, Ordering::Relaxed);
     freed
 }
 
@@ -959,12 +1111,7 @@ impl<F: SuperOperations> InodeCache<F> {
             inner: Arc::new(CacheInner {
                 settings,
                 shards,
-                buckets: (0..1usize << bits)
-                    .map(|_| Bucket {
-                        lock: Mutex::new(()),
-                        head: AtomicPtr::new(std::ptr::null_mut()),
-                    })
-                    .collect(),
+                buckets: (0..1usize << bits).map(|_| Bucket::new()).collect(),
                 hash_shift: 64 - bits,
                 global_hash_lock: Mutex::new(()),
                 counters: (0..shards)
@@ -1004,12 +1151,7 @@ impl<F: SuperOperations> InodeCache<F> {
                 .map(|_| CachePadded::new(Mutex::new(Vec::new())))
                 .collect(),
             lru: (0..lru_shards)
-                .map(|_| {
-                    CachePadded::new(Mutex::new(LruShard {
-                        map: BTreeMap::new(),
-                        next: 0,
-                    }))
-                })
+                .map(|i| CachePadded::new(Mutex::new(LruShard::new(i))))
                 .collect(),
             lru_len: (0..lru_shards)
                 .map(|_| CachePadded::new(StdAtomicUsize::new(0)))
@@ -1204,7 +1346,7 @@ impl<F: SuperOperations> SuperBlock<F> {
         let sb: &SbInner<F> = &self.inner;
         let b = sb.cache.bucket(sb, hashval);
         let _h = sb.cache.hash_lock(b);
-        let mut p = b.head.load(Ordering::Acquire);
+        let mut p = b.first(Ordering::Acquire);
         while let Some(n) = NonNull::new(p) {
             // SAFETY: chain members are alive under the chain lock.
             let inode = unsafe { n.as_ref() };
@@ -1404,8 +1546,13 @@ impl<F: SuperOperations> SuperBlock<F> {
         let mut v = Vec::new();
         for s in 0..sb.lru.len() {
             let l = sb.lru_lock(s);
-            // SAFETY: on the LRU whose lock we hold.
-            v.extend(l.map.values().map(|p| unsafe { p.get() }.ino));
+            let mut cur = l.head;
+            while let Some(p) = cur {
+                // SAFETY: on the LRU whose lock we hold.
+                let inode = unsafe { p.get() };
+                v.push(inode.ino);
+                cur = l.next_of(inode);
+            }
         }
         v
     }

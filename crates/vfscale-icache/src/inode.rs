@@ -6,7 +6,7 @@ use std::ops::Deref;
 use std::ptr::NonNull;
 
 use crate::cache::SbInner;
-use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::sync::{AtomicPtr, AtomicU32, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::SuperOperations;
 
 /// `I_NEW`: being loaded; lookups wait until the loader ends the load.
@@ -128,9 +128,13 @@ pub struct Inode<F: SuperOperations> {
     /// `i_sb_list`: shard and index in it; written under that shard's lock.
     pub(crate) sb_shard: AtomicU32,
     pub(crate) sb_index: AtomicUsize,
-    /// `i_lru`: shard and age key; written under that LRU shard's lock.
+    /// `i_lru`: the LRU shard it is on (written under that shard's lock, read by its
+    /// evictor before taking it) and its links in that shard's list (`list_lru_one`):
+    /// written and read only under that LRU shard's lock (Relaxed atomics: the lock
+    /// orders them; they are atomics only so that `Inode` stays `Sync` without unsafe).
     pub(crate) lru_shard: AtomicU32,
-    pub(crate) lru_key: AtomicU64,
+    pub(crate) lru_prev: AtomicPtr<Inode<F>>,
+    pub(crate) lru_next: AtomicPtr<Inode<F>>,
     pub(crate) data: F::Data,
 }
 

@@ -83,12 +83,12 @@
 //!
 //! | data | protected by | read without it by |
 //! |---|---|---|
-//! | a hash chain's links (`i_hash`) | the chain's lock (`Settings::hash_lock`: per chain, or one `inode_hash_lock`) | lock-free lookups, pinned (epoch) |
+//! | a hash chain's links (the head word, `i_hash`) | the chain's bit lock (bit 0 of its 8-byte `hlist_bl_head`), or one `inode_hash_lock` (`Settings::hash_lock`) | lock-free lookups, pinned (epoch), masking bit 0 off |
 //! | `i_state` (all flags, `HASHED`, `ON_LRU`, `WAITERS`) | the inode's `i_lock` (writes) | anyone (racy snapshots, `inode_generic_drop`) |
 //! | `i_count` 0 → 1 and 1 → 0 | `i_lock` (`__iget` under it, `atomic_dec_and_lock` in `iput`) | other changes are atomic |
 //! | `i_nlink` | atomic (the filesystem serializes its own link changes, like `i_rwsem`) | |
 //! | a superblock list shard (`s_inodes`), an inode's place in it | that shard's lock (`s_inode_list_lock`) | |
-//! | an LRU shard (`s_inode_lru`), an inode's age key in it | that shard's lock (`list_lru` lock) | `count_objects` (a length mirror) |
+//! | an LRU shard (`s_inode_lru`: `list_lru_one`'s head, tail, length), the `i_lru` links (`lru_prev`, `lru_next`) of every inode on it, an inode's `lru_shard` | that shard's lock (`list_lru` lock) | `count_objects` (a length mirror); `lru_shard` by the inode's evictor (`I_FREEING`: it cannot move) |
 //! | `SB_ACTIVE` | atomic | |
 //! | a wait-table bucket | its lock | |
 //! | counters | per CPU, atomic | `stats` sums them |
@@ -106,7 +106,12 @@
 //!
 //! # Scalability (seed 002 and after)
 //!
-//! * **Hash**: a lock per chain (`hlist_bl`) for insert and remove; lookups take no lock
+//! * **Hash**: a lock per chain (`hlist_bl`) for insert and remove: each chain head is
+//!   one word, the first inode's address with the lock in bit 0 (a bit spinlock:
+//!   `fetch_or` Acquire to take it, spinning read-only with backoff and then yielding
+//!   while another holds it, `fetch_and` Release to drop it), so the table costs 8 bytes
+//!   per chain. The chain-lock holder may take an `i_lock` or a superblock list lock
+//!   (never sleeps otherwise); lookups take no lock
 //!   at all: they pin the epoch (crossbeam-epoch writes only the thread's own record),
 //!   walk the chain, and take the found inode's own `i_lock` to check its state and take
 //!   a reference. Inodes are freed a grace period after eviction. An iget hit writes
@@ -118,7 +123,9 @@
 //! * **Superblock lists**: one list per CPU shard, each with its own lock (seed 002's
 //!   `dlist`); an inode remembers its shard, so create and evict on different CPUs do not
 //!   meet. `evict_inodes` and [`SuperBlock::for_each_inode`] visit every shard.
-//! * **LRU**: one list per CPU shard (the shard of the `iput` that put the inode there).
+//! * **LRU**: one list per CPU shard (the shard of the `iput` that put the inode there),
+//!   each a `list_lru_one`: an intrusive doubly-linked list through the inodes (O(1) add,
+//!   delete and second-chance rotation, no allocation); a prune scans from the oldest.
 //!   Linux's `list_lru` is split per NUMA node; per CPU goes further, so two CPUs'
 //!   `iput`s never meet on one lock. The shrinker splits a scan over the shards in
 //!   proportion to their lengths, as `shrink_slab` splits it over nodes. The order within
