@@ -105,15 +105,27 @@ impl<F: SuperOperations> Bucket<F> {
 
     /// `hlist_bl_lock` (`bit_spin_lock(0, ..)`): set bit 0, Acquire; while another holds
     /// it, wait reading (no writes to the line) and try again.
+    ///
+    /// The bit is set by a compare-exchange of the word seen free, not by `fetch_or`
+    /// (Linux's `test_and_set_bit_lock`): a `fetch_or` that finds the bit taken still
+    /// writes the word, and that write races the holder's plain store of a new first
+    /// inode (`set_first`); the C++ model orders them (the failed RMW reads the holder's
+    /// lock and precedes its store), but loom's modification order does not, and the
+    /// model then loses the store (`loom_bitlock` below caught it). A failed
+    /// compare-exchange writes nothing, so the waiter never dirties the holder's line.
     fn lock(&self) {
+        let w = SpinWait::new();
         loop {
-            if self.head.fetch_or(CHAIN_LOCK, Ordering::Acquire) & CHAIN_LOCK == 0 {
+            let cur = self.head.load(Ordering::Relaxed);
+            if cur & CHAIN_LOCK == 0
+                && self
+                    .head
+                    .compare_exchange_weak(cur, cur | CHAIN_LOCK, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
                 return;
             }
-            let w = SpinWait::new();
-            while self.head.load(Ordering::Relaxed) & CHAIN_LOCK != 0 {
-                w.wait();
-            }
+            w.wait();
         }
     }
 
@@ -1856,3 +1868,42 @@ impl<F: SuperOperations, T: FromOutcome<F>> Future for InodeWait<F, T> {
 }
 
 impl<F: SuperOperations, T> Unpin for InodeWait<F, T> {}
+
+#[cfg(all(test, vfscale_loom))]
+mod loom_bitlock {
+    use super::*;
+
+    struct Nop;
+    impl SuperOperations for Nop {
+        type Data = ();
+        fn alloc_inode(&self, _: u64) {}
+    }
+
+    #[test]
+    fn two_lockers_of_one_chain_exclude_each_other() {
+        loom::model(|| {
+            let b = Arc::new(Bucket::<Nop>::new());
+            let c = Arc::new(loom::cell::UnsafeCell::new(0u32));
+            let (b2, c2) = (b.clone(), c.clone());
+            let t = loom::thread::spawn(move || {
+                b2.lock();
+                // SAFETY: under the bit lock (what the model checks).
+                c2.with_mut(|p| unsafe { *p += 1 });
+                let f = b2.first(Ordering::Relaxed) as usize;
+                b2.set_first((f + 8) as *mut Inode<Nop>);
+                b2.unlock();
+            });
+            b.lock();
+            // SAFETY: as above.
+            c.with_mut(|p| unsafe { *p += 1 });
+            let f = b.first(Ordering::Relaxed) as usize;
+            b.set_first((f + 8) as *mut Inode<Nop>);
+            b.unlock();
+            t.join().unwrap();
+            // Both links made it, and the lock is free.
+            assert_eq!(b.head.load(Ordering::Relaxed), 16);
+            // SAFETY: both threads are done.
+            assert_eq!(c.with(|p| unsafe { *p }), 2);
+        });
+    }
+}

@@ -107,9 +107,10 @@
 //! # Scalability (seed 002 and after)
 //!
 //! * **Hash**: a lock per chain (`hlist_bl`) for insert and remove: each chain head is
-//!   one word, the first inode's address with the lock in bit 0 (a bit spinlock:
-//!   `fetch_or` Acquire to take it, spinning read-only with backoff and then yielding
-//!   while another holds it, `fetch_and` Release to drop it), so the table costs 8 bytes
+//!   one word, the first inode's address with the lock in bit 0 (a bit spinlock: a
+//!   compare-exchange of the free word, Acquire, to take it, spinning read-only with
+//!   backoff and then yielding while another holds it, `fetch_and` Release to drop it;
+//!   the chain-lock acquisition counter counts takes), so the table costs 8 bytes
 //!   per chain. The chain-lock holder may take an `i_lock` or a superblock list lock
 //!   (never sleeps otherwise); lookups take no lock
 //!   at all: they pin the epoch (crossbeam-epoch writes only the thread's own record),
