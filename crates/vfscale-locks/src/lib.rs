@@ -45,7 +45,8 @@
 //!   exhausted), given when the run starts at the end of the list, so "first in list
 //!   order" is the least (run, start). A record is in both indexes exactly while it is
 //!   a granted POSIX or OFD lock, and its range never changes while it is in them.
-//!   [`LockIndex::List`] keeps Linux's list; the two give the same results, listing and counters (tested call by call).
+//!   [`LockIndex::List`] keeps Linux's list; the two give the same results, listing
+//!   and counters (tested call by call).
 //! * The flock list holds at most one lock per open file description.
 //! * **The wait tree** (seed 003). Every blocked request hangs under a granted lock or
 //!   under another blocked request (`blocker`):
