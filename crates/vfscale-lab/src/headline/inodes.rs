@@ -7,7 +7,8 @@
 //!    ≥ 1 for `library-prepatch`) and the cold walk's loads per distinct inode (target:
 //!    exactly 1 for `library`).
 //! 3. The 1,000,000-inode point (`--mode evict`, when it ran): bytes of bookkeeping per
-//!    cached inode beyond the filesystem's data at the largest size (target ≤ 128), and
+//!    cached inode beyond the filesystem's data at the largest size, hash table included
+//!    (target ≤ 128; the parts, per inode and hash table, beside it), and
 //!    `evict_inodes` ns per inode at each size with the linearity ratio, ns/inode at the
 //!    largest size ÷ at the smallest (linear: ≤ 1.5; one size: no linearity target).
 
@@ -36,10 +37,11 @@ pub const MAX_LINEARITY: f64 = 1.5;
 /// Line 3: the evict point, for `library` (and prepatch's figures beside it).
 fn evict(report: &Report) -> Vec<Finding> {
     const MODE: &str = crate::measure::inodes::million::MODE;
-    // (files, tasks, bytes/inode, evict ns/inode, evicted == cached) per row of `target`,
-    // fewest tasks first, by size.
+    // (files, tasks, bytes/inode in all, evict ns/inode, evicted == cached, (per-inode
+    // part, hash table part)) per row of `target`, fewest tasks first, by size.
+    type Point = (u64, usize, f64, f64, bool, Option<(f64, f64)>);
     let points = |target: &str| {
-        let mut v: Vec<(u64, usize, f64, f64, bool)> = report
+        let mut v: Vec<Point> = report
             .results
             .iter()
             .filter(|r| r.workload == W && r.target == target && r.mode == MODE)
@@ -51,6 +53,7 @@ fn evict(report: &Report) -> Vec<Finding> {
                     m("bytes_per_inode")?,
                     m("evict_ns_per_inode")?,
                     m("evicted_inodes")? == m("unused_inodes")? && m("left_after_umount")? == 0.0,
+                    m("inode_bytes_per_inode").zip(m("hash_table_bytes_per_inode")),
                 ))
             })
             .collect();
@@ -72,6 +75,9 @@ fn evict(report: &Report) -> Vec<Finding> {
         }
     };
     let mut text = format!("inodes evict, {} cached: {:.1} B/inode", k(hi.0), hi.2);
+    if let Some((own, table)) = hi.5 {
+        text.push_str(&format!(" ({own:.1} inode + {table:.1} hash table)"));
+    }
     t.check(hi.2 <= MAX_BYTES_PER_INODE, format!("{:.1} B/inode > 128", hi.2));
     let ns: Vec<String> = lib.iter().map(|p| format!("{:.0} ns @{}", p.3, k(p.0))).collect();
     text.push_str(&format!("; evict_inodes {}", ns.join(", ")));
