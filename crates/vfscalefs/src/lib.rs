@@ -284,7 +284,10 @@ fn check_mountpoint(p: &Path) -> Result<(), Error> {
 
 /// `SIGUSR1`: one line `inodes=N lookups=M handles=H` (the inode table's size, the root
 /// included, the lookups the kernels hold, the open files) appended to the file named by `VFSCALEFS_STATS`, or
-/// to stderr. After the kernels have forgotten everything (`umount`, or
+/// to stderr, followed by the lock counters of the live inodes, summed since they were
+/// loaded (`lock_grants= lock_blocks= lock_wakeups= lock_handoffs= lock_held=
+/// lock_wait_nodes=`, see `vfscale_locks::ContextStats`: `lock_wait_nodes` over
+/// `lock_blocks` is the wait-tree work per sleep). After the kernels have forgotten everything (`umount`, or
 /// `echo 2 > /proc/sys/vm/drop_caches` with nothing open) it reads `inodes=1 lookups=0`.
 fn write_stats(srv: &Server) {
     use std::io::Write as _;
@@ -292,7 +295,11 @@ fn write_stats(srv: &Server) {
     let open: usize = (0..srv.inodes.connections())
         .map(|c| srv.handles.of_connection(c).len())
         .sum();
-    let line = format!("inodes={} lookups={} handles={open}\n", s.inodes, s.lookups);
+    let l = srv.locks.stats();
+    let line = format!(
+        "inodes={} lookups={} handles={open} lock_grants={} lock_blocks={} lock_wakeups={} lock_handoffs={} lock_held={} lock_wait_nodes={}\n",
+        s.inodes, s.lookups, l.grants, l.blocks, l.wakeups, l.handoffs, l.held, l.wait_nodes
+    );
     let wrote = std::env::var_os("VFSCALEFS_STATS").is_some_and(|p| {
         std::fs::OpenOptions::new()
             .create(true)

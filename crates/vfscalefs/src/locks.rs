@@ -51,8 +51,8 @@ use std::time::{Duration, Instant};
 use fuser::{Errno as FErrno, ReplyEmpty, ReplyLock};
 use parking_lot::{Condvar, Mutex};
 use vfscale_locks::{
-    Errno, FcntlCmd, FileId, FileLockContext, Flock, FlockOp, Interrupter, LockManager, LockType, OpenFile,
-    OwnerId, PendingLock, Pid, Process, OFFSET_MAX,
+    ContextStats, Errno, FcntlCmd, FileId, FileLockContext, Flock, FlockOp, Interrupter, LockManager,
+    LockType, OpenFile, OwnerId, PendingLock, Pid, Process, OFFSET_MAX,
 };
 
 use crate::handles::Handle;
@@ -239,6 +239,42 @@ pub struct Locks {
     /// The one lock manager of all connections.
     pub mgr: Arc<LockManager>,
     driver: Driver,
+    /// Every lock context made, for [`Locks::stats`]: see [`Contexts`].
+    contexts: Mutex<Contexts>,
+}
+
+/// The lock contexts made, each held until it is the last holder (its inode has left the
+/// table), then its counters are added to `retired` and it goes: pruned when the list
+/// has doubled since the last pruning, and on [`Locks::stats`].
+struct Contexts {
+    live: Vec<Arc<FileLockContext>>,
+    prune_at: usize,
+    retired: ContextStats,
+}
+
+impl Contexts {
+    fn prune(&mut self) {
+        let retired = &mut self.retired;
+        self.live.retain(|c| {
+            if Arc::strong_count(c) > 1 {
+                return true;
+            }
+            add_stats(retired, &c.stats());
+            false
+        });
+        self.prune_at = (2 * self.live.len()).max(64);
+    }
+}
+
+fn add_stats(t: &mut ContextStats, s: &ContextStats) {
+    t.grants += s.grants;
+    t.wakeups += s.wakeups;
+    t.blocks += s.blocks;
+    t.handoffs += s.handoffs;
+    t.held += s.held;
+    t.lock_checks += s.lock_checks;
+    t.index_nodes += s.index_nodes;
+    t.wait_nodes += s.wait_nodes;
 }
 
 /// A lock request as the kernel sends it.
@@ -292,6 +328,11 @@ impl Locks {
         Locks {
             mgr: LockManager::new(),
             driver: Driver::start(),
+            contexts: Mutex::new(Contexts {
+                live: Vec::new(),
+                prune_at: 64,
+                retired: ContextStats::default(),
+            }),
         }
     }
 
@@ -301,7 +342,34 @@ impl Locks {
     }
 
     fn ctx<'a>(&self, inode: &'a Inode) -> &'a Arc<FileLockContext> {
-        inode.lock_context(&self.mgr)
+        if let Some(c) = inode.lock_context_if_any() {
+            return c;
+        }
+        // Racing first uses get the same context: register it once.
+        let mut g = self.contexts.lock();
+        if let Some(c) = inode.lock_context_if_any() {
+            return c;
+        }
+        let c = inode.lock_context(&self.mgr);
+        g.live.push(c.clone());
+        if g.live.len() >= g.prune_at {
+            g.prune();
+        }
+        c
+    }
+
+    /// The counters of every lock context this server made, summed (monotone: a
+    /// context's counts stay in the sum after its inode has gone).
+    pub fn stats(&self) -> ContextStats {
+        let (live, mut t) = {
+            let mut g = self.contexts.lock();
+            g.prune();
+            (g.live.clone(), g.retired)
+        };
+        for c in live {
+            add_stats(&mut t, &c.stats());
+        }
+        t
     }
 
     /// Remembers that `owner` sets locks through `h` (before it tries, so that a
