@@ -11,7 +11,7 @@
 //!   other owners hold (one probe for an owner holding nothing). A table entry is a
 //!   record id (4 bytes and a control byte per bucket): the owner is read from the
 //!   record.
-//! * **By start** (`start`, id): a B+ tree of 16-entry nodes kept apart from the records
+//! * **By start** (`start`, id): a B+ tree of 15-entry nodes kept apart from the records
 //!   (`start_index.rs`), augmented per child with the largest `end`, over all locks and
 //!   over write locks only: an interval tree that finds the locks overlapping a range
 //!   without visiting those that end before it (and, for a read request, without
