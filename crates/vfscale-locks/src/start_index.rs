@@ -2,8 +2,9 @@
 //! OFD locks, augmented with the greatest `end` (over all locks and over write locks)
 //! of every child subtree — an interval tree with wide nodes.
 //!
-//! Nodes hold up to [`CAP`] entries in arrays of their own (starts together, ends
-//! together), apart from the lock records: a descent over 10,000 locks touches four
+//! Nodes hold up to [`CAP`] entries in arrays of their own (a leaf's starts and ends
+//! side by side, a branch's separators together, ends together), apart from the lock
+//! records: a descent over 10,000 locks touches four
 //! nodes, whose upper levels stay in cache, and a leaf's scan is a linear pass over a
 //! couple of cache lines. The arena records are read only for the locks a scan reports.
 //!
@@ -20,11 +21,11 @@
 use crate::context::NodeId;
 use crate::index::Work;
 
-/// Entries per node: 15, so a leaf (header, starts, ends, ids) is exactly five cache
-/// lines and a branch eight, each aligned to a line: a random descent's leaf scan
-/// touches one or two lines of starts and of ends, not up to three (16 entries made a
-/// 328-byte leaf straddling lines; at 10,000 locks the test's L1 misses went from 8.0
-/// to 7.1 and its time from 123 to 103-115 ns).
+/// Entries per node: 15, so a leaf (spans, ids, header) is exactly five cache lines
+/// and a branch eight, each aligned to a line: a random descent's leaf scan touches
+/// the span lines up to the entry it stops at and the id line (16 entries made a
+/// 328-byte leaf straddling lines, starts and ends in separate arrays; at 10,000 locks
+/// the test's L1 misses went from 8.0 to 6.7).
 pub(crate) const CAP: usize = 15;
 /// Least entries in a node other than the root.
 pub(crate) const MIN: usize = CAP / 4;
@@ -35,16 +36,24 @@ const NONE: BId = BId::MAX;
 
 type Key = (i64, NodeId);
 
-/// 15 entries and the header make exactly five cache lines, aligned.
+/// An entry's range in a leaf: start and end side by side, so a scan that stops at
+/// the first start past the range reads only the lines of the entries before it.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    start: i64,
+    end: i64,
+}
+
+/// 15 entries and the header make exactly five cache lines, aligned: four lines of
+/// spans (four entries a line), then the ids and the header.
 #[derive(Clone, Debug)]
 #[repr(C, align(64))]
 struct Leaf {
+    span: [Span; CAP],
+    id: [NodeId; CAP],
     len: u32,
     /// Bit `k`: entry `k` is a write lock.
     wmask: u32,
-    start: [i64; CAP],
-    end: [i64; CAP],
-    id: [NodeId; CAP],
 }
 
 /// 15 entries make exactly eight cache lines, aligned.
@@ -79,8 +88,7 @@ enum Item {
 const EMPTY_LEAF: Leaf = Leaf {
     len: 0,
     wmask: 0,
-    start: [0; CAP],
-    end: [0; CAP],
+    span: [Span { start: 0, end: 0 }; CAP],
     id: [0; CAP],
 };
 
@@ -130,22 +138,22 @@ fn push_slot<T>(v: &mut Vec<T>, x: T) -> BId {
 
 impl Leaf {
     fn key(&self, k: usize) -> Key {
-        (self.start[k], self.id[k])
+        (self.span[k].start, self.id[k])
     }
     fn summary(&self) -> (i64, i64) {
         let (mut e, mut we) = (i64::MIN, i64::MIN);
         for k in 0..self.len as usize {
-            e = e.max(self.end[k]);
+            e = e.max(self.span[k].end);
             if self.wmask & (1 << k) != 0 {
-                we = we.max(self.end[k]);
+                we = we.max(self.span[k].end);
             }
         }
         (e, we)
     }
     fn item(&self, k: usize) -> Item {
         Item::Leaf {
-            start: self.start[k],
-            end: self.end[k],
+            start: self.span[k].start,
+            end: self.span[k].end,
             id: self.id[k],
             write: self.wmask & (1 << k) != 0,
         }
@@ -160,8 +168,7 @@ impl Leaf {
         else {
             unreachable!("a branch entry in a leaf")
         };
-        self.start[k] = start;
-        self.end[k] = end;
+        self.span[k] = Span { start, end };
         self.id[k] = id;
         self.wmask = (self.wmask & !(1 << k)) | ((write as u32) << k);
     }
@@ -169,8 +176,7 @@ impl Leaf {
     fn insert(&mut self, pos: usize, it: Item) {
         let len = self.len as usize;
         debug_assert!(len < CAP);
-        self.start.copy_within(pos..len, pos + 1);
-        self.end.copy_within(pos..len, pos + 1);
+        self.span.copy_within(pos..len, pos + 1);
         self.id.copy_within(pos..len, pos + 1);
         let low = self.wmask & ((1u32 << pos) - 1);
         self.wmask = low | ((self.wmask & !((1u32 << pos) - 1)) << 1);
@@ -179,8 +185,7 @@ impl Leaf {
     }
     fn remove(&mut self, pos: usize) {
         let len = self.len as usize;
-        self.start.copy_within(pos + 1..len, pos);
-        self.end.copy_within(pos + 1..len, pos);
+        self.span.copy_within(pos + 1..len, pos);
         self.id.copy_within(pos + 1..len, pos);
         let low = self.wmask & ((1u32 << pos) - 1);
         self.wmask = low | ((self.wmask >> 1) & !((1u32 << pos) - 1));
@@ -456,7 +461,7 @@ impl StartTree {
             let pos = (0..l.len as usize)
                 .find(|&k| l.key(k) == key)
                 .unwrap_or_else(|| panic!("record {} is not in the index", key.1));
-            let gone = (l.end[pos], l.wmask & (1 << pos) != 0);
+            let gone = (l.span[pos].end, l.wmask & (1 << pos) != 0);
             l.remove(pos);
             return gone;
         }
@@ -543,10 +548,10 @@ impl StartTree {
         if h == 0 {
             let l = &self.leaves[b as usize];
             for k in 0..l.len as usize {
-                if l.start[k] > qe {
+                if l.span[k].start > qe {
                     break;
                 }
-                if l.end[k] >= qs && (!writes_only || l.wmask & (1 << k) != 0) {
+                if l.span[k].end >= qs && (!writes_only || l.wmask & (1 << k) != 0) {
                     w.checks += 1;
                     f(l.id[k]);
                 }
@@ -612,7 +617,7 @@ impl StartTree {
                     key >= lo && hi.map_or(true, |hi| key < hi),
                     "leaf key {key:?} out of range"
                 );
-                out.push((l.start[k], l.end[k], l.id[k], l.wmask & (1 << k) != 0));
+                out.push((l.span[k].start, l.span[k].end, l.id[k], l.wmask & (1 << k) != 0));
             }
             return l.summary();
         }
