@@ -63,7 +63,10 @@
 //!      child of the one before, of one kind, type and range, with counted owners; a
 //!      request that conflicts with a member and shares no owner with the run would
 //!      descend through all of them, so it goes straight to the run's tail. The tree is
-//!      exactly the plain walk's (checked beside it under `cfg(test)`/debug).
+//!      exactly the plain walk's (checked beside it under `cfg(test)`/debug). A
+//!      re-blocked request's re-check skips a run the same way when every member would
+//!      stay (for POSIX, one first-conflict lookup and one deadlock-detector walk decide
+//!      for every member), checked against the member-by-member re-check likewise.
 //! * Waiters are woken after every lock is dropped ([`WakeList`-style batching](crate)).
 //! * **Fairness** (issue 12). An owner that unlocks and locks again usually beats the
 //!   waiter it woke (barging, as in Linux: that is the throughput). So that every wait

@@ -131,6 +131,31 @@ impl BlockedHash {
         false
     }
 
+    /// Whether [`BlockedHash::posix_locks_deadlock`]`(caller, block_owner)` is true for
+    /// some `caller` with `is_caller(caller)`, in one walk: the owners the detector
+    /// follows from `block_owner` do not depend on the caller (it only stops early on
+    /// reaching it), so the callers it reports are exactly the owners on that walk.
+    /// Returns the owners visited beside the answer (at most 11).
+    pub fn posix_locks_deadlock_any(
+        &self,
+        block_owner: OwnerKey,
+        is_caller: impl Fn(OwnerKey) -> bool,
+    ) -> (bool, u64) {
+        let mut blocker = block_owner;
+        let mut i = 0;
+        while let Some(next) = self.what_owner_is_waiting_for(blocker) {
+            if i > MAX_DEADLK_ITERATIONS {
+                return (false, i as u64);
+            }
+            i += 1;
+            if is_caller(next) {
+                return (true, i as u64);
+            }
+            blocker = next;
+        }
+        (false, i as u64)
+    }
+
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.map.values().map(Vec::len).sum()
