@@ -943,6 +943,17 @@ fn iput_final<F: SuperOperations>(inode: &Inode<F>, g: MutexGuard<'_, ()>) {
         drop(pin);
         return;
     }
+    iput_evict(inode, g, drop_it);
+}
+
+/// The end of `iput_final` that evicts: the caller holds `i_lock` (`g`), `i_count` is 0
+/// and the inode is not being freed; from here it is ours (`I_WILL_FREE`, then
+/// `I_FREEING`: `evict_inodes` and the shrinker pass over it). `->write_inode` first
+/// unless `->drop_inode` said drop.
+fn iput_evict<F: SuperOperations>(inode: &Inode<F>, g: MutexGuard<'_, ()>, drop_it: bool) {
+    debug_assert!(inode.count.load(Ordering::Relaxed) == 0);
+    debug_assert!(inode.state.load(Ordering::Relaxed) & (I_FREEING | I_WILL_FREE) == 0);
+    let sb = inode.sb();
     let mut g = g;
     if !drop_it {
         inode.set_bits(I_WILL_FREE);
@@ -969,9 +980,18 @@ fn inode_lru_list_add<F: SuperOperations>(inode: &Inode<F>) {
         sb.cache.shard_of_cpu()
     };
     let mut l = sb.lru_lock(shard);
-    let _g = inode.lock();
+    let g = inode.lock();
     let s = inode.state.load(Ordering::Relaxed);
-    if inode.count.load(Ordering::Relaxed) != 0 || s & (I_FREEING | I_WILL_FREE) != 0 || !sb.is_active() {
+    if inode.count.load(Ordering::Relaxed) != 0 || s & (I_FREEING | I_WILL_FREE) != 0 {
+        // Taken again (its last iput decides), or someone else is evicting it.
+        return;
+    }
+    if !sb.is_active() {
+        // An umount cleared SB_ACTIVE since iput_final looked: decide as iput_final
+        // would now (never leave an unused inode neither on the LRU nor evicted).
+        // `evict_inodes` passes over it once it is I_WILL_FREE/I_FREEING.
+        drop(l);
+        iput_evict(inode, g, false);
         return;
     }
     if s & ON_LRU != 0 {
@@ -1490,9 +1510,13 @@ impl<F: SuperOperations> SuperBlock<F> {
             for p in l.iter() {
                 // SAFETY: on the list whose lock we hold.
                 let inode = unsafe { p.get() };
-                if inode.count.load(Ordering::Relaxed) != 0 {
-                    continue;
-                }
+                // i_count is read under i_lock only (as invalidate_inodes does; Linux's
+                // evict_inodes skips on an unlocked read first): the SB_ACTIVE clear
+                // before this walk and a last iput's 1 -> 0 and SB_ACTIVE read (under
+                // i_lock) are then ordered by the lock. Either this sees the count 0 and
+                // evicts, or that iput sees SB_ACTIVE clear and evicts. An unlocked skip
+                // could see a stale count while that iput saw a stale SB_ACTIVE and kept
+                // the inode: one unused inode left behind (loom: umount_races_last_iput).
                 let _g = inode.lock();
                 let s = inode.state.load(Ordering::Relaxed);
                 if inode.count.load(Ordering::Relaxed) != 0 || s & (I_NEW | I_FREEING | I_WILL_FREE) != 0 {

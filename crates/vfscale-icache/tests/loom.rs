@@ -213,3 +213,60 @@ fn sb_freed_after_last_inode() {
         );
     });
 }
+
+/// A umount (clear `SB_ACTIVE`, then `evict_inodes`) racing the last `iput` of a live,
+/// linked inode (`generic_shutdown_super` against `iput_final`). Whatever the interleaving
+/// and whatever stale values the memory model allows, the inode ends evicted exactly once
+/// (by `evict_inodes` or by `iput_final` itself, as in Linux): `->evict_inode` and
+/// `->destroy_inode` run once each, and no inode is left on the superblock's lists (none
+/// kept on the LRU of an inactive superblock, none left neither on the LRU nor evicted).
+/// Before `evict_inodes` read `i_count` under `i_lock` only, this failed: its unlocked
+/// skip read a stale count 1 while the `iput` read a stale `SB_ACTIVE` and put the inode
+/// on the LRU. The model must reach both endings (the umount found the inode busy, and
+/// did not).
+#[test]
+fn umount_races_last_iput() {
+    use std::sync::atomic::AtomicUsize as StdUsize;
+    static RUNS: StdUsize = StdUsize::new(0);
+    static BUSY_AT_UMOUNT: StdUsize = StdUsize::new(0);
+    model(|| {
+        RUNS.fetch_add(1, Ordering::Relaxed);
+        let fs = Fs::default();
+        let cache = InodeCache::new(Settings::default());
+        let sb = Arc::new(cache.mount(fs.clone()));
+        let Some(Iget::New(n)) = sb.iget_locked(1) else {
+            panic!()
+        };
+        let r = load(n, 3);
+        let sb2 = sb.clone();
+        let t = thread::spawn(move || sb2.umount());
+        drop(r);
+        if t.join().unwrap() == 1 {
+            BUSY_AT_UMOUNT.fetch_add(1, Ordering::Relaxed);
+        }
+        assert!(!sb.is_active());
+        assert_eq!(
+            sb.nr_inodes(),
+            0,
+            "an unused inode survived the umount (on the LRU: {})",
+            sb.count_objects()
+        );
+        assert_eq!(
+            sb.count_objects(),
+            0,
+            "an inode on the LRU of an unmounted superblock"
+        );
+        assert_eq!(fs.0.evicts.load(Ordering::SeqCst), 1);
+        assert_eq!(fs.0.destroys.load(Ordering::SeqCst), 1);
+        assert_eq!(cache.stats().nr_inodes, 0);
+        assert_eq!(cache.stats().nr_unused, 0);
+    });
+    let (runs, busy) = (
+        RUNS.load(Ordering::Relaxed),
+        BUSY_AT_UMOUNT.load(Ordering::Relaxed),
+    );
+    assert!(
+        0 < busy && busy < runs,
+        "both endings explored: {busy} of {runs} runs busy at umount"
+    );
+}
