@@ -89,7 +89,7 @@
 //! | `i_nlink` | atomic (the filesystem serializes its own link changes, like `i_rwsem`) | |
 //! | a superblock list shard (`s_inodes`), an inode's place in it | that shard's lock (`s_inode_list_lock`) | |
 //! | an LRU shard (`s_inode_lru`: `list_lru_one`'s head, tail, length), the `i_lru` links (`lru_prev`, `lru_next`) of every inode on it, an inode's `lru_shard` | that shard's lock (`list_lru` lock) | `count_objects` (a length mirror); `lru_shard` by the inode's evictor (`I_FREEING`: it cannot move) |
-//! | `SB_ACTIVE` | atomic | |
+//! | `SB_ACTIVE` | atomic; read by `iput_final` under `i_lock` (and again under the LRU lock and `i_lock` before it adds to the LRU); `evict_inodes` reads `i_count` under each `i_lock` after clearing it | |
 //! | a wait-table bucket | its lock | |
 //! | counters | per CPU, atomic | `stats` sums them |
 //!
@@ -99,10 +99,19 @@
 //! wait-table bucket. Unlike Linux (which takes the `list_lru` lock under `i_lock` and
 //! `spin_trylock`s the other way in `inode_lru_isolate`), the LRU lock is always taken
 //! first: `iput_final` drops `i_lock`, takes the LRU shard's lock and `i_lock` again and
-//! checks again (staying pinned so the inode cannot be freed meanwhile). No lock is held
+//! checks again (staying pinned so the inode cannot be freed meanwhile); if `SB_ACTIVE`
+//! went meanwhile it evicts the inode there (as `iput_final` would have). No lock is held
 //! while calling `->evict_inode`, `->write_inode`, `->destroy_inode` or `alloc_inode`;
 //! `->drop_inode` runs under `i_lock` and must only use lock-free accessors (all of
 //! [`Inode`]'s getters are).
+//!
+//! **Umount against a last `iput`**: the 1 → 0 of `i_count` and the `SB_ACTIVE` read
+//! that decides keep-or-evict happen under one `i_lock` hold, and `evict_inodes` (after
+//! clearing `SB_ACTIVE`) reads `i_count` only under `i_lock`, so the lock orders them:
+//! either `evict_inodes` sees 0 and evicts, or the `iput` sees `SB_ACTIVE` clear and
+//! evicts. Linux's `evict_inodes` skips on an unlocked `atomic_read(&i_count)` first; here
+//! that skip let both read stale values and leave one unused inode on an unmounted
+//! superblock's LRU (loom model `umount_races_last_iput`).
 //!
 //! # Scalability (seed 002 and after)
 //!

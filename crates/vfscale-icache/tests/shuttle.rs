@@ -162,3 +162,61 @@ fn load_drop_prune_prepatch() {
 fn load_drop_prune_pct() {
     shuttle::check_pct(|| scenario(Settings::default(), true), 200, 3);
 }
+
+/// A umount racing the last `iput`s of live, linked inodes (and a lookup taking one again),
+/// with no second umount to clean up after it: every inode ends evicted exactly once and
+/// none is left on the superblock (shuttle's schedules are sequentially consistent; the
+/// stale-value side of this race is loom's `umount_races_last_iput`).
+fn umount_races_last_iputs() {
+    let fs = Fs::default();
+    let cache = InodeCache::new(Settings::default());
+    let sb = Arc::new(cache.mount(fs.clone()));
+    let refs: Vec<InodeRef<Fs>> = (0..KEYS)
+        .map(|k| {
+            let Some(Iget::New(n)) = sb.iget_locked(k) else {
+                panic!()
+            };
+            n.data().loaded.store(1, Ordering::SeqCst);
+            n.unlock_new_inode()
+        })
+        .collect();
+    let mut hs = Vec::new();
+    for r in refs {
+        let sb = sb.clone();
+        hs.push(thread::spawn(move || {
+            let k = r.ino();
+            drop(r);
+            // Maybe taken again (from the LRU, or nothing once evicted) and put again.
+            drop(sb.ilookup(k));
+        }));
+    }
+    let sb2 = sb.clone();
+    hs.push(thread::spawn(move || {
+        sb2.umount();
+    }));
+    for h in hs {
+        h.join().unwrap();
+    }
+    assert!(!sb.is_active());
+    assert_eq!(sb.nr_inodes(), 0, "an unused inode survived the umount");
+    assert_eq!(sb.count_objects(), 0);
+    drop(sb);
+    let st = cache.stats();
+    assert_eq!((st.nr_inodes, st.nr_unused), (0, 0));
+    let m = fs.0.per_obj.lock().unwrap();
+    assert_eq!(m.len(), fs.0.allocs.load(Ordering::SeqCst));
+    assert!(
+        m.values().all(|&(e, d)| (e, d) == (1, 1)),
+        "each evicted and destroyed once: {m:?}"
+    );
+}
+
+#[test]
+fn umount_races_last_iput_random() {
+    shuttle::check_random(umount_races_last_iputs, 1000);
+}
+
+#[test]
+fn umount_races_last_iput_pct() {
+    shuttle::check_pct(umount_races_last_iputs, 500, 3);
+}
