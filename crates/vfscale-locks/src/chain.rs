@@ -136,7 +136,7 @@ impl Chain {
         }
         let last = *path.last().expect("non-empty");
         let ln = ar.node(last);
-        if ln.waiter().is_none() {
+        if ar.waiter(last).is_none() {
             return;
         }
         let tmpl = Template::of(&ln.fl);
@@ -151,7 +151,7 @@ impl Chain {
         *run.idents.entry(tmpl.ident(&ln.fl)).or_default() += 1;
         for &p in path[..path.len() - 1].iter().rev() {
             let n = ar.node(p);
-            if n.waiter().is_none() || n.children().len() != 1 || Template::of(&n.fl) != tmpl {
+            if ar.waiter(p).is_none() || ar.children(p).len() != 1 || Template::of(&n.fl) != tmpl {
                 break;
             }
             run.members.insert(p, ());
@@ -210,7 +210,7 @@ impl Chain {
             return;
         }
         if id == r.top {
-            let next = ar.node(id).children().first().copied();
+            let next = ar.children(id).first().copied();
             self.pop_top(next, ar);
         } else {
             self.drop_run();
@@ -255,7 +255,7 @@ impl Chain {
         let mut idents: HashMap<OwnerKey, u32> = HashMap::new();
         loop {
             let n = ar.node(cur);
-            assert!(n.waiter().is_some(), "run member {cur} is a request");
+            assert!(ar.waiter(cur).is_some(), "run member {cur} is a request");
             assert_eq!(Template::of(&n.fl), r.tmpl, "run member {cur} has the template");
             assert!(r.members.contains_key(&cur), "{cur} is listed");
             *idents.entry(r.tmpl.ident(&n.fl)).or_default() += 1;
@@ -263,9 +263,9 @@ impl Chain {
             if cur == r.tail {
                 break;
             }
-            assert_eq!(n.children().len(), 1, "run member {cur} has one child");
-            let c = n.children()[0];
-            assert_eq!(ar.node(c).blocker(), Some(cur));
+            assert_eq!(ar.children(cur).len(), 1, "run member {cur} has one child");
+            let c = ar.children(cur)[0];
+            assert_eq!(ar.blocker(c), Some(cur));
             cur = c;
         }
         assert_eq!(seen, r.members.len(), "members");

@@ -36,61 +36,31 @@ pub(crate) struct WaitLinks {
     pub hashed: bool,
 }
 
-/// A granted lock or a blocked request, with its place in a wait tree and, for a
-/// granted POSIX or OFD lock under [`LockIndex::Tree`], in the index.
+/// A granted lock or a blocked request, with its place, for a granted POSIX or OFD
+/// lock under [`LockIndex::Tree`], in the index. Its part in a wait tree is in
+/// [`Arena`]'s side table, so that the record is exactly one cache line: a conflict
+/// check or `F_GETLK` reads one line per record.
 ///
 /// `repr(C)`: the index links end where the record's range begins, so an overlap scan
 /// reads one stretch of the node.
 #[derive(Debug)]
-#[repr(C)]
+#[repr(C, align(64))]
 pub(crate) struct Node {
     pub ix: IndexLinks,
     pub fl: FileLock,
-    wait: Option<Box<WaitLinks>>,
 }
 
-impl Node {
-    pub fn blocker(&self) -> Option<NodeId> {
-        self.wait.as_ref().and_then(|w| w.blocker)
-    }
-
-    pub fn children(&self) -> &[NodeId] {
-        self.wait.as_ref().map_or(&[], |w| &w.children)
-    }
-
-    pub fn waiter(&self) -> Option<&crate::sync::Arc<Waiter>> {
-        self.wait.as_ref().and_then(|w| w.waiter.as_ref())
-    }
-
-    /// The wait links, made on first use.
-    fn wait_mut(&mut self) -> &mut WaitLinks {
-        self.wait.get_or_insert_with(Default::default)
-    }
-
-    fn take_children(&mut self) -> Vec<NodeId> {
-        self.wait
-            .as_mut()
-            .map(|w| std::mem::take(&mut w.children))
-            .unwrap_or_default()
-    }
-
-    /// Frees the wait links once they hold nothing.
-    fn shrink(&mut self) {
-        if self
-            .wait
-            .as_ref()
-            .is_some_and(|w| w.blocker.is_none() && w.children.is_empty() && w.waiter.is_none())
-        {
-            self.wait = None;
-        }
-    }
-}
+const _: () = assert!(std::mem::size_of::<Option<Node>>() == 64);
 
 /// The records of one inode: slots reused through a free list. Grows by an eighth at a
-/// time, so that an inode holding many locks wastes little on spare capacity.
+/// time, so that an inode holding many locks wastes little on spare capacity. A
+/// record's wait links (boxed, present only on a blocked request and on a record that
+/// others wait on) sit in `waits`, indexed like `slots`: the rarely used part of a
+/// record stays off its cache line.
 #[derive(Debug, Default)]
 pub(crate) struct Arena {
     slots: Vec<Option<Node>>,
+    waits: Vec<Option<Box<WaitLinks>>>,
     free: Vec<NodeId>,
 }
 
@@ -103,10 +73,50 @@ impl Arena {
         self.slots[id as usize].as_mut().expect("live node")
     }
 
+    fn wait(&self, id: NodeId) -> Option<&WaitLinks> {
+        self.waits[id as usize].as_deref()
+    }
+
+    /// `flc_blocker` of record `id`.
+    pub fn blocker(&self, id: NodeId) -> Option<NodeId> {
+        self.wait(id).and_then(|w| w.blocker)
+    }
+
+    /// The direct waiters of record `id`, oldest first.
+    pub fn children(&self, id: NodeId) -> &[NodeId] {
+        self.wait(id).map_or(&[], |w| &w.children)
+    }
+
+    /// The wait cell of request `id`; `None` for a granted lock.
+    pub fn waiter(&self, id: NodeId) -> Option<&crate::sync::Arc<Waiter>> {
+        self.wait(id).and_then(|w| w.waiter.as_ref())
+    }
+
+    /// The wait links of record `id`, made on first use.
+    fn wait_mut(&mut self, id: NodeId) -> &mut WaitLinks {
+        self.waits[id as usize].get_or_insert_with(Default::default)
+    }
+
+    fn take_children(&mut self, id: NodeId) -> Vec<NodeId> {
+        self.waits[id as usize]
+            .as_mut()
+            .map(|w| std::mem::take(&mut w.children))
+            .unwrap_or_default()
+    }
+
+    /// Frees the wait links of record `id` once they hold nothing.
+    fn shrink(&mut self, id: NodeId) {
+        let w = &mut self.waits[id as usize];
+        if w.as_ref()
+            .is_some_and(|w| w.blocker.is_none() && w.children.is_empty() && w.waiter.is_none())
+        {
+            *w = None;
+        }
+    }
+
     fn alloc(&mut self, fl: FileLock) -> NodeId {
         let n = Node {
             fl,
-            wait: None,
             ix: IndexLinks::default(),
         };
         match self.free.pop() {
@@ -116,13 +126,16 @@ impl Arena {
             }
             None => {
                 if self.slots.len() == self.slots.capacity() {
-                    self.slots.reserve_exact((self.slots.len() / 8).max(4));
+                    let more = (self.slots.len() / 8).max(4);
+                    self.slots.reserve_exact(more);
+                    self.waits.reserve_exact(self.slots.capacity() - self.waits.len());
                 }
                 let id = NodeId::try_from(self.slots.len())
                     .ok()
                     .filter(|&id| id != NIL)
                     .expect("fewer than 2^32 - 1 lock records on one inode");
                 self.slots.push(Some(n));
+                self.waits.push(None);
                 id
             }
         }
@@ -130,11 +143,8 @@ impl Arena {
 
     fn release(&mut self, id: NodeId) {
         self.slots[id as usize] = None;
+        self.waits[id as usize] = None;
         self.free.push(id);
-    }
-
-    fn live(&self) -> impl Iterator<Item = &Node> {
-        self.slots.iter().flatten()
     }
 }
 
@@ -264,6 +274,7 @@ impl Inner {
         Inner {
             arena: Arena {
                 slots: Vec::with_capacity(4),
+                waits: Vec::with_capacity(4),
                 free: Vec::with_capacity(IDS),
             },
             index,
@@ -285,13 +296,30 @@ impl Inner {
         self.arena.node_mut(id)
     }
 
+    pub fn blocker(&self, id: NodeId) -> Option<NodeId> {
+        self.arena.blocker(id)
+    }
+
+    pub fn children(&self, id: NodeId) -> &[NodeId] {
+        self.arena.children(id)
+    }
+
+    pub fn waiter(&self, id: NodeId) -> Option<&crate::sync::Arc<Waiter>> {
+        self.arena.waiter(id)
+    }
+
+    fn wait_mut(&mut self, id: NodeId) -> &mut WaitLinks {
+        self.arena.wait_mut(id)
+    }
+
     fn alloc(&mut self, fl: FileLock) -> NodeId {
         self.arena.alloc(fl)
     }
 
     fn release(&mut self, id: NodeId) {
-        let n = self.node(id);
-        debug_assert!(n.children().is_empty() && n.blocker().is_none() && !n.ix.indexed);
+        debug_assert!(
+            self.children(id).is_empty() && self.blocker(id).is_none() && !self.node(id).ix.indexed
+        );
         self.chain.on_release(id);
         self.arena.release(id);
     }
@@ -340,16 +368,15 @@ impl Inner {
             .map_or(size_of::<FileLockContext>(), |(l, _)| l.pad_to_align().size());
         let mut bytes = in_arc;
         bytes += self.arena.slots.capacity() * size_of::<Option<Node>>();
+        bytes += self.arena.waits.capacity() * size_of::<Option<Box<WaitLinks>>>();
         bytes += self.tree.memory();
         bytes += (self.arena.free.capacity() + self.posix.capacity() + self.flock.capacity())
             * size_of::<NodeId>();
-        for n in self.arena.live() {
-            if let Some(w) = &n.wait {
-                bytes += size_of::<WaitLinks>() + w.children.capacity() * size_of::<NodeId>();
-                if w.waiter.is_some() {
-                    m.requests += 1;
-                    bytes += size_of::<Waiter>() + 2 * size_of::<usize>();
-                }
+        for w in self.arena.waits.iter().flatten() {
+            bytes += size_of::<WaitLinks>() + w.children.capacity() * size_of::<NodeId>();
+            if w.waiter.is_some() {
+                m.requests += 1;
+                bytes += size_of::<Waiter>() + 2 * size_of::<usize>();
             }
         }
         m.bytes = bytes;
@@ -358,10 +385,9 @@ impl Inner {
 
     /// The link the detector sees for a request whose blocker is `b`.
     fn link_to(&self, b: NodeId) -> Link {
-        let n = self.node(b);
-        match n.waiter() {
+        match self.waiter(b) {
             Some(w) => Link::Waiter(w.clone()),
-            None => Link::Granted(n.fl.owner),
+            None => Link::Granted(self.node(b).fl.owner),
         }
     }
 
@@ -373,7 +399,7 @@ impl Inner {
         for c in self.detach_children(id, bg) {
             self.wake_detached(c, wl);
             if let Some(t) = hold {
-                self.node(c).waiter().expect("a request").hold_until(t);
+                self.waiter(c).expect("a request").hold_until(t);
                 self.stats.held += 1;
             }
         }
@@ -397,9 +423,9 @@ impl Inner {
     /// waking it yet; returns them, oldest first.
     fn detach_children(&mut self, id: NodeId, bg: &mut BlockedGuard<'_>) -> Vec<NodeId> {
         self.chain
-            .on_take_children(id, self.arena.node(id).children(), &self.arena);
-        let children = self.node_mut(id).take_children();
-        self.node_mut(id).shrink();
+            .on_take_children(id, self.arena.children(id), &self.arena);
+        let children = self.arena.take_children(id);
+        self.arena.shrink(id);
         for &c in &children {
             self.detach(c, bg);
         }
@@ -410,7 +436,7 @@ impl Inner {
     /// business), its detector mirror and its place in the blocked hash.
     fn detach(&mut self, c: NodeId, bg: &mut BlockedGuard<'_>) {
         self.chain.on_detach(c);
-        let n = self.node_mut(c).wait_mut();
+        let n = self.wait_mut(c);
         n.blocker = None;
         let hashed = std::mem::replace(&mut n.hashed, false);
         let w = n.waiter.clone().expect("a child is a request");
@@ -422,7 +448,7 @@ impl Inner {
 
     /// Queues a detached request for waking: its owner will try again.
     fn wake_detached(&mut self, id: NodeId, wl: &mut WakeList) {
-        debug_assert!(self.node(id).blocker().is_none());
+        debug_assert!(self.blocker(id).is_none());
         self.stats.wakeups += 1;
         if self.ready.len() >= self.ready_prune_at {
             self.prune_ready();
@@ -430,7 +456,7 @@ impl Inner {
         self.ready.push(id);
         let fl = &self.node(id).fl;
         tracing::trace!(target: "vfscale_locks::filelock", event = "wake", kind = ?fl.kind, owner = ?fl.owner, start = fl.start, end = fl.end);
-        wl.push(self.node(id).waiter().expect("a request").clone());
+        wl.push(self.waiter(id).expect("a request").clone());
     }
 
     /// Hangs request `wid` directly under `b`, in the tree, the detector's mirror and,
@@ -438,10 +464,10 @@ impl Inner {
     fn link_under(&mut self, b: NodeId, wid: NodeId, bg: &mut BlockedGuard<'_>) {
         let link = self.link_to(b);
         let hashed = self.node(b).fl.is_process_posix();
-        let busy = !self.node(b).children().is_empty();
+        let busy = !self.children(b).is_empty();
         self.chain.on_link(b, busy, wid, &self.arena.node(wid).fl);
-        self.node_mut(b).wait_mut().children.push(wid);
-        let n = self.node_mut(wid).wait_mut();
+        self.wait_mut(b).children.push(wid);
+        let n = self.wait_mut(wid);
         n.blocker = Some(b);
         n.hashed = hashed;
         let w = n.waiter.clone().expect("a blocked record is a request");
@@ -454,10 +480,10 @@ impl Inner {
     /// The records `id` waits on, nearest first, up to the granted lock at the root.
     fn ancestors(&self, id: NodeId) -> Vec<NodeId> {
         let mut path = Vec::new();
-        let mut cur = self.node(id).blocker();
+        let mut cur = self.blocker(id);
         while let Some(b) = cur {
             path.push(b);
-            cur = self.node(b).blocker();
+            cur = self.blocker(b);
         }
         path
     }
@@ -516,8 +542,8 @@ impl Inner {
                 }
             }
             self.chain
-                .on_take_children(n, self.arena.node(n).children(), &self.arena);
-            let mut kids = self.node_mut(n).take_children();
+                .on_take_children(n, self.arena.children(n), &self.arena);
+            let mut kids = self.arena.take_children(n);
             let mut i = 0;
             while i < kids.len() {
                 let d = kids[i];
@@ -530,7 +556,7 @@ impl Inner {
                     self.wake_detached(d, wl);
                 }
             }
-            self.node_mut(n).wait_mut().children = kids;
+            self.wait_mut(n).children = kids;
         }
     }
 
@@ -581,7 +607,7 @@ impl Inner {
         let (stats, work) = (self.stats, self.work);
         let mut cur = n;
         while cur != tail {
-            let kids = self.node(cur).children();
+            let kids = self.children(cur);
             assert_eq!(kids.len(), 1, "a skipped request has one child");
             cur = kids[0];
             assert!(
@@ -596,7 +622,7 @@ impl Inner {
     /// deepest request it conflicts with, so that siblings never conflict.
     fn insert_block(&mut self, mode: WakeMode, blocker: NodeId, wid: NodeId, bg: &mut BlockedGuard<'_>) {
         debug_assert!(
-            self.node(wid).children().is_empty(),
+            self.children(wid).is_empty(),
             "waiters of a request are detached first"
         );
         let fl = self.node(wid).fl;
@@ -605,7 +631,7 @@ impl Inner {
             let mut path = Vec::new();
             let mut jumped = false;
             'descend: loop {
-                for &c in self.arena.node(b).children() {
+                for &c in self.arena.children(b) {
                     self.stats.wait_nodes += 1;
                     if family_conflict(&self.arena.node(c).fl, &fl) {
                         // A run of like waiters below `c`: the walk would go down
@@ -653,7 +679,7 @@ impl Inner {
     fn plain_descent(&self, blocker: NodeId, fl: &FileLock) -> NodeId {
         let mut b = blocker;
         'descend: loop {
-            for &c in self.node(b).children() {
+            for &c in self.children(b) {
                 if family_conflict(&self.node(c).fl, fl) {
                     b = c;
                     continue 'descend;
@@ -703,16 +729,15 @@ impl Inner {
 
     fn unlink_from_blocker(&mut self, wid: NodeId, bg: &mut BlockedGuard<'_>) {
         self.chain.on_unlink(wid);
-        let Some(n) = self.node_mut(wid).wait.as_deref_mut() else {
+        let Some(n) = self.arena.waits[wid as usize].as_deref_mut() else {
             return;
         };
         let b = n.blocker.take();
         let hashed = std::mem::replace(&mut n.hashed, false);
         let w = n.waiter.clone();
         if let Some(b) = b {
-            let bn = self.node_mut(b);
-            bn.wait_mut().children.retain(|&c| c != wid);
-            bn.shrink();
+            self.wait_mut(b).children.retain(|&c| c != wid);
+            self.arena.shrink(b);
         }
         if let Some(w) = w {
             w.set_link(Link::Detached);
@@ -731,13 +756,12 @@ impl Inner {
             Some(id) => {
                 self.chain.on_grant(id, &self.arena);
                 self.unlink_from_blocker(id, bg);
-                let n = self.node_mut(id);
-                n.fl = fl;
-                n.wait_mut().waiter = None;
-                n.shrink();
-                let children = n.children().to_vec();
+                self.node_mut(id).fl = fl;
+                self.wait_mut(id).waiter = None;
+                self.arena.shrink(id);
+                let children = self.children(id).to_vec();
                 for c in children {
-                    if let Some(w) = self.node(c).waiter() {
+                    if let Some(w) = self.waiter(c) {
                         w.set_link(Link::Granted(fl.owner));
                     }
                 }
@@ -753,7 +777,7 @@ impl Inner {
             None => *slot.insert(self.alloc(fl)),
         };
         let now = self.clock.now();
-        let n = self.node_mut(id).wait_mut();
+        let n = self.wait_mut(id);
         let w = n.waiter.get_or_insert_with(|| Waiter::new(fl.owner, now)).clone();
         w.rearm();
         id
@@ -789,7 +813,7 @@ impl Inner {
             .slots
             .get(id as usize)
             .and_then(|n| n.as_ref())
-            .is_some_and(|n| n.waiter().is_some() && n.blocker().is_none())
+            .is_some_and(|_| self.waiter(id).is_some() && self.blocker(id).is_none())
     }
 
     /// Drops stale and repeated entries from `ready`.
@@ -860,7 +884,7 @@ impl Inner {
         self.prune_ready();
         let mut oldest: Option<(Stamp, NodeId)> = None;
         for &id in &self.ready {
-            let w = self.node(id).waiter().expect("a ready request");
+            let w = self.waiter(id).expect("a ready request");
             if waited_a_quantum(now, w.since) && oldest.map_or(true, |(t, _)| w.since < t) && w.blocking() {
                 oldest = Some((w.since, id));
             }
@@ -870,7 +894,7 @@ impl Inner {
         if !self.grantable_now(&req) {
             return;
         }
-        let w = self.node(id).waiter().expect("a ready request").clone();
+        let w = self.waiter(id).expect("a ready request").clone();
         let mut slot = Some(id);
         // Without sleeping: it cannot conflict, so this grants it.
         let a = if req.kind == LockKind::Flock {

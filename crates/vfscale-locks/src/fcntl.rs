@@ -314,7 +314,7 @@ impl FileLockContext {
             };
             let waiter = match (&a, slot) {
                 (Attempt::Blocked, Some(id)) => {
-                    let w = inner.node(id).waiter().expect("a blocked request").clone();
+                    let w = inner.waiter(id).expect("a blocked request").clone();
                     if wait_here {
                         w.set_blocking(true);
                     }

@@ -48,6 +48,9 @@
 //!   a granted POSIX or OFD lock, and its range never changes while it is in them.
 //!   [`LockIndex::List`] keeps Linux's list; the two give the same results, listing
 //!   and counters (tested call by call).
+//! * **Records**: one 64-byte, line-aligned slot per lock (index links, then the
+//!   range, owner, file and pid), so a conflict check reads one cache line; a record's
+//!   wait-tree links (present only while someone waits) sit in a side table.
 //! * The flock list holds at most one lock per open file description.
 //! * **The wait tree** (seed 003). Every blocked request hangs under a granted lock or
 //!   under another blocked request (`blocker`):

@@ -54,11 +54,10 @@ fn collect(inner: &Inner, inode: InodeKey, out: &mut Vec<LockListing>) {
     for &id in inner.posix_in_list_order().iter().chain(inner.flock.iter()) {
         let mut waiters = Vec::new();
         // Depth-first over the tree: (node, depth) pairs, children in order.
-        let mut stack: Vec<(NodeId, usize)> =
-            inner.node(id).children().iter().rev().map(|&c| (c, 1)).collect();
+        let mut stack: Vec<(NodeId, usize)> = inner.children(id).iter().rev().map(|&c| (c, 1)).collect();
         while let Some((n, d)) = stack.pop() {
             waiters.push((d, record(&inner.node(n).fl, inode)));
-            stack.extend(inner.node(n).children().iter().rev().map(|&c| (c, d + 1)));
+            stack.extend(inner.children(n).iter().rev().map(|&c| (c, d + 1)));
         }
         out.push(LockListing {
             lock: record(&inner.node(id).fl, inode),
