@@ -113,29 +113,37 @@ pub struct InodeState {
 /// Reached through an [`InodeRef`] (a counted reference), a [`NewInode`] (the loader's
 /// guard), or a callback of [`crate::SuperBlock::find_inode_nowait`]. Every accessor here
 /// is lock-free, so a `->drop_inode` may call them.
+///
+/// Layout (`repr(C)`): what a lookup and a hit's `iput` touch comes first, in order (the
+/// chain walk's `i_sb`, `hashval`, `i_ino`, `i_hash`; then `i_state`, `i_count`, `i_lock`,
+/// `i_nlink` for `->drop_inode`), the filesystem's data right after it, so that a cached
+/// lookup + `stat` + `iput` touches the fewest cache lines (a walk of a cache larger than
+/// the CPU's caches is bound by those misses); the list links, used on insert, evict and
+/// LRU moves only, go last.
+#[repr(C)]
 pub struct Inode<F: SuperOperations> {
-    pub(crate) ino: u64,
-    pub(crate) hashval: u64,
     /// `i_sb`: not counted; the superblock outlives its inodes (see the crate's "Lifetimes").
     pub(crate) sb: NonNull<SbInner<F>>,
-    /// `i_lock`: protects `state` writes and the 1 -> 0 and 0 -> 1 transitions of `count`.
-    pub(crate) i_lock: Mutex<()>,
-    pub(crate) state: AtomicU32,
-    pub(crate) count: AtomicU32,
-    pub(crate) nlink: AtomicU32,
+    pub(crate) hashval: u64,
+    pub(crate) ino: u64,
     /// `i_hash`: next on the chain; written under the chain lock, read lock-free.
     pub(crate) hash_next: AtomicPtr<Inode<F>>,
-    /// `i_sb_list`: shard and index in it; written under that shard's lock.
-    pub(crate) sb_shard: AtomicU32,
-    pub(crate) sb_index: AtomicUsize,
+    pub(crate) state: AtomicU32,
+    pub(crate) count: AtomicU32,
+    /// `i_lock`: protects `state` writes and the 1 -> 0 and 0 -> 1 transitions of `count`.
+    pub(crate) i_lock: Mutex<()>,
+    pub(crate) nlink: AtomicU32,
+    pub(crate) data: F::Data,
     /// `i_lru`: the LRU shard it is on (written under that shard's lock, read by its
     /// evictor before taking it) and its links in that shard's list (`list_lru_one`):
     /// written and read only under that LRU shard's lock (Relaxed atomics: the lock
     /// orders them; they are atomics only so that `Inode` stays `Sync` without unsafe).
     pub(crate) lru_shard: AtomicU32,
+    /// `i_sb_list`: shard and index in it; written under that shard's lock.
+    pub(crate) sb_shard: AtomicU32,
+    pub(crate) sb_index: AtomicUsize,
     pub(crate) lru_prev: AtomicPtr<Inode<F>>,
     pub(crate) lru_next: AtomicPtr<Inode<F>>,
-    pub(crate) data: F::Data,
 }
 
 // SAFETY: `sb` is the only field that is not `Send + Sync` by itself: a pointer to a
