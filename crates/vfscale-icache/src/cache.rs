@@ -677,6 +677,40 @@ fn find_inode<F: SuperOperations>(
     }
 }
 
+/// The cached hit of `iget_locked`/`ilookup` by inode number (`find_inode_fast` finding a
+/// hashed inode that is neither `I_NEW`, `I_CREATING` nor being freed: `__iget` under its
+/// `i_lock`, as [`find_inode`] does), without building the operation that only a wait or
+/// a miss needs (that machinery was most of a cached `stat`'s instructions). `None` sends
+/// the caller down the full path, which looks again from the start; nothing was changed.
+fn iget_hit<F: SuperOperations>(sb: &SbInner<F>, ino: u64) -> Option<InodeRef<F>> {
+    let cache = &*sb.cache;
+    // Lock-free lookups only: with `Lookup::Locked` a miss would take the hash lock once
+    // more (here, then in `run`), so that setting keeps the one path it always had.
+    if cache.settings.lookup != Lookup::Lockless {
+        return None;
+    }
+    let b = cache.bucket(sb, ino);
+    let _p = cache.domain.pin();
+    let mut p = b.first(Ordering::Acquire);
+    while let Some(n) = NonNull::new(p) {
+        // SAFETY: reached from the chain while pinned or under its lock, as in
+        // `find_inode`: the inode is freed only a grace period after it left the chain.
+        let inode = unsafe { n.as_ref() };
+        p = inode.hash_next.load(Ordering::Acquire);
+        if inode.sb != sb.this || inode.hashval != ino || inode.ino != ino {
+            continue;
+        }
+        // The first match decides, as in `find_inode` (newest first).
+        let _g = inode.lock();
+        let s = inode.state.load(Ordering::Relaxed);
+        if s & (I_NEW | I_CREATING | I_FREEING | I_WILL_FREE) != 0 || s & HASHED == 0 {
+            return None;
+        }
+        return Some(inode.iget_locked_ref());
+    }
+    None
+}
+
 /// What a lookup operation is, kept by a waiting one to try again.
 pub(crate) enum Op<F: SuperOperations> {
     Iget {
@@ -1295,6 +1329,9 @@ impl<F: SuperOperations> SuperBlock<F> {
     /// `iget_locked`: the cached inode, or a new `I_NEW` one for the caller to load; waits
     /// while another task loads it. `None` when the inode found is `I_CREATING`.
     pub fn iget_locked(&self, ino: u64) -> Option<Iget<F>> {
+        if let Some(r) = iget_hit(&self.inner, ino) {
+            return Some(Iget::Cached(r));
+        }
         self.iget_locked_start(ino).wait()
     }
 
@@ -1334,6 +1371,9 @@ impl<F: SuperOperations> SuperBlock<F> {
 
     /// `ilookup`: the cached inode (after its load), never creating one.
     pub fn ilookup(&self, ino: u64) -> Option<InodeRef<F>> {
+        if let Some(r) = iget_hit(&self.inner, ino) {
+            return Some(r);
+        }
         self.ilookup_start(ino).wait()
     }
 
