@@ -15,7 +15,9 @@ use crossbeam_utils::CachePadded;
 
 use crate::epoch::{Domain, Guard};
 use crate::inode::*;
-use crate::sync::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Mutex, MutexGuard, Ordering, SpinWait};
+use crate::sync::{
+    fence, AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Mutex, MutexGuard, Ordering, SpinWait,
+};
 use crate::wait::{WaitOutcome, WaitTable, Waiter};
 use crate::{CacheStats, HashLock, Lookup, Lru, SbList, Settings, SuperOperations};
 
@@ -48,10 +50,27 @@ impl<F: SuperOperations> InodePtr<F> {
 /// thread may migrate at any time and asking the kernel (`sched_getcpu`) on every
 /// operation costs more than it saves, while a fixed slot per thread spreads threads over
 /// the shards just as well (no two threads share one while threads ≤ shards).
+///
+/// Under the models: the model thread's index (loom's and shuttle's thread ids count from
+/// 0, the main thread, in spawn order, the same in every execution), so the models'
+/// threads use different shards (two under the models: the main thread and the second
+/// spawned one share shard 0, the first spawned one has shard 1) and exercise the
+/// cross-shard paths (an inode on another thread's LRU shard; `live` and the counters
+/// summed over shards). A process-wide counter would hand a thread another shard in
+/// each execution, which a model checker must not see.
 fn shard_hint() -> usize {
-    #[cfg(any(vfscale_loom, vfscale_shuttle))]
+    #[cfg(vfscale_loom)]
     {
-        0
+        // loom's `ThreadId` shows its index only through `Debug` ("ThreadId(3)").
+        let id = format!("{:?}", loom::thread::current().id());
+        id.trim_start_matches("ThreadId(")
+            .trim_end_matches(')')
+            .parse()
+            .expect("loom ThreadId(n)")
+    }
+    #[cfg(all(vfscale_shuttle, not(vfscale_loom)))]
+    {
+        usize::from(shuttle::thread::current().id())
     }
     #[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
     {
@@ -393,6 +412,8 @@ impl<F: SuperOperations> Drop for SbHandle<F> {
         // superblock, but only a grace period after, so `sb` stays valid until we unpin.
         let pin = sb.cache.domain.pin();
         sb.detached.store(true, Ordering::SeqCst);
+        // Dekker with `sb_inode_gone`: see there.
+        fence(Ordering::SeqCst);
         sb_try_free(sb, &pin);
     }
 }
@@ -400,10 +421,15 @@ impl<F: SuperOperations> Drop for SbHandle<F> {
 /// The last use of `sb` by an inode: `destroy_inode` of one of its inodes is done. The
 /// caller is pinned (`pin`) since before this call and touches `sb` no more after it.
 fn sb_inode_gone<F: SuperOperations>(sb: &SbInner<F>, pin: &Guard) {
-    // Dekker with `SbHandle::drop` (all SeqCst): either this decrement is seen by the
-    // detacher's sum, or this load sees `detached` and sums itself. The last decrement in
-    // the SeqCst order sees every other one.
+    // Dekker with `SbHandle::drop`, through SeqCst fences (each side: its write, a
+    // fence, then its reads): either this decrement is seen by the detacher's sum, or
+    // this load sees `detached` and sums itself; of two destroyers on different shards,
+    // the one whose fence is later in the SeqCst order sees the other's decrement, so
+    // the last one sums 0. (SeqCst accesses alone order this in C++ too, but loom models
+    // them as AcqRel: with per-thread shards in the models, `sb_freed_after_last_inode`
+    // then found the superblock never freed; loom checks the fences exactly.)
     sb.live[sb.cache.shard_of_cpu()].fetch_sub(1, Ordering::SeqCst);
+    fence(Ordering::SeqCst);
     if sb.detached.load(Ordering::SeqCst) {
         sb_try_free(sb, pin);
     }
@@ -693,8 +719,8 @@ fn iget_hit<F: SuperOperations>(sb: &SbInner<F>, ino: u64) -> Option<InodeRef<F>
     let _p = cache.domain.pin();
     let mut p = b.first(Ordering::Acquire);
     while let Some(n) = NonNull::new(p) {
-        // SAFETY: reached from the chain while pinned or under its lock, as in
-        // `find_inode`: the inode is freed only a grace period after it left the chain.
+        // SAFETY: reached from the chain while pinned (`_p`; no chain lock is held here):
+        // the inode is freed only a grace period after it left the chain.
         let inode = unsafe { n.as_ref() };
         p = inode.hash_next.load(Ordering::Acquire);
         if inode.sb != sb.this || inode.hashval != ino || inode.ino != ino {
