@@ -1,6 +1,9 @@
 //! loom models of the two lock-free hand-offs: the `I_NEW` hand-off (a loader fills the
 //! inode and unlocks it or fails, racing a second lookup of the same key) and a lock-free
-//! lookup racing the eviction of the inode it finds. Run with
+//! lookup racing the eviction of the inode it finds; and of the cached hit (`iget_hit`)
+//! racing a last `iput` that keeps the inode on the LRU and the shrinker. Under the models
+//! each thread has its own shard (the main thread 0, the first spawned 1, the next 0), so
+//! the LRU and counters are used across shards. Run with
 //! `RUSTFLAGS="--cfg vfscale_loom" CARGO_TARGET_DIR=target/loom cargo test -p vfscale-icache --release --test loom`.
 #![cfg(vfscale_loom)]
 
@@ -268,5 +271,130 @@ fn umount_races_last_iput() {
     assert!(
         0 < busy && busy < runs,
         "both endings explored: {busy} of {runs} runs busy at umount"
+    );
+}
+
+/// Checks what a lookup returned: never an inode whose eviction started, and the loaded
+/// data.
+fn check_hit(x: &InodeRef<Fs>) {
+    let f = x.state().flags;
+    assert!(
+        !f.contains(InodeFlags::FREEING) && !f.contains(InodeFlags::WILL_FREE),
+        "returned an inode being evicted: {f:?}"
+    );
+    assert_eq!(read(x), 3);
+}
+
+/// After the threads of a model are done: umount evicts what is left, exactly once each,
+/// and nothing is left on the superblock's lists, the LRU or the counters.
+fn umount_and_check(cache: &InodeCache<Fs>, sb: &SuperBlock<Fs>, fs: &Fs) {
+    assert_eq!(sb.umount(), 0, "no busy inode once every thread is done");
+    assert_eq!(fs.0.allocs.load(Ordering::SeqCst), 1, "an ilookup never loads");
+    assert_eq!(fs.0.evicts.load(Ordering::SeqCst), 1);
+    assert_eq!(fs.0.destroys.load(Ordering::SeqCst), 1);
+    assert_eq!(sb.nr_inodes(), 0);
+    assert_eq!(sb.count_objects(), 0);
+    assert!(sb.lru_inos().is_empty());
+    let st = cache.stats();
+    assert_eq!((st.nr_inodes, st.nr_unused), (0, 0));
+}
+
+/// The cached-hit fast path (`iget_hit`, through `ilookup`) racing the last `iput` of a
+/// linked inode on an active superblock, which keeps it (on the LRU). The models give
+/// each thread its own shard (the spawned thread has shard 1, the main thread shard 0):
+/// the `iput` puts the inode on LRU shard 1; the lookup's own put then either finds it on
+/// that shard's LRU (`I_REFERENCED` only), or is the last itself and adds it to shard 0,
+/// or both last puts race to add it, each to its shard (the later sees `ON_LRU` under the
+/// locks). Whatever the interleaving: the lookup gets the live inode (never one being
+/// freed), the inode ends on exactly one LRU, unused and not evicted, and the umount
+/// (shard 0) takes it off the LRU shard named by `lru_shard` and evicts it once.
+#[test]
+fn iget_hit_races_last_iput_kept() {
+    use std::sync::atomic::AtomicUsize as StdUsize;
+    static RUNS: StdUsize = StdUsize::new(0);
+    static FOUND_ON_LRU: StdUsize = StdUsize::new(0);
+    model(|| {
+        RUNS.fetch_add(1, Ordering::Relaxed);
+        let fs = Fs::default();
+        let cache = InodeCache::new(Settings::default());
+        let sb = Arc::new(cache.mount(fs.clone()));
+        let Some(Iget::New(n)) = sb.iget_locked(1) else {
+            panic!()
+        };
+        let r = load(n, 3);
+        let t = thread::spawn(move || drop(r));
+        let x = sb.ilookup(1).expect("a linked inode of an active sb is kept");
+        check_hit(&x);
+        if x.state().on_lru {
+            // Found after the iput kept it (lazy LRU removal: it stays there).
+            FOUND_ON_LRU.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(x);
+        t.join().unwrap();
+        assert_eq!(fs.0.evicts.load(Ordering::SeqCst), 0, "kept, not evicted");
+        assert_eq!(sb.count_objects(), 1, "on exactly one LRU");
+        assert_eq!(sb.lru_inos(), vec![1]);
+        assert_eq!(cache.stats().nr_unused, 1);
+        umount_and_check(&cache, &sb, &fs);
+    });
+    let (runs, on_lru) = (RUNS.load(Ordering::Relaxed), FOUND_ON_LRU.load(Ordering::Relaxed));
+    assert!(
+        0 < on_lru && on_lru < runs,
+        "both endings explored: the lookup found it on the LRU in {on_lru} of {runs} runs"
+    );
+}
+
+/// `iget_hit` (thread A: `ilookup` and put) racing the last `iput` that keeps the inode
+/// (thread B, on another shard: the inode goes to its LRU) and the shrinker
+/// (`prune_icache_sb(1)` on the main thread), which may evict the inode once it is unused
+/// and not `I_REFERENCED`. Whatever the interleaving: the lookup returns the live inode or
+/// nothing (never one being freed: a lookup meeting `I_FREEING` waits for the eviction
+/// and finds nothing), the inode is evicted at most once, and exactly once after the
+/// umount; nothing is left. The model must reach both endings (the prune evicted the
+/// inode, and did not).
+#[test]
+fn iget_hit_races_last_iput_and_prune() {
+    use std::sync::atomic::AtomicUsize as StdUsize;
+    static RUNS: StdUsize = StdUsize::new(0);
+    static PRUNED: StdUsize = StdUsize::new(0);
+    model(|| {
+        RUNS.fetch_add(1, Ordering::Relaxed);
+        let fs = Fs::default();
+        let cache = InodeCache::new(Settings::default());
+        let sb = Arc::new(cache.mount(fs.clone()));
+        let Some(Iget::New(n)) = sb.iget_locked(1) else {
+            panic!()
+        };
+        let r = load(n, 3);
+        let b = thread::spawn(move || drop(r));
+        let sb2 = sb.clone();
+        let a = thread::spawn(move || {
+            if let Some(x) = sb2.ilookup(1) {
+                check_hit(&x);
+            }
+        });
+        // A scheduling point first: the prune starts by reading the LRU lengths, plain
+        // counters loom does not interleave (and spawning is no scheduling point), so
+        // without it the prune would always run before the other threads and find none.
+        thread::yield_now();
+        sb.prune_icache_sb(1);
+        b.join().unwrap();
+        a.join().unwrap();
+        let evicted = fs.0.evicts.load(Ordering::SeqCst);
+        assert!(evicted <= 1, "evicted {evicted} times");
+        if evicted == 1 {
+            PRUNED.fetch_add(1, Ordering::Relaxed);
+            assert_eq!(sb.nr_inodes(), 0);
+            assert!(sb.ilookup(1).is_none(), "an evicted inode is gone");
+        } else {
+            assert_eq!(sb.lru_inos(), vec![1], "kept: on the LRU");
+        }
+        // One eviction in all: the prune's, or the umount's.
+        umount_and_check(&cache, &sb, &fs);
+    });
+    let (runs, pruned) = (RUNS.load(Ordering::Relaxed), PRUNED.load(Ordering::Relaxed));
+    assert!(
+        0 < pruned && pruned < runs,
+        "both endings explored: the prune evicted in {pruned} of {runs} runs"
     );
 }
