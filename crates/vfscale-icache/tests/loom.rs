@@ -65,6 +65,45 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
     b.check(f);
 }
 
+/// A model whose runs end one of two ways (`f` says which: `true` for the ending named by
+/// `ending`); checks that both were explored.
+fn model_both_endings(ending: &'static str, f: impl Fn() -> bool + Sync + Send + 'static) {
+    use std::sync::atomic::AtomicUsize as StdUsize;
+    let counts = std::sync::Arc::new([StdUsize::new(0), StdUsize::new(0)]);
+    let c = counts.clone();
+    model(move || {
+        c[0].fetch_add(1, Ordering::Relaxed);
+        if f() {
+            c[1].fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    let (runs, hits) = (
+        counts[0].load(Ordering::Relaxed),
+        counts[1].load(Ordering::Relaxed),
+    );
+    assert!(
+        0 < hits && hits < runs,
+        "both endings explored: {ending} in {hits} of {runs} runs"
+    );
+}
+
+/// The inode `ino` of `sb`, new (the caller loads it).
+fn new_inode(sb: &SuperBlock<Fs>, ino: u64) -> NewInode<Fs> {
+    let Some(Iget::New(n)) = sb.iget_locked(ino) else {
+        panic!("inode {ino} is not new")
+    };
+    n
+}
+
+/// A mounted filesystem with inode 1 loaded with `v` and held.
+fn mount_with_inode(v: u64) -> (Fs, InodeCache<Fs>, Arc<SuperBlock<Fs>>, InodeRef<Fs>) {
+    let fs = Fs::default();
+    let cache = InodeCache::new(Settings::default());
+    let sb = Arc::new(cache.mount(fs.clone()));
+    let r = load(new_inode(&sb, 1), v);
+    (fs, cache, sb, r)
+}
+
 /// Two lookups of one key: exactly one loads it; the other gets the loaded inode (no data
 /// race on the filesystem's fields, no lost wake-up: both threads finish).
 #[test]
@@ -98,9 +137,7 @@ fn iget_failed_handoff() {
         let fs = Fs::default();
         let cache = InodeCache::new(Settings::default());
         let sb = Arc::new(cache.mount(fs.clone()));
-        let Some(Iget::New(n)) = sb.iget_locked(1) else {
-            panic!()
-        };
+        let n = new_inode(&sb, 1);
         let sb2 = sb.clone();
         let t = thread::spawn(move || match sb2.iget_locked(1).unwrap() {
             Iget::New(n) => read(&load(n, 9)),
@@ -119,13 +156,7 @@ fn iget_failed_handoff() {
 #[test]
 fn lookup_races_eviction() {
     model(|| {
-        let fs = Fs::default();
-        let cache = InodeCache::new(Settings::default());
-        let sb = Arc::new(cache.mount(fs.clone()));
-        let Some(Iget::New(n)) = sb.iget_locked(1) else {
-            panic!()
-        };
-        let r = load(n, 3);
+        let (fs, cache, sb, r) = mount_with_inode(3);
         r.clear_nlink();
         let sb2 = sb.clone();
         let t = thread::spawn(move || {
@@ -150,13 +181,7 @@ fn lookup_races_eviction() {
 #[test]
 fn iget_waits_for_eviction() {
     model(|| {
-        let fs = Fs::default();
-        let cache = InodeCache::new(Settings::default());
-        let sb = Arc::new(cache.mount(fs.clone()));
-        let Some(Iget::New(n)) = sb.iget_locked(1) else {
-            panic!()
-        };
-        let r = load(n, 3);
+        let (fs, cache, sb, r) = mount_with_inode(3);
         r.clear_nlink();
         let sb2 = sb.clone();
         let t = thread::spawn(move || match sb2.iget_locked(1).unwrap() {
@@ -189,14 +214,8 @@ fn sb_freed_after_last_inode() {
         let counts = fs.0.clone();
         let cache = InodeCache::new(Settings::default());
         let sb = cache.mount(fs);
-        let Some(Iget::New(n)) = sb.iget_locked(1) else {
-            panic!()
-        };
-        let r = load(n, 5);
-        let Some(Iget::New(n)) = sb.iget_locked(2) else {
-            panic!()
-        };
-        let r2 = load(n, 6);
+        let r = load(new_inode(&sb, 1), 5);
+        let r2 = load(new_inode(&sb, 2), 6);
         assert_eq!(sb.umount(), 2, "both inodes are busy");
         let t = thread::spawn(move || {
             assert_eq!(read(&r), 5);
@@ -229,24 +248,12 @@ fn sb_freed_after_last_inode() {
 /// did not).
 #[test]
 fn umount_races_last_iput() {
-    use std::sync::atomic::AtomicUsize as StdUsize;
-    static RUNS: StdUsize = StdUsize::new(0);
-    static BUSY_AT_UMOUNT: StdUsize = StdUsize::new(0);
-    model(|| {
-        RUNS.fetch_add(1, Ordering::Relaxed);
-        let fs = Fs::default();
-        let cache = InodeCache::new(Settings::default());
-        let sb = Arc::new(cache.mount(fs.clone()));
-        let Some(Iget::New(n)) = sb.iget_locked(1) else {
-            panic!()
-        };
-        let r = load(n, 3);
+    model_both_endings("busy at umount", || {
+        let (fs, cache, sb, r) = mount_with_inode(3);
         let sb2 = sb.clone();
         let t = thread::spawn(move || sb2.umount());
         drop(r);
-        if t.join().unwrap() == 1 {
-            BUSY_AT_UMOUNT.fetch_add(1, Ordering::Relaxed);
-        }
+        let busy = t.join().unwrap() == 1;
         assert!(!sb.is_active());
         assert_eq!(
             sb.nr_inodes(),
@@ -263,15 +270,8 @@ fn umount_races_last_iput() {
         assert_eq!(fs.0.destroys.load(Ordering::SeqCst), 1);
         assert_eq!(cache.stats().nr_inodes, 0);
         assert_eq!(cache.stats().nr_unused, 0);
+        busy
     });
-    let (runs, busy) = (
-        RUNS.load(Ordering::Relaxed),
-        BUSY_AT_UMOUNT.load(Ordering::Relaxed),
-    );
-    assert!(
-        0 < busy && busy < runs,
-        "both endings explored: {busy} of {runs} runs busy at umount"
-    );
 }
 
 /// Checks what a lookup returned: never an inode whose eviction started, and the loaded
@@ -310,25 +310,13 @@ fn umount_and_check(cache: &InodeCache<Fs>, sb: &SuperBlock<Fs>, fs: &Fs) {
 /// (shard 0) takes it off the LRU shard named by `lru_shard` and evicts it once.
 #[test]
 fn iget_hit_races_last_iput_kept() {
-    use std::sync::atomic::AtomicUsize as StdUsize;
-    static RUNS: StdUsize = StdUsize::new(0);
-    static FOUND_ON_LRU: StdUsize = StdUsize::new(0);
-    model(|| {
-        RUNS.fetch_add(1, Ordering::Relaxed);
-        let fs = Fs::default();
-        let cache = InodeCache::new(Settings::default());
-        let sb = Arc::new(cache.mount(fs.clone()));
-        let Some(Iget::New(n)) = sb.iget_locked(1) else {
-            panic!()
-        };
-        let r = load(n, 3);
+    model_both_endings("the lookup found it on the LRU", || {
+        let (fs, cache, sb, r) = mount_with_inode(3);
         let t = thread::spawn(move || drop(r));
         let x = sb.ilookup(1).expect("a linked inode of an active sb is kept");
         check_hit(&x);
-        if x.state().on_lru {
-            // Found after the iput kept it (lazy LRU removal: it stays there).
-            FOUND_ON_LRU.fetch_add(1, Ordering::Relaxed);
-        }
+        // Found after the iput kept it (lazy LRU removal: it stays there).
+        let on_lru = x.state().on_lru;
         drop(x);
         t.join().unwrap();
         assert_eq!(fs.0.evicts.load(Ordering::SeqCst), 0, "kept, not evicted");
@@ -336,12 +324,8 @@ fn iget_hit_races_last_iput_kept() {
         assert_eq!(sb.lru_inos(), vec![1]);
         assert_eq!(cache.stats().nr_unused, 1);
         umount_and_check(&cache, &sb, &fs);
+        on_lru
     });
-    let (runs, on_lru) = (RUNS.load(Ordering::Relaxed), FOUND_ON_LRU.load(Ordering::Relaxed));
-    assert!(
-        0 < on_lru && on_lru < runs,
-        "both endings explored: the lookup found it on the LRU in {on_lru} of {runs} runs"
-    );
 }
 
 /// `iget_hit` (thread A: `ilookup` and put) racing the last `iput` that keeps the inode
@@ -354,18 +338,8 @@ fn iget_hit_races_last_iput_kept() {
 /// inode, and did not).
 #[test]
 fn iget_hit_races_last_iput_and_prune() {
-    use std::sync::atomic::AtomicUsize as StdUsize;
-    static RUNS: StdUsize = StdUsize::new(0);
-    static PRUNED: StdUsize = StdUsize::new(0);
-    model(|| {
-        RUNS.fetch_add(1, Ordering::Relaxed);
-        let fs = Fs::default();
-        let cache = InodeCache::new(Settings::default());
-        let sb = Arc::new(cache.mount(fs.clone()));
-        let Some(Iget::New(n)) = sb.iget_locked(1) else {
-            panic!()
-        };
-        let r = load(n, 3);
+    model_both_endings("the prune evicted", || {
+        let (fs, cache, sb, r) = mount_with_inode(3);
         let b = thread::spawn(move || drop(r));
         let sb2 = sb.clone();
         let a = thread::spawn(move || {
@@ -383,7 +357,6 @@ fn iget_hit_races_last_iput_and_prune() {
         let evicted = fs.0.evicts.load(Ordering::SeqCst);
         assert!(evicted <= 1, "evicted {evicted} times");
         if evicted == 1 {
-            PRUNED.fetch_add(1, Ordering::Relaxed);
             assert_eq!(sb.nr_inodes(), 0);
             assert!(sb.ilookup(1).is_none(), "an evicted inode is gone");
         } else {
@@ -391,10 +364,6 @@ fn iget_hit_races_last_iput_and_prune() {
         }
         // One eviction in all: the prune's, or the umount's.
         umount_and_check(&cache, &sb, &fs);
+        evicted == 1
     });
-    let (runs, pruned) = (RUNS.load(Ordering::Relaxed), PRUNED.load(Ordering::Relaxed));
-    assert!(
-        0 < pruned && pruned < runs,
-        "both endings explored: the prune evicted in {pruned} of {runs} runs"
-    );
 }
