@@ -503,36 +503,54 @@ mod tests {
         }
     }
 
+    /// Contenders in the herd tests.
+    const HERD: usize = 40;
+
+    /// Seed 003's herd of `HERD` owners, each asking for the whole-file write lock of
+    /// family `kind` (owner 0 gets it, the others wait in one chain).
+    fn herd(kind: u8) -> World {
+        let mut w = World::new(HERD);
+        for i in 0..HERD {
+            w.request(i, kind, LockType::Write, 0, true);
+        }
+        w
+    }
+
+    /// Blocks and wait-tree records visited over 200 rounds of `round` (given the round's
+    /// number), not counting the first ten.
+    fn herd_work(w: &mut World, mut round: impl FnMut(&mut World, usize)) -> (u64, u64) {
+        let (mut blocks, mut nodes) = (0, 0);
+        for r in 0..200 {
+            let before = w.inode.stats();
+            round(w, r);
+            let after = w.inode.stats();
+            if r >= 10 {
+                blocks += after.blocks - before.blocks;
+                nodes += after.wait_nodes - before.wait_nodes;
+            }
+        }
+        (blocks, nodes)
+    }
+
     /// Seed 003's herd, driven by polls: once the chain is built, putting the owner
     /// that comes back to sleep visits a few records, not the whole chain.
     #[test]
     fn herd_blocks_in_constant_work() {
         for kind in 0..3u8 {
-            const N: usize = 40;
-            let mut w = World::new(N);
-            for i in 0..N {
-                w.request(i, kind, LockType::Write, 0, true);
-            }
+            let mut w = herd(kind);
             let mut holder = 0;
-            let (mut blocks, mut nodes) = (0, 0);
-            for round in 0..200 {
-                let before = w.inode.stats();
+            let (blocks, nodes) = herd_work(&mut w, |w, round| {
                 // The holder unlocks; the first waiter retries and is granted; the old
                 // holder asks again and sleeps at the end of the chain.
                 w.request(holder, kind, LockType::Unlock, 0, false);
-                let next = (holder + 1) % N;
+                let next = (holder + 1) % HERD;
                 let r = w.waits[0][next].as_mut().expect("waits").poll_complete();
                 assert_eq!(r, Some(Ok(())), "round {round}");
                 w.waits[0][next] = None;
                 w.request(holder, kind, LockType::Write, 0, true);
                 assert!(w.waits[0][holder].is_some());
-                let after = w.inode.stats();
-                if round >= 10 {
-                    blocks += after.blocks - before.blocks;
-                    nodes += after.wait_nodes - before.wait_nodes;
-                }
                 holder = next;
-            }
+            });
             assert_eq!(blocks, 190, "one block per round");
             assert!(
                 nodes <= 3 * blocks,
@@ -549,21 +567,15 @@ mod tests {
     #[test]
     fn barging_herd_rechecks_in_constant_work() {
         for kind in 0..3u8 {
-            const N: usize = 40;
-            let mut w = World::new(N);
-            for i in 0..N {
-                w.request(i, kind, LockType::Write, 0, true);
-            }
+            let mut w = herd(kind);
             let mut holder = 0;
-            let (mut blocks, mut nodes) = (0, 0);
-            for round in 0..200 {
-                let before = w.inode.stats();
+            let (blocks, nodes) = herd_work(&mut w, |w, round| {
                 w.request(holder, kind, LockType::Unlock, 0, false);
                 w.request(holder, kind, LockType::Write, 0, true);
                 if w.waits[0][holder].is_some() {
-                    holder = N; // handed off: found below
+                    holder = HERD; // handed off: found below
                 }
-                for i in 0..N {
+                for i in 0..HERD {
                     if let Some(pl) = w.waits[0][i].as_mut() {
                         if pl.poll_complete().is_some() {
                             w.waits[0][i] = None;
@@ -571,13 +583,8 @@ mod tests {
                         }
                     }
                 }
-                assert!(holder < N, "round {round}: somebody holds the lock");
-                let after = w.inode.stats();
-                if round >= 10 {
-                    blocks += after.blocks - before.blocks;
-                    nodes += after.wait_nodes - before.wait_nodes;
-                }
-            }
+                assert!(holder < HERD, "round {round}: somebody holds the lock");
+            });
             eprintln!("kind {kind}: {nodes} records visited for {blocks} blocks");
             assert!(blocks >= 190, "kind {kind}: at least one block per round");
             assert!(
