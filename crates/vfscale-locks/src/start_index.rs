@@ -729,14 +729,9 @@ impl StartTree {
             // is the only candidate.
             let i = br.find_le(qe);
             if (i == 0 || br.sep[i] <= qs) && br.spill & ((1u32 << i) - 1) == 0 {
-                let reach = if writes_only {
-                    br.max_wend[i]
-                } else {
-                    br.max_end[i]
-                };
-                if reach < qs {
-                    return;
-                }
+                // Not checking the child's greatest end (another line of the node):
+                // a child that ends before the range is one path more, its leaf
+                // reports nothing.
                 b = br.child[i];
                 h -= 1;
                 continue;
