@@ -45,11 +45,12 @@ impl<F: SuperOperations> InodePtr<F> {
     }
 }
 
-/// The shard a thread uses for per-CPU structures: assigned round-robin the first time a
-/// thread asks, then fixed. Linux indexes per-CPU data by the current CPU; in userspace a
-/// thread may migrate at any time and asking the kernel (`sched_getcpu`) on every
-/// operation costs more than it saves, while a fixed slot per thread spreads threads over
-/// the shards just as well (no two threads share one while threads ≤ shards).
+/// The shard a thread uses for per-CPU structures: its slot ([`thread_slot`], the lowest
+/// free one when it first asks, kept until it exits) modulo the shard count. Linux
+/// indexes per-CPU data by the current CPU; in userspace a thread may migrate at any time
+/// and asking the kernel (`sched_getcpu`) on every operation costs more than it saves,
+/// while a fixed slot per thread spreads threads over the shards just as well (live
+/// threads have dense slots, so no two share a shard while threads ≤ shards).
 ///
 /// Under the models: the model thread's index (loom's and shuttle's thread ids count from
 /// 0, the main thread, in spawn order, the same in every execution), so the models'
@@ -74,19 +75,66 @@ fn shard_hint() -> usize {
     }
     #[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
     {
-        use std::cell::Cell;
-        static NEXT: StdAtomicUsize = StdAtomicUsize::new(0);
-        thread_local!(static SLOT: Cell<usize> = const { Cell::new(usize::MAX) });
-        SLOT.with(|s| {
-            let v = s.get();
-            if v != usize::MAX {
-                return v;
-            }
-            let v = NEXT.fetch_add(1, Ordering::Relaxed);
-            s.set(v);
-            v
-        })
+        // A thread whose slot is gone (it is exiting) may use any shard.
+        thread_slot().unwrap_or(0)
     }
+}
+
+/// The calling thread's slot: an index no other live thread has, the lowest free one
+/// when the thread first asks (so live threads have dense slots, and consecutive ones
+/// fall on different shards), given back when the thread exits. `None` once this
+/// thread's slot was given back (in its other thread-local destructors).
+#[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
+#[inline]
+fn thread_slot() -> Option<usize> {
+    use std::sync::Mutex as StdMutex;
+    /// Slots in use are `0..next` minus `free`.
+    struct Pool {
+        next: usize,
+        free: Vec<usize>,
+    }
+    static POOL: StdMutex<Pool> = StdMutex::new(Pool {
+        next: 0,
+        free: Vec::new(),
+    });
+    struct Slot(usize);
+    impl Slot {
+        fn claim() -> Slot {
+            let mut p = POOL.lock().unwrap_or_else(|e| e.into_inner());
+            let lowest = p.free.iter().enumerate().min_by_key(|(_, v)| **v).map(|(i, _)| i);
+            Slot(match lowest {
+                Some(i) => p.free.swap_remove(i),
+                None => {
+                    p.next += 1;
+                    p.next - 1
+                }
+            })
+        }
+    }
+    impl Drop for Slot {
+        fn drop(&mut self) {
+            let _ = CACHED.try_with(|c| c.set(GONE));
+            // The pool's lock orders this thread's last counter stores before the next
+            // owner's first load of the slot.
+            POOL.lock().unwrap_or_else(|e| e.into_inner()).free.push(self.0);
+        }
+    }
+    // The slot, cached where a read is one thread-local load (no lazy-init or
+    // destructor state to check): `usize::MAX` before the claim, [`GONE`] after the
+    // release.
+    thread_local!(static CACHED: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) });
+    const GONE: usize = usize::MAX - 1;
+    thread_local!(static SLOT: Slot = Slot::claim());
+    let v = CACHED.with(|c| c.get());
+    if v < GONE {
+        return Some(v);
+    }
+    if v == GONE {
+        return None;
+    }
+    let v = SLOT.try_with(|s| s.0).ok()?;
+    CACHED.with(|c| c.set(v));
+    Some(v)
 }
 
 /// One hash chain (`hlist_bl_head`): one word, the first inode's address with the chain's
@@ -174,17 +222,71 @@ impl<F: SuperOperations> Drop for HashGuard<'_, F> {
     }
 }
 
-/// Per-CPU counters (each on its own cache line).
-#[derive(Default)]
-struct Counters {
-    nr_inodes: AtomicI64,
-    nr_unused: AtomicI64,
-    global_locks: StdAtomicU64,
-    chain_locks: StdAtomicU64,
-    sb_shard_locks: StdAtomicU64,
-    lru_shard_locks: StdAtomicU64,
-    loads: StdAtomicU64,
+/// The counters of `/proc/sys/fs/inode-nr` and the lock and wait counts.
+#[derive(Clone, Copy)]
+enum Ctr {
+    NrInodes,
+    NrUnused,
+    GlobalLocks,
+    ChainLocks,
+    SbShardLocks,
+    LruShardLocks,
+    Loads,
+    NewWaitsSpun,
+    NewWaitsSlept,
 }
+
+const NR_CTRS: usize = 9;
+
+/// One thread's (or, under the models, one shard's) counters, on their own cache lines.
+#[derive(Default)]
+struct Counters([AtomicI64; NR_CTRS]);
+
+impl Counters {
+    fn get(&self, k: Ctr) -> i64 {
+        self.0[k as usize].load(Ordering::Relaxed)
+    }
+}
+
+/// The counters the calling thread adds to: its own slot (`own`: no other thread writes
+/// it, so an add is a plain load and store, no locked read-modify-write), or a shared
+/// one (atomic adds).
+struct CpuCounters<'a> {
+    c: &'a Counters,
+    own: bool,
+}
+
+impl CpuCounters<'_> {
+    #[inline]
+    fn add(&self, k: Ctr, d: i64) {
+        let a = &self.c.0[k as usize];
+        if self.own {
+            a.store(a.load(Ordering::Relaxed).wrapping_add(d), Ordering::Relaxed);
+        } else {
+            a.fetch_add(d, Ordering::Relaxed);
+        }
+    }
+}
+
+/// How many counter slots a cache has.
+fn counter_slots(shards: usize) -> usize {
+    #[cfg(any(vfscale_loom, vfscale_shuttle))]
+    {
+        shards
+    }
+    #[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
+    {
+        let _ = shards;
+        OWN_SLOTS + 1
+    }
+}
+
+/// Counter slots owned by one thread each (normal builds): a thread claims the lowest
+/// free slot the first time it counts and gives it back when it exits, so the slot's
+/// counters have a single writer. Threads beyond this many share one more slot, with
+/// atomic adds.
+#[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
+const OWN_SLOTS: usize = 64;
 
 /// What every superblock of one cache shares: the inode hash table and the counters.
 pub(crate) struct CacheInner<F: SuperOperations> {
@@ -194,6 +296,8 @@ pub(crate) struct CacheInner<F: SuperOperations> {
     hash_shift: u32,
     /// `inode_hash_lock` (only with [`HashLock::Global`]).
     global_hash_lock: Mutex<()>,
+    /// [`OWN_SLOTS`] thread-owned slots and a shared one (normal builds); one shared
+    /// slot per shard under the models.
     counters: Box<[CachePadded<Counters>]>,
     pub(crate) waits: WaitTable,
     domain: Domain,
@@ -201,8 +305,28 @@ pub(crate) struct CacheInner<F: SuperOperations> {
 }
 
 impl<F: SuperOperations> CacheInner<F> {
-    fn counters(&self) -> &Counters {
-        &self.counters[shard_hint() & (self.shards - 1)]
+    #[inline]
+    fn counters(&self) -> CpuCounters<'_> {
+        #[cfg(any(vfscale_loom, vfscale_shuttle))]
+        {
+            CpuCounters {
+                c: &self.counters[shard_hint() & (self.shards - 1)],
+                own: false,
+            }
+        }
+        #[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
+        {
+            match thread_slot() {
+                Some(i) if i < OWN_SLOTS => CpuCounters {
+                    c: &self.counters[i],
+                    own: true,
+                },
+                _ => CpuCounters {
+                    c: &self.counters[OWN_SLOTS],
+                    own: false,
+                },
+            }
+        }
     }
 
     fn shard_of_cpu(&self) -> usize {
@@ -225,11 +349,11 @@ impl<F: SuperOperations> CacheInner<F> {
     fn hash_lock<'a>(&'a self, b: &'a Bucket<F>) -> HashGuard<'a, F> {
         match self.settings.hash_lock {
             HashLock::Global => {
-                self.counters().global_locks.fetch_add(1, Ordering::Relaxed);
+                self.counters().add(Ctr::GlobalLocks, 1);
                 HashGuard::Global(self.global_hash_lock.lock())
             }
             HashLock::PerChain => {
-                self.counters().chain_locks.fetch_add(1, Ordering::Relaxed);
+                self.counters().add(Ctr::ChainLocks, 1);
                 b.lock();
                 HashGuard::Chain(b)
             }
@@ -425,10 +549,16 @@ fn sb_inode_gone<F: SuperOperations>(sb: &SbInner<F>, pin: &Guard) {
     // fence, then its reads): either this decrement is seen by the detacher's sum, or
     // this load sees `detached` and sums itself; of two destroyers on different shards,
     // the one whose fence is later in the SeqCst order sees the other's decrement, so
-    // the last one sums 0. (SeqCst accesses alone order this in C++ too, but loom models
-    // them as AcqRel: with per-thread shards in the models, `sb_freed_after_last_inode`
-    // then found the superblock never freed; loom checks the fences exactly.)
+    // the last one sums 0. SeqCst accesses alone order this in C++ (the decrement, this
+    // load and the detacher's store and sum are all in the single SeqCst order: if this
+    // load reads `detached` false it precedes the store, so the sum after it reads the
+    // decrement), and on x86 the locked decrement is a full barrier already, so normal
+    // builds leave the fence out (an `mfence` per eviction). loom models SeqCst accesses
+    // as AcqRel (with per-thread shards, `sb_freed_after_last_inode` then found the
+    // superblock never freed): under the models the fence is there, and loom checks it
+    // exactly.
     sb.live[sb.cache.shard_of_cpu()].fetch_sub(1, Ordering::SeqCst);
+    #[cfg(any(vfscale_loom, vfscale_shuttle))]
     fence(Ordering::SeqCst);
     if sb.detached.load(Ordering::SeqCst) {
         sb_try_free(sb, pin);
@@ -458,9 +588,9 @@ impl<F: SuperOperations> SbInner<F> {
     fn list_lock(&self, shard: usize) -> MutexGuard<'_, Vec<InodePtr<F>>> {
         let c = self.cache.counters();
         if self.cache.settings.sb_list == SbList::Global {
-            c.global_locks.fetch_add(1, Ordering::Relaxed);
+            c.add(Ctr::GlobalLocks, 1);
         } else {
-            c.sb_shard_locks.fetch_add(1, Ordering::Relaxed);
+            c.add(Ctr::SbShardLocks, 1);
         }
         self.lists[shard].lock()
     }
@@ -468,11 +598,20 @@ impl<F: SuperOperations> SbInner<F> {
     fn lru_lock(&self, shard: usize) -> MutexGuard<'_, LruShard<F>> {
         let c = self.cache.counters();
         if self.cache.settings.lru == Lru::Single {
-            c.global_locks.fetch_add(1, Ordering::Relaxed);
+            c.add(Ctr::GlobalLocks, 1);
         } else {
-            c.lru_shard_locks.fetch_add(1, Ordering::Relaxed);
+            c.add(Ctr::LruShardLocks, 1);
         }
         self.lru[shard].lock()
+    }
+
+    /// The LRU shard a last `iput` on this CPU adds to.
+    fn lru_shard_of_cpu(&self) -> usize {
+        if self.cache.settings.lru == Lru::Single {
+            0
+        } else {
+            self.cache.shard_of_cpu()
+        }
     }
 
     fn is_active(&self) -> bool {
@@ -507,7 +646,7 @@ fn alloc_inode<F: SuperOperations>(
         lru_next: AtomicPtr::new(std::ptr::null_mut()),
         data,
     });
-    sb.cache.counters().nr_inodes.fetch_add(1, Ordering::Relaxed);
+    sb.cache.counters().add(Ctr::NrInodes, 1);
     NonNull::from(Box::leak(b))
 }
 
@@ -517,7 +656,7 @@ fn destroy_unpublished<F: SuperOperations>(p: NonNull<Inode<F>>) {
     let b = unsafe { Box::from_raw(p.as_ptr()) };
     let sb = b.sb();
     sb.ops.destroy_inode(&b);
-    sb.cache.counters().nr_inodes.fetch_sub(1, Ordering::Relaxed);
+    sb.cache.counters().add(Ctr::NrInodes, -1);
     let pin = sb.cache.domain.pin();
     sb_inode_gone(sb, &pin);
 }
@@ -570,6 +709,13 @@ pub(crate) fn remove_inode_hash<F: SuperOperations>(inode: &Inode<F>) {
     let b = cache.bucket(inode.sb(), inode.hashval);
     let _h = cache.hash_lock(b);
     let _g = inode.lock();
+    hash_unlink_locked(cache, b, inode);
+}
+
+/// `__remove_inode_hash`: unlinks `inode` from chain `b` if it is hashed. The caller
+/// holds the chain's lock (or `inode_hash_lock`) and the inode's `i_lock`.
+fn hash_unlink_locked<F: SuperOperations>(cache: &CacheInner<F>, b: &Bucket<F>, inode: &Inode<F>) {
+    debug_assert!(inode.i_lock.is_locked());
     if inode.state.load(Ordering::Relaxed) & HASHED == 0 {
         return;
     }
@@ -703,24 +849,28 @@ fn find_inode<F: SuperOperations>(
     }
 }
 
+/// What a pinned walk of a chain found for an inode number (see [`chain_hit`]).
+enum Hit<F: SuperOperations> {
+    /// Hashed, neither `I_NEW`, `I_CREATING` nor being freed: a reference taken.
+    Found(InodeRef<F>),
+    /// The first match is in some other state: the full path decides (it may wait).
+    Busy,
+    /// No inode of this superblock has the number on the chain.
+    Absent,
+}
+
 /// The cached hit of `iget_locked`/`ilookup` by inode number (`find_inode_fast` finding a
 /// hashed inode that is neither `I_NEW`, `I_CREATING` nor being freed: `__iget` under its
 /// `i_lock`, as [`find_inode`] does), without building the operation that only a wait or
-/// a miss needs (that machinery was most of a cached `stat`'s instructions). `None` sends
-/// the caller down the full path, which looks again from the start; nothing was changed.
-fn iget_hit<F: SuperOperations>(sb: &SbInner<F>, ino: u64) -> Option<InodeRef<F>> {
-    let cache = &*sb.cache;
-    // Lock-free lookups only: with `Lookup::Locked` a miss would take the hash lock once
-    // more (here, then in `run`), so that setting keeps the one path it always had.
-    if cache.settings.lookup != Lookup::Lockless {
-        return None;
-    }
-    let b = cache.bucket(sb, ino);
-    let _p = cache.domain.pin();
+/// a miss needs (that machinery was most of a cached `stat`'s instructions). The caller
+/// is pinned; with [`Lookup::Locked`] it does not come here (a miss would take the hash
+/// lock once more, here and then in `run`, so that setting keeps the one path it always
+/// had).
+fn chain_hit<F: SuperOperations>(sb: &SbInner<F>, b: &Bucket<F>, ino: u64, _pin: &Guard) -> Hit<F> {
     let mut p = b.first(Ordering::Acquire);
     while let Some(n) = NonNull::new(p) {
-        // SAFETY: reached from the chain while pinned (`_p`; no chain lock is held here):
-        // the inode is freed only a grace period after it left the chain.
+        // SAFETY: reached from the chain while pinned (`_pin`; no chain lock is held
+        // here): the inode is freed only a grace period after it left the chain.
         let inode = unsafe { n.as_ref() };
         p = inode.hash_next.load(Ordering::Acquire);
         if inode.sb != sb.this || inode.hashval != ino || inode.ino != ino {
@@ -730,11 +880,116 @@ fn iget_hit<F: SuperOperations>(sb: &SbInner<F>, ino: u64) -> Option<InodeRef<F>
         let _g = inode.lock();
         let s = inode.state.load(Ordering::Relaxed);
         if s & (I_NEW | I_CREATING | I_FREEING | I_WILL_FREE) != 0 || s & HASHED == 0 {
-            return None;
+            return Hit::Busy;
         }
-        return Some(inode.iget_locked_ref());
+        return Hit::Found(inode.iget_locked_ref());
     }
-    None
+    Hit::Absent
+}
+
+/// `ilookup`'s cached hit; `None` sends the caller down the full path, which looks again
+/// from the start (nothing was changed).
+fn iget_hit<F: SuperOperations>(sb: &SbInner<F>, ino: u64) -> Option<InodeRef<F>> {
+    let cache = &*sb.cache;
+    if cache.settings.lookup != Lookup::Lockless {
+        return None;
+    }
+    let b = cache.bucket(sb, ino);
+    let pin = cache.domain.pin();
+    match chain_hit(sb, b, ino, &pin) {
+        Hit::Found(r) => Some(r),
+        Hit::Busy | Hit::Absent => None,
+    }
+}
+
+/// `iget_locked` by inode number without the operation machinery, for the two common
+/// cases: a cached hit ([`chain_hit`]) and a clean miss (the pinned walk found no inode
+/// with the number; allocate, take the chain lock, find none again, hash the new inode
+/// `I_NEW`, add it to the superblock list, exactly as `run`'s miss does). Anything else
+/// (an inode to wait for, `I_CREATING`, or an inode that appeared between the walk and
+/// the lock: the new one is destroyed unpublished) gives `None`: the caller takes the full
+/// path, which looks again from the start.
+fn iget_fast<F: SuperOperations>(sb: &SbInner<F>, ino: u64) -> Option<Iget<F>> {
+    let cache = &*sb.cache;
+    if cache.settings.lookup != Lookup::Lockless {
+        return None;
+    }
+    let b = cache.bucket(sb, ino);
+    {
+        let pin = cache.domain.pin();
+        match chain_hit(sb, b, ino, &pin) {
+            Hit::Found(r) => return Some(Iget::Cached(r)),
+            Hit::Busy => return None,
+            Hit::Absent => {}
+        }
+    }
+    let new = alloc_inode(sb, ino, ino, sb.ops.alloc_inode(ino));
+    let h = cache.hash_lock(b);
+    if chain_has(sb, b, ino, ino) {
+        // Somebody inserted it since: the full path waits for or takes theirs.
+        drop(h);
+        destroy_unpublished(new);
+        return None;
+    }
+    // SAFETY: just allocated; published below under the chain lock.
+    let inode = unsafe { new.as_ref() };
+    {
+        let _g = inode.lock();
+        inode.set_bits(I_NEW);
+        hash_link(cache, b, inode);
+    }
+    inode_sb_list_add(inode);
+    drop(h);
+    cache.counters().add(Ctr::Loads, 1);
+    Some(Iget::New(NewInode::new(InodeRef { ptr: new })))
+}
+
+/// Whether chain `b` holds an inode of `sb` with this hash value and `i_ino`, in any
+/// state. The caller holds the chain's lock.
+fn chain_has<F: SuperOperations>(sb: &SbInner<F>, b: &Bucket<F>, hashval: u64, ino: u64) -> bool {
+    debug_assert!(sb.cache.hash_locked(b));
+    let mut p = b.first(Ordering::Acquire);
+    while let Some(n) = NonNull::new(p) {
+        // SAFETY: chain members are alive under the chain lock.
+        let o = unsafe { n.as_ref() };
+        if o.sb == sb.this && o.hashval == hashval && o.ino == ino {
+            return true;
+        }
+        p = o.hash_next.load(Ordering::Acquire);
+    }
+    false
+}
+
+/// `insert_inode_locked` (by inode number) when no inode of the superblock has the
+/// number on the chain: hash it `I_NEW | I_CREATING` under the chain lock, as `run`'s
+/// insert does, without the operation machinery. `Err` gives the inode back untouched
+/// when the chain holds one with the number (in any state: live → `EBUSY`, `I_NEW` → wait,
+/// being freed → passed over): the full path decides.
+///
+/// # Panics
+/// If the inode was hashed before (as the full path).
+fn insert_fast<F: SuperOperations>(sb: &SbInner<F>, inode: InodeRef<F>) -> Result<NewInode<F>, InodeRef<F>> {
+    let cache = &*sb.cache;
+    let hashval = inode.hashval;
+    let b = cache.bucket(sb, hashval);
+    let h = cache.hash_lock(b);
+    if chain_has(sb, b, hashval, hashval) {
+        drop(h);
+        return Err(inode);
+    }
+    {
+        let _g = inode.lock();
+        if inode.state.load(Ordering::Relaxed) & WAS_HASHED != 0 {
+            drop(_g);
+            drop(h);
+            panic!("insert_inode_locked: {} was hashed before", inode.name());
+        }
+        inode.set_bits(I_NEW | I_CREATING);
+        hash_link(cache, b, &inode);
+    }
+    drop(h);
+    cache.counters().add(Ctr::Loads, 1);
+    Ok(NewInode::new(inode))
 }
 
 /// What a lookup operation is, kept by a waiting one to try again.
@@ -771,18 +1026,83 @@ enum Attempt<F: SuperOperations> {
     New(InodeRef<F>),
 }
 
+/// How many times a lookup that found an `I_NEW` inode looks at its state again before it
+/// registers in the wait table and blocks. A load in a cache-hot filesystem lasts a few
+/// hundred nanoseconds, a registration (a wait-table bucket lock, a waiter, the
+/// superblock handle a wait keeps) and its wake-up far more; the loader is most likely
+/// running (it inserted the inode just before), as Linux's mutexes bet when they spin on
+/// a running owner. Bounded: a loader that is descheduled or does I/O costs a spinner
+/// at most this many `spin_loop`s (a few microseconds) before it blocks. Under the
+/// models: one look (with a yield), so they explore both a wait that ends in the spin and
+/// one that registers.
+#[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
+const NEW_SPINS: u32 = 256;
+#[cfg(any(vfscale_loom, vfscale_shuttle))]
+const NEW_SPINS: u32 = 1;
+
+/// The optimistic spin of a lookup that found `r` `I_NEW` (it holds a reference): looks at
+/// `i_state` without a lock until `I_NEW` is clear, at most [`NEW_SPINS`] times. `true`:
+/// the load ended; the Acquire load that saw `I_NEW` clear synchronizes with the
+/// loader's Release store that cleared it (`end_new`, under `i_lock`), so everything the
+/// loader wrote before is visible (no waiter sees a half-loaded inode), and so is an
+/// unhash that `iget_failed` did before it (the caller checks `HASHED` next). `false`:
+/// still `I_NEW`; the caller registers under `i_lock` (which looks again).
+fn spin_while_new<F: SuperOperations>(r: &Inode<F>) -> bool {
+    for _ in 0..NEW_SPINS {
+        // Under the models the look comes after the yield, so that the loader can end
+        // the load between the lookup that found it I_NEW and the look.
+        #[cfg(vfscale_loom)]
+        loom::thread::yield_now();
+        #[cfg(all(vfscale_shuttle, not(vfscale_loom)))]
+        shuttle::thread::yield_now();
+        if r.state.load(Ordering::Acquire) & I_NEW == 0 {
+            r.sb().cache.counters().add(Ctr::NewWaitsSpun, 1);
+            return true;
+        }
+        #[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
+        std::hint::spin_loop();
+    }
+    false
+}
+
+/// How a lookup met the inode it settles.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    /// Found without `I_NEW` (never set again once clear).
+    Plain,
+    /// Found `I_NEW`: spin on it, then register if still `I_NEW`.
+    New,
+    /// Woken from a wait on it: look under `i_lock` (no spin).
+    Woken,
+}
+
+impl Seen {
+    fn found(new: bool) -> Seen {
+        if new {
+            Seen::New
+        } else {
+            Seen::Plain
+        }
+    }
+}
+
 /// A found inode: wait while it is `I_NEW`; then an unhashed one is put and the
 /// operation starts over (`iget_locked`, `ilookup`, `insert_inode_locked` all do this).
 fn settle_found<F: SuperOperations>(
     sb: &SbInner<F>,
     op: &mut Op<F>,
     r: InodeRef<F>,
-    maybe_new: bool,
+    seen: Seen,
     waiter: &mut Option<Arc<Waiter>>,
 ) -> Attempt<F> {
     // I_NEW is set only before an inode is published, so one found without it needs no
-    // second look under `i_lock`.
-    if maybe_new {
+    // second look under `i_lock`. One found I_NEW is spun on first.
+    let settled = match seen {
+        Seen::Plain => true,
+        Seen::New => spin_while_new(&r),
+        Seen::Woken => false,
+    };
+    if !settled {
         let _g = r.lock();
         if r.state.load(Ordering::Relaxed) & I_NEW != 0 {
             let w = waiter.get_or_insert_with(Waiter::new);
@@ -790,6 +1110,7 @@ fn settle_found<F: SuperOperations>(
             r.set_bits(WAITERS);
             sb.cache.waits.register(r.addr(), w);
             drop(_g);
+            sb.cache.counters().add(Ctr::NewWaitsSlept, 1);
             return Attempt::New(r);
         }
     }
@@ -829,7 +1150,7 @@ fn run<F: SuperOperations>(sb: &SbInner<F>, op: &mut Op<F>, waiter: &mut Option<
             match first {
                 Find::Creating => return Attempt::Done(Outcome::Iget(None)),
                 Find::Freeing(a) => return Attempt::Freeing(a),
-                Find::Found(r, new) => return settle_found(sb, op, r, new, waiter),
+                Find::Found(r, new) => return settle_found(sb, op, r, Seen::found(new), waiter),
                 Find::Absent => {}
             }
             let (ino, data) = match make {
@@ -850,7 +1171,7 @@ fn run<F: SuperOperations>(sb: &SbInner<F>, op: &mut Op<F>, waiter: &mut Option<
                     }
                     inode_sb_list_add(inode);
                     drop(h);
-                    cache.counters().loads.fetch_add(1, Ordering::Relaxed);
+                    cache.counters().add(Ctr::Loads, 1);
                     Attempt::Done(Outcome::Iget(Some(Iget::New(NewInode::new(InodeRef {
                         ptr: new,
                     })))))
@@ -862,7 +1183,7 @@ fn run<F: SuperOperations>(sb: &SbInner<F>, op: &mut Op<F>, waiter: &mut Option<
                     match other {
                         Find::Creating => Attempt::Done(Outcome::Iget(None)),
                         Find::Freeing(a) => Attempt::Freeing(a),
-                        Find::Found(r, new) => settle_found(sb, op, r, new, waiter),
+                        Find::Found(r, new) => settle_found(sb, op, r, Seen::found(new), waiter),
                         Find::Absent => unreachable!(),
                     }
                 }
@@ -884,7 +1205,7 @@ fn run<F: SuperOperations>(sb: &SbInner<F>, op: &mut Op<F>, waiter: &mut Option<
             match f {
                 Find::Absent | Find::Creating => Attempt::Done(Outcome::Lookup(None)),
                 Find::Freeing(a) => Attempt::Freeing(a),
-                Find::Found(r, new) => settle_found(sb, op, r, new, waiter),
+                Find::Found(r, new) => settle_found(sb, op, r, Seen::found(new), waiter),
             }
         }
         Op::Insert { inode, test } => {
@@ -926,7 +1247,7 @@ fn run<F: SuperOperations>(sb: &SbInner<F>, op: &mut Op<F>, waiter: &mut Option<
                         hash_link(cache, b, me);
                     }
                     drop(h);
-                    cache.counters().loads.fetch_add(1, Ordering::Relaxed);
+                    cache.counters().add(Ctr::Loads, 1);
                     let r = inode.take().expect("held");
                     Attempt::Done(Outcome::Insert(Ok(NewInode::new(r))))
                 }
@@ -942,7 +1263,7 @@ fn run<F: SuperOperations>(sb: &SbInner<F>, op: &mut Op<F>, waiter: &mut Option<
                     let r = o.iget_locked_ref();
                     drop(g);
                     drop(h);
-                    settle_found(sb, op, r, new, waiter)
+                    settle_found(sb, op, r, Seen::found(new), waiter)
                 }
             }
         }
@@ -967,20 +1288,46 @@ pub(crate) fn iput<F: SuperOperations>(p: NonNull<Inode<F>>) {
             Err(x) => c = x,
         }
     }
+    // Most likely the last reference. An inode that will most likely stay cached (linked,
+    // hashed, not on an LRU yet, superblock active: what a create or a load leaves) goes
+    // onto this CPU's LRU shard: take that lock first (lock order LRU → i_lock), so
+    // `iput_final` adds it under the one `i_lock` hold that decides, instead of dropping
+    // `i_lock` and taking both again. A racy guess: `iput_final` decides under `i_lock`
+    // as always and only uses the lock if it keeps the inode.
+    let sb = inode.sb();
+    let lru = lru_likely_add(inode, sb).then(|| {
+        let shard = sb.lru_shard_of_cpu();
+        (shard, sb.lru_lock(shard))
+    });
     let g = inode.lock();
     let prev = inode.count.fetch_sub(1, Ordering::AcqRel);
     assert!(prev != 0, "iput: {} has no reference to put", inode.name());
     if prev != 1 {
         return;
     }
-    iput_final(inode, g);
+    iput_final(inode, g, lru);
 }
 
-/// `iput_final`: the last reference went; the caller holds `i_lock`.
-fn iput_final<F: SuperOperations>(inode: &Inode<F>, g: MutexGuard<'_, ()>) {
+/// Whether a last `iput` will most likely keep `inode` and add it to an LRU (a racy
+/// look, for [`iput`]'s choice of locks only).
+fn lru_likely_add<F: SuperOperations>(inode: &Inode<F>, sb: &SbInner<F>) -> bool {
+    let s = inode.state.load(Ordering::Relaxed);
+    s & (ON_LRU | I_DONTCACHE | I_NEW) == 0
+        && s & HASHED != 0
+        && inode.nlink.load(Ordering::Relaxed) != 0
+        && sb.is_active()
+}
+
+/// The LRU shard (and its lock) a last `iput` took before `i_lock`.
+type LruHeld<'a, F> = Option<(usize, MutexGuard<'a, LruShard<F>>)>;
+
+/// `iput_final`: the last reference went; the caller holds `i_lock`, and maybe this
+/// CPU's LRU shard lock, taken before it (`lru`).
+fn iput_final<'a, F: SuperOperations>(inode: &'a Inode<F>, g: MutexGuard<'_, ()>, lru: LruHeld<'a, F>) {
     let s = inode.state.load(Ordering::Relaxed);
     if s & I_NEW != 0 {
         drop(g);
+        drop(lru);
         panic!(
             "iput: the last reference to {} was put while it is I_NEW (end the load with \
              unlock_new_inode, discard_new_inode or iget_failed first)",
@@ -995,6 +1342,11 @@ fn iput_final<F: SuperOperations>(inode: &Inode<F>, g: MutexGuard<'_, ()>) {
             inode.set_bits(I_REFERENCED);
             return;
         }
+        if let Some((shard, mut l)) = lru {
+            // Both locks held since the decision: add it now.
+            lru_add_locked(sb, shard, &mut l, inode);
+            return;
+        }
         // Lock order is LRU -> i_lock: retake them in that order. Stay pinned so that a
         // concurrent eviction cannot free the inode under us.
         let pin = sb.cache.domain.pin();
@@ -1003,6 +1355,9 @@ fn iput_final<F: SuperOperations>(inode: &Inode<F>, g: MutexGuard<'_, ()>) {
         drop(pin);
         return;
     }
+    // The eviction takes the inode's LRU shard lock (if it is on one) after dropping
+    // `i_lock`: never hold one across.
+    drop(lru);
     iput_evict(inode, g, drop_it);
 }
 
@@ -1034,11 +1389,7 @@ fn iput_evict<F: SuperOperations>(inode: &Inode<F>, g: MutexGuard<'_, ()>, drop_
 /// `__inode_add_lru` after `iput_final` dropped `i_lock`: checks again under both locks.
 fn inode_lru_list_add<F: SuperOperations>(inode: &Inode<F>) {
     let sb = inode.sb();
-    let shard = if sb.cache.settings.lru == Lru::Single {
-        0
-    } else {
-        sb.cache.shard_of_cpu()
-    };
+    let shard = sb.lru_shard_of_cpu();
     let mut l = sb.lru_lock(shard);
     let g = inode.lock();
     let s = inode.state.load(Ordering::Relaxed);
@@ -1058,10 +1409,18 @@ fn inode_lru_list_add<F: SuperOperations>(inode: &Inode<F>) {
         inode.set_bits(I_REFERENCED);
         return;
     }
+    lru_add_locked(sb, shard, &mut l, inode);
+}
+
+/// `list_lru_add` of an unused inode on no LRU: the caller holds LRU shard `shard`'s lock
+/// (`l`) and the inode's `i_lock`.
+fn lru_add_locked<F: SuperOperations>(sb: &SbInner<F>, shard: usize, l: &mut LruShard<F>, inode: &Inode<F>) {
+    debug_assert!(inode.i_lock.is_locked());
+    debug_assert!(inode.state.load(Ordering::Relaxed) & ON_LRU == 0);
     l.add_tail(inode);
     sb.lru_len[shard].store(l.len, Ordering::Relaxed);
     inode.set_bits(ON_LRU);
-    sb.cache.counters().nr_unused.fetch_add(1, Ordering::Relaxed);
+    sb.cache.counters().add(Ctr::NrUnused, 1);
 }
 
 /// `inode_lru_list_del` of an inode the caller is evicting (`I_FREEING`).
@@ -1074,7 +1433,7 @@ fn inode_lru_list_del<F: SuperOperations>(inode: &Inode<F>) {
         l.del(inode);
         sb.lru_len[shard].store(l.len, Ordering::Relaxed);
         inode.clear_bits(ON_LRU);
-        sb.cache.counters().nr_unused.fetch_sub(1, Ordering::Relaxed);
+        sb.cache.counters().add(Ctr::NrUnused, -1);
     }
 }
 
@@ -1085,14 +1444,19 @@ fn evict<F: SuperOperations>(inode: &Inode<F>) {
     let sb = inode.sb();
     inode_sb_list_del(inode);
     sb.ops.evict_inode(inode);
-    {
-        // clear_inode
+    // clear_inode (I_CLEAR), remove_inode_hash, then wake the lookups waiting for the
+    // eviction (`__wait_on_freeing_inode`): Linux takes `i_lock` for each of the three;
+    // here one hold under the chain lock does all three (nobody can tell them apart: the
+    // inode is I_FREEING throughout, and a waiter registers under `i_lock` only while it
+    // sees the inode hashed, so it is either in the waiters taken here or sees it
+    // unhashed and looks again).
+    let w = {
+        let cache = &*sb.cache;
+        let b = cache.bucket(sb, inode.hashval);
+        let _h = cache.hash_lock(b);
         let _g = inode.lock();
         inode.set_bits(I_CLEAR);
-    }
-    remove_inode_hash(inode);
-    let w = {
-        let _g = inode.lock();
+        hash_unlink_locked(cache, b, inode);
         inode.take_waiters()
     };
     if w {
@@ -1105,7 +1469,7 @@ fn evict<F: SuperOperations>(inode: &Inode<F>) {
 fn destroy_inode<F: SuperOperations>(inode: &Inode<F>) {
     let sb = inode.sb();
     sb.ops.destroy_inode(inode);
-    sb.cache.counters().nr_inodes.fetch_sub(1, Ordering::Relaxed);
+    sb.cache.counters().add(Ctr::NrInodes, -1);
     let p = NonNull::from(inode).as_ptr();
     let pin = sb.cache.domain.pin();
     // SAFETY: the inode is off every list and chain, nobody holds a reference, and
@@ -1142,7 +1506,7 @@ fn prune_shard<F: SuperOperations>(
             // In use, or busy: leave the LRU (lazy removal), not evicted.
             l.del(inode);
             inode.clear_bits(ON_LRU);
-            sb.cache.counters().nr_unused.fetch_sub(1, Ordering::Relaxed);
+            sb.cache.counters().add(Ctr::NrUnused, -1);
             freed += 1;
         } else if s & I_REFERENCED != 0 {
             // Second chance: rotate to the tail.
@@ -1152,7 +1516,7 @@ fn prune_shard<F: SuperOperations>(
             inode.set_bits(I_FREEING);
             inode.clear_bits(ON_LRU);
             l.del(inode);
-            sb.cache.counters().nr_unused.fetch_sub(1, Ordering::Relaxed);
+            sb.cache.counters().add(Ctr::NrUnused, -1);
             dispose.push(p);
             freed += 1;
         }
@@ -1206,7 +1570,7 @@ impl<F: SuperOperations> InodeCache<F> {
                 buckets: (0..1usize << bits).map(|_| Bucket::new()).collect(),
                 hash_shift: 64 - bits,
                 global_hash_lock: Mutex::new(()),
-                counters: (0..shards)
+                counters: (0..counter_slots(shards))
                     .map(|_| CachePadded::new(Counters::default()))
                     .collect(),
                 waits: WaitTable::new(),
@@ -1267,16 +1631,22 @@ impl<F: SuperOperations> InodeCache<F> {
     /// The counters, summed over CPUs (`/proc/sys/fs/inode-nr` and the lock counts).
     pub fn stats(&self) -> CacheStats {
         let mut s = CacheStats::default();
-        let (mut nr, mut unused) = (0i64, 0i64);
-        for c in self.inner.counters.iter() {
-            nr += c.nr_inodes.load(Ordering::Relaxed);
-            unused += c.nr_unused.load(Ordering::Relaxed);
-            s.global_lock_acquisitions += c.global_locks.load(Ordering::Relaxed);
-            s.chain_lock_acquisitions += c.chain_locks.load(Ordering::Relaxed);
-            s.sb_shard_lock_acquisitions += c.sb_shard_locks.load(Ordering::Relaxed);
-            s.lru_shard_lock_acquisitions += c.lru_shard_locks.load(Ordering::Relaxed);
-            s.loads += c.loads.load(Ordering::Relaxed);
-        }
+        // Sums of per-thread slots: a slot alone may go below 0 (an inode counted in on
+        // one thread and out on another); the sums are exact.
+        let sum = |k: Ctr| {
+            self.inner
+                .counters
+                .iter()
+                .fold(0i64, |a, c| a.wrapping_add(c.get(k)))
+        };
+        let (nr, unused) = (sum(Ctr::NrInodes), sum(Ctr::NrUnused));
+        s.global_lock_acquisitions = sum(Ctr::GlobalLocks) as u64;
+        s.chain_lock_acquisitions = sum(Ctr::ChainLocks) as u64;
+        s.sb_shard_lock_acquisitions = sum(Ctr::SbShardLocks) as u64;
+        s.lru_shard_lock_acquisitions = sum(Ctr::LruShardLocks) as u64;
+        s.loads = sum(Ctr::Loads) as u64;
+        s.new_waits_spun = sum(Ctr::NewWaitsSpun) as u64;
+        s.new_waits_slept = sum(Ctr::NewWaitsSlept) as u64;
         s.nr_inodes = nr.max(0) as u64;
         s.nr_unused = unused.max(0) as u64;
         s
@@ -1355,8 +1725,8 @@ impl<F: SuperOperations> SuperBlock<F> {
     /// `iget_locked`: the cached inode, or a new `I_NEW` one for the caller to load; waits
     /// while another task loads it. `None` when the inode found is `I_CREATING`.
     pub fn iget_locked(&self, ino: u64) -> Option<Iget<F>> {
-        if let Some(r) = iget_hit(&self.inner, ino) {
-            return Some(Iget::Cached(r));
+        if let Some(i) = iget_fast(&self.inner, ino) {
+            return Some(i);
         }
         self.iget_locked_start(ino).wait()
     }
@@ -1481,7 +1851,11 @@ impl<F: SuperOperations> SuperBlock<F> {
     /// # Panics
     /// If `inode` was hashed before, or belongs to another superblock.
     pub fn insert_inode_locked(&self, inode: InodeRef<F>) -> Result<NewInode<F>, InsertBusy<F>> {
-        self.insert_inode_locked_start(inode).wait()
+        self.check_own(&inode);
+        match insert_fast(&self.inner, inode) {
+            Ok(n) => Ok(n),
+            Err(inode) => self.insert_inode_locked_start(inode).wait(),
+        }
     }
 
     /// `insert_inode_locked` that returns instead of blocking.
@@ -1902,7 +2276,7 @@ impl<F: SuperOperations, T: FromOutcome<F>> InodeWait<F, T> {
         let mut w = Some(self.waiter.clone());
         let a = match std::mem::replace(&mut self.stage, Stage::Done) {
             Stage::Freeing(_) => run(&self.sb, &mut self.op, &mut w),
-            Stage::New(r) => settle_found(&self.sb, &mut self.op, r, true, &mut w),
+            Stage::New(r) => settle_found(&self.sb, &mut self.op, r, Seen::Woken, &mut w),
             Stage::Done => unreachable!("advanced after the end"),
         };
         match a {

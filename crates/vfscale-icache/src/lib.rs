@@ -59,14 +59,22 @@
 //!   prune_icache_sb / evict_inodes of an unused inode ──────────────────────────────┤
 //!                                                                                   ▼
 //!                    I_WILL_FREE (->write_inode, only when not dropped) ──► I_FREEING
-//!   I_FREEING: off the LRU, off the sb list, ->evict_inode, I_CLEAR, unhashed, waiters
-//!   woken, ->destroy_inode; the memory is freed a grace period later (epoch).
+//!   I_FREEING: off the LRU, off the sb list, ->evict_inode, then under the chain lock
+//!   and one i_lock hold: I_CLEAR, unhashed, waiters taken (woken after both locks
+//!   drop); ->destroy_inode; the memory is freed a grace period later (epoch).
 //! ```
 //!
 //! * **`I_NEW`**: set by a lookup that misses (`iget_locked`, `iget5_locked`) or by
 //!   `insert_inode_locked` (with `I_CREATING`). The loader holds a [`NewInode`] guard;
 //!   every other task that finds the inode takes a reference and waits (blocking, with a
-//!   deadline, interruptibly, or as a `Future`: [`InodeWait`]). `unlock_new_inode` and
+//!   deadline, interruptibly, or as a `Future`: [`InodeWait`]). A waiter first spins a
+//!   bounded while on `i_state` (a load lasts far less than a sleep and a wake-up, and
+//!   the loader is most likely running, as Linux's mutexes bet on a running owner):
+//!   if `I_NEW` clears meanwhile it goes on without registering, its Acquire load of
+//!   `i_state` paired with the loader's Release store under `i_lock`, so it never sees a
+//!   half-loaded inode; otherwise it registers under `i_lock`, which looks again
+//!   ([`CacheStats::new_waits_spun`] / [`CacheStats::new_waits_slept`] count the two;
+//!   loom model `i_new_spin_or_sleep`). `unlock_new_inode` and
 //!   `discard_new_inode` leave it hashed: the waiters take it. `iget_failed` (and a
 //!   dropped guard, Linux's error path) unhashes it: the waiters put it and look again,
 //!   and one of them becomes the loader.
@@ -126,8 +134,8 @@
 //!   walk the chain, and take the found inode's own `i_lock` to check its state and take
 //!   a reference. Inodes are freed a grace period after eviction. An iget hit writes
 //!   only the inode's own cache lines.
-//! * **Shards** stand for CPUs: a thread takes a shard round-robin the first time it
-//!   needs one and keeps it (asking the kernel for the current CPU on every operation
+//! * **Shards** stand for CPUs: a thread takes a shard (its counter slot, see below) the
+//!   first time it needs one and keeps it (asking the kernel for the current CPU on every operation
 //!   costs more than it saves, and a thread may migrate anyway); there are as many
 //!   shards as CPUs ([`Settings::shards`]).
 //! * **Superblock lists**: one list per CPU shard, each with its own lock (seed 002's
@@ -141,15 +149,35 @@
 //!   proportion to their lengths, as `shrink_slab` splits it over nodes. The order within
 //!   a shard is exact; [`Lru::Single`] (one list, Linux on one node, what the scenario
 //!   replay uses) keeps the spec's single-list order exactly.
-//! * **Counters** (`nr_inodes`, `nr_unused`, lock acquisitions, loads): per CPU shard,
-//!   on their own cache lines; [`InodeCache::stats`] sums them.
+//! * **Counters** (`nr_inodes`, `nr_unused`, lock acquisitions, loads, waits): per
+//!   thread, on their own cache lines; [`InodeCache::stats`] sums them. A thread claims
+//!   the lowest free slot the first time it counts and gives it back at exit (up to 64
+//!   slots a cache; more threads share one more slot with atomic adds), so a slot has one
+//!   writer and an add is a plain load and store: no locked read-modify-write on a
+//!   create, load or eviction for counting (there were seven). The same slot, modulo the
+//!   shard count, is the thread's CPU shard. Under the models: per shard, atomic adds.
+//! * **Fast paths**: `iget_locked`/`ilookup` by inode number take a cached hit directly
+//!   (pinned chain walk, `__iget` under `i_lock` when hashed and not `I_NEW`,
+//!   `I_CREATING` or freeing); `iget_locked` also takes a clean miss directly (the walk
+//!   found no inode with the number: allocate, chain lock, none found again, hash it
+//!   `I_NEW`); `insert_inode_locked` hashes directly when the chain holds no inode with
+//!   the number. Anything else (a wait, `I_CREATING`, a race lost between the walk and
+//!   the lock, a live or dying inode with the number) takes the general path, which
+//!   looks again from the start; the fast paths change nothing before they give up
+//!   (a lost miss race destroys its unpublished inode, as the general path does).
 //! * **`i_sb` is not counted**: creating or evicting an inode writes no superblock-wide
 //!   line (see "Lifetimes"); the live-inode count that keeps the superblock is per CPU.
 //!
 //! # Lifetimes
 //!
 //! * An inode's memory: freed a grace period (epoch) after `->destroy_inode`, so a
-//!   lock-free walker that reached it from a chain may still read it.
+//!   lock-free walker that reached it from a chain may still read it. Retired inodes are
+//!   handed to crossbeam-epoch in per-thread batches (what RCU's per-CPU callback lists
+//!   do for `call_rcu`): one deferred function per batch instead of one per inode, no
+//!   allocation per eviction. A batch is handed over after its last inode was retired,
+//!   so its grace period covers every inode in it (freeing later than needed is always
+//!   safe); a thread's partial batch is handed over when it fills, at thread exit, and
+//!   by [`flush_deferred`].
 //! * A superblock (`i_sb`, as in Linux: a plain pointer in every inode): counted handles
 //!   are only [`SuperBlock`] and a waiting lookup ([`InodeWait`]). Each inode is counted
 //!   in a per-CPU-shard live count (`+1` at allocation on the allocating CPU's shard, `-1`
@@ -358,4 +386,10 @@ pub struct CacheStats {
     pub lru_shard_lock_acquisitions: u64,
     /// Inodes inserted `I_NEW` (`iget` misses and `insert_inode_locked`): loads.
     pub loads: u64,
+    /// Lookups that found an inode `I_NEW` and saw its load end while spinning on it
+    /// (no registration, no sleep).
+    pub new_waits_spun: u64,
+    /// Lookups that found an inode `I_NEW` and registered in the wait table (the load
+    /// outlasted the spin): each blocks unless the wake-up comes first.
+    pub new_waits_slept: u64,
 }

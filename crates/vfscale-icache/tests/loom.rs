@@ -129,6 +129,40 @@ fn i_new_handoff_loads_once() {
     });
 }
 
+/// A lookup that finds the inode `I_NEW` spins on it (one look under the models) before it
+/// registers to sleep: whichever way its wait ends (the load ended while it spun, or it
+/// registered and was woken, or it came after the load), it sees the loaded data (the
+/// spin's Acquire load of `i_state` pairs with `unlock_new_inode`'s Release store: a
+/// plain Relaxed-free field, so loom reports a race if it did not), nobody loads twice,
+/// and at most one of the two endings is counted. Both endings are explored.
+#[test]
+fn i_new_spin_or_sleep() {
+    model_both_endings("the wait ended while spinning", || {
+        let fs = Fs::default();
+        let cache = InodeCache::new(Settings::default());
+        let sb = Arc::new(cache.mount(fs.clone()));
+        let n = new_inode(&sb, 1);
+        let sb2 = sb.clone();
+        let t = thread::spawn(move || match sb2.iget_locked(1).unwrap() {
+            Iget::New(_) => panic!("a second load of an I_NEW inode"),
+            Iget::Cached(r) => read(&r),
+        });
+        // A scheduling point first (spawning is none): the lookup may then find the
+        // inode I_NEW, or come after the load.
+        thread::yield_now();
+        let r = load(n, 7);
+        assert_eq!(t.join().unwrap(), 7, "the waiter saw a half-loaded inode");
+        drop(r);
+        let s = cache.stats();
+        assert_eq!(s.loads, 1);
+        assert!(
+            s.new_waits_spun + s.new_waits_slept <= 1,
+            "one wait counted once: {s:?}"
+        );
+        s.new_waits_spun == 1
+    });
+}
+
 /// The loader fails (iget_failed) while another task looks the key up: the other task
 /// either becomes the loader or gets nothing bad; the failed inode is evicted once.
 #[test]
