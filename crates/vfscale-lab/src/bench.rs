@@ -245,6 +245,22 @@ pub fn configs(w: Workload, scale: &Scale) -> Vec<Config> {
     out
 }
 
+/// The order of one configuration's runs on `targets`, `runs` each. inodes takes its
+/// targets run by run (run 1 of each, then run 2 of each, ...), so a drift of the machine
+/// (another job starting) falls on every target alike: its runs are short and compare
+/// in-memory targets with each other (see `measure::inodes`). The others run target by
+/// target.
+fn run_order(w: Workload, targets: &[Target], runs: usize) -> Vec<Target> {
+    if w == Workload::Inodes {
+        (0..runs).flat_map(|_| targets.iter().copied()).collect()
+    } else {
+        targets
+            .iter()
+            .flat_map(|&t| std::iter::repeat(t).take(runs))
+            .collect()
+    }
+}
+
 /// Runs the plan, showing progress on stderr unless `quiet`.
 pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
     let total = (plan.configs.len() * plan.targets.len() * plan.runs) as u64;
@@ -263,10 +279,40 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
     // Each (workload, target) is checked once, the first time it comes up.
     let mut availability: BTreeMap<(Workload, Target), Result<(), measure::Skip>> = BTreeMap::new();
     for cfg in &plan.configs {
+        let skip = |target: Target, reason: String, skipped: &mut Vec<Skipped>| {
+            if !skipped
+                .iter()
+                .any(|s| s.workload == cfg.workload.name() && s.target == target.name() && s.reason == reason)
+            {
+                skipped.push(Skipped {
+                    workload: cfg.workload.name().into(),
+                    target: target.name().into(),
+                    reason,
+                });
+            }
+        };
+        // The targets that run this configuration here, in plan order.
+        let mut live = Vec::new();
         for &target in &plan.targets {
             if !cfg.workload.targets().contains(&target) {
                 continue;
             }
+            let ok = availability
+                .entry((cfg.workload, target))
+                .or_insert_with(|| measure::available(cfg.workload, target));
+            if let Err(why) = ok {
+                skip(target, why.to_string(), &mut skipped);
+                bar.inc(plan.runs as u64);
+                continue;
+            }
+            live.push(target);
+        }
+        let order = run_order(cfg.workload, &live, plan.runs);
+        // Per target: metric name → samples, per mode (a run measuring several modes
+        // names its metrics `mode/metric`).
+        type Samples = BTreeMap<String, BTreeMap<String, Vec<f64>>>;
+        let mut by_target: BTreeMap<Target, Samples> = BTreeMap::new();
+        for target in order {
             bar.set_message(format!(
                 "{} {} {} x{}",
                 cfg.workload.name(),
@@ -274,52 +320,32 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
                 cfg.mode_label(),
                 cfg.tasks
             ));
-            let skip = |reason: String, skipped: &mut Vec<Skipped>| {
-                if !skipped.iter().any(|s| {
-                    s.workload == cfg.workload.name() && s.target == target.name() && s.reason == reason
-                }) {
-                    skipped.push(Skipped {
-                        workload: cfg.workload.name().into(),
-                        target: target.name().into(),
-                        reason,
-                    });
-                }
-            };
-            let ok = availability
-                .entry((cfg.workload, target))
-                .or_insert_with(|| measure::available(cfg.workload, target));
-            if let Err(why) = ok {
-                skip(why.to_string(), &mut skipped);
-                bar.inc(plan.runs as u64);
-                continue;
-            }
-            // Metric name → samples, per mode (a run measuring several modes names its
-            // metrics `mode/metric`).
-            let mut samples: BTreeMap<String, BTreeMap<String, Vec<f64>>> = BTreeMap::new();
-            for _ in 0..plan.runs {
-                match measure::run_once(target, cfg) {
-                    Ok(s) => {
-                        for (k, v) in s {
-                            if let Some(reason) = k.strip_prefix(measure::SKIP_PREFIX) {
-                                skip(reason.to_string(), &mut skipped);
-                                continue;
-                            }
-                            let (mode, metric) = match k.split_once('/') {
-                                Some((m, k)) => (m.to_string(), k.to_string()),
-                                None => (cfg.mode_label().to_string(), k),
-                            };
-                            samples
-                                .entry(mode)
-                                .or_default()
-                                .entry(metric)
-                                .or_default()
-                                .push(v);
+            let samples = by_target.entry(target).or_default();
+            match measure::run_once(target, cfg) {
+                Ok(s) => {
+                    for (k, v) in s {
+                        if let Some(reason) = k.strip_prefix(measure::SKIP_PREFIX) {
+                            skip(target, reason.to_string(), &mut skipped);
+                            continue;
                         }
+                        let (mode, metric) = match k.split_once('/') {
+                            Some((m, k)) => (m.to_string(), k.to_string()),
+                            None => (cfg.mode_label().to_string(), k),
+                        };
+                        samples
+                            .entry(mode)
+                            .or_default()
+                            .entry(metric)
+                            .or_default()
+                            .push(v);
                     }
-                    Err(why) => skip(why.to_string(), &mut skipped),
                 }
-                bar.inc(1);
+                Err(why) => skip(target, why.to_string(), &mut skipped),
             }
+            bar.inc(1);
+        }
+        for target in live {
+            let samples = by_target.remove(&target).unwrap_or_default();
             let fs = match target {
                 Target::Kernel => Some(crate::meta::filesystem_of(
                     cfg.dir
@@ -355,5 +381,68 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
         meta,
         results,
         skipped,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inodes_takes_its_targets_run_by_run() {
+        use Target::*;
+        let t = [LibraryPrepatch, Dashmap, Library];
+        assert_eq!(
+            run_order(Workload::Inodes, &t, 2),
+            [
+                LibraryPrepatch,
+                Dashmap,
+                Library,
+                LibraryPrepatch,
+                Dashmap,
+                Library
+            ]
+        );
+        assert_eq!(
+            run_order(Workload::Lockmany, &t, 2),
+            [
+                LibraryPrepatch,
+                LibraryPrepatch,
+                Dashmap,
+                Dashmap,
+                Library,
+                Library
+            ]
+        );
+    }
+
+    #[test]
+    fn interleaved_runs_still_give_one_row_per_target_and_phase() {
+        let _g = crate::measure::child_processes();
+        let scale = Scale {
+            tasks: vec![1],
+            sizes: vec![50],
+            ..Scale::default_for(Workload::Inodes)
+        };
+        let plan = Plan {
+            configs: configs(Workload::Inodes, &scale),
+            targets: vec![Target::Dashmap, Target::Library],
+            runs: 3,
+        };
+        let r = execute(&plan, crate::meta::collect("test"), true);
+        let rows: Vec<(&str, &str)> = r
+            .results
+            .iter()
+            .map(|r| (r.target.as_str(), r.mode.as_str()))
+            .collect();
+        let phases = ["create", "walk", "cold-walk", "chmod", "unlink"];
+        let want: Vec<(&str, &str)> = ["dashmap", "library"]
+            .into_iter()
+            .flat_map(|t| phases.map(|p| (t, p)))
+            .collect();
+        assert_eq!(rows, want);
+        for row in &r.results {
+            assert_eq!(row.metrics["ops_per_sec"].n, 3, "{} {}", row.target, row.mode);
+        }
     }
 }

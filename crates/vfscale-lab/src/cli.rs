@@ -202,6 +202,8 @@ const WORKLOADS_HELP: &str = "Workloads:
   pipebench, opensock seed 001: descriptor allocation and install
   dup1                will-it-scale dup1
   inodes              seed 002: create, walk, cold-walk, chmod, unlink (--files per task);
+                      each run is a fresh child process: an untimed warm-up pass, then
+                      the measured pass; targets take turns run by run;
                       --mode evict: --files N,... inodes cached in all, bytes of
                       bookkeeping per inode and evict_inodes ns per inode (library only)
   loop                seed 004: boot, open-close, open-close-same, configure, churn, io

@@ -21,6 +21,23 @@ struct Dents {
 }
 
 impl Dents {
+    /// A task's buffer for a directory of up to `entries` entries whose names are up to
+    /// `name_len` bytes, its pages touched now (untimed), so no phase grows it or faults
+    /// it in: a program reuses one `getdents` buffer too, and an allocation of megabytes
+    /// inside a timed phase would measure the allocator's and the kernel's page faults,
+    /// which depend on what ran before, not the table.
+    fn with_room(entries: usize, name_len: usize) -> Dents {
+        let mut d = Dents {
+            names: String::new(),
+            ents: Vec::new(),
+        };
+        d.names.extend(std::iter::repeat('x').take(entries * name_len));
+        d.ents.resize(entries, (1, 1, 1));
+        d.names.clear();
+        d.ents.clear();
+        d
+    }
+
     fn inos(&self) -> impl Iterator<Item = u64> + '_ {
         self.ents.iter().map(|e| e.2)
     }
@@ -46,15 +63,14 @@ struct MemFs {
 
 impl MemFs {
     /// `readdir`: the entries of directory `d` (one read lock of that directory), copied
-    /// into one buffer as `getdents` copies them into the caller's (not an allocation per
-    /// name: that cost, common to every target, would hide the tables' own).
-    fn readdir(&self, d: usize, c: &Counts) -> Dents {
+    /// into the task's buffer `out` as `getdents` copies them into the caller's (not an
+    /// allocation per name: that cost, common to every target, would hide the tables'
+    /// own).
+    fn readdir<'a>(&self, d: usize, c: &Counts, out: &'a mut Dents) -> &'a Dents {
         bump(&c.shard);
         let e = self.dirs[d].entries.read().unwrap();
-        let mut out = Dents {
-            names: String::with_capacity(e.len() * 8),
-            ents: Vec::with_capacity(e.len()),
-        };
+        out.names.clear();
+        out.ents.clear();
         for (n, i) in e.iter() {
             let start = out.names.len();
             out.names.push_str(n);
@@ -63,7 +79,8 @@ impl MemFs {
         out
     }
 
-    fn phase(&self, phase: &str, t: usize) {
+    /// Task `t`'s part of `phase`; `buf` is the task's `readdir` buffer.
+    fn phase(&self, phase: &str, t: usize, buf: &mut Dents) {
         let c = &self.counts[t];
         match phase {
             "create" => {
@@ -78,12 +95,12 @@ impl MemFs {
                 }
             }
             "walk" => {
-                for ino in self.readdir(t, c).inos() {
+                for ino in self.readdir(t, c, buf).inos() {
                     self.table.with(ino, &self.disk, c, &mut stat);
                 }
             }
             "chmod" => {
-                for ino in self.readdir(t, c).inos() {
+                for ino in self.readdir(t, c, buf).inos() {
                     self.table.with(ino, &self.disk, c, &mut |a| {
                         a.mode.store(0o100600, Ordering::Relaxed)
                     });
@@ -92,13 +109,13 @@ impl MemFs {
             }
             "cold-walk" => {
                 for d in 0..self.dirs.len() {
-                    for ino in self.readdir(d, c).inos() {
+                    for ino in self.readdir(d, c, buf).inos() {
                         self.table.with(ino, &self.disk, c, &mut stat);
                     }
                 }
             }
             "unlink" => {
-                let dents = self.readdir(t, c);
+                let dents = self.readdir(t, c, buf);
                 for (name, ino) in dents.iter() {
                     bump(&c.shard);
                     self.dirs[t].entries.write().unwrap().remove(name);
@@ -134,9 +151,18 @@ fn bump(c: &std::sync::atomic::AtomicU64) {
     c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
 }
 
-/// Runs every phase once with `tasks` threads and `files` files each; returns the
-/// metrics of every phase.
-pub fn run(target: Target, tasks: usize, files: u64, _selected: &[&str]) -> Result<Sample, Skip> {
+/// Runs every phase with `tasks` threads and `files` files each: `warmup` untimed
+/// passes, then the measured one, each on a fresh filesystem and table; returns the
+/// metrics of the measured pass's phases.
+pub fn run(target: Target, tasks: usize, files: u64, warmup: usize) -> Result<Sample, Skip> {
+    for _ in 0..warmup {
+        pass(target, tasks, files)?;
+    }
+    pass(target, tasks, files)
+}
+
+/// One pass: every phase once on a fresh filesystem.
+fn pass(target: Target, tasks: usize, files: u64) -> Result<Sample, Skip> {
     let hash_bits = (64 - (tasks as u64 * files).max(1).leading_zeros()).clamp(10, 22);
     let icache = |mut s: Settings| {
         s.hash_bits = hash_bits;
@@ -163,17 +189,20 @@ pub fn run(target: Target, tasks: usize, files: u64, _selected: &[&str]) -> Resu
     let span = Arc::new(Span::default());
     let mut s = Sample::new();
     std::thread::scope(|scope| {
+        let mut handles = Vec::with_capacity(tasks);
         for t in 0..tasks {
             let (fs, start, end, span) = (fs.clone(), start.clone(), end.clone(), span.clone());
-            scope.spawn(move || {
+            handles.push(scope.spawn(move || {
+                // Room for the cold walk's largest directory (every one is `files` long).
+                let mut buf = Dents::with_room(files as usize, 2 + files.to_string().len());
                 for p in PHASES {
                     start.wait();
                     let a = Instant::now();
-                    fs.phase(p, t);
+                    fs.phase(p, t, &mut buf);
                     span.record(a, Instant::now());
                     end.wait();
                 }
-            });
+            }));
         }
         for p in PHASES {
             if p == "cold-walk" {
@@ -209,6 +238,12 @@ pub fn run(target: Target, tasks: usize, files: u64, _selected: &[&str]) -> Resu
                     (after.2 - before.2) as f64 / distinct,
                 );
             }
+        }
+        // Joined, not left to the scope: a join waits for the thread's exit, which hands
+        // its malloc arena back, so the next pass's tasks reuse the arenas (and their
+        // memory) instead of racing an exiting thread for a new one.
+        for h in handles {
+            h.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
         }
     });
     Ok(s)

@@ -100,18 +100,30 @@ fn phase(p: &str, dir: &Path, files: u64, all: &[PathBuf]) -> Result<(), Skip> {
     Ok(())
 }
 
-/// Runs the phases with `tasks` threads and `files` files each.
-pub fn run(tasks: usize, files: u64, phases: &[&str], dir: Option<&Path>) -> Result<Sample, Skip> {
-    run_in(tasks, files, phases, dir.unwrap_or(Path::new(SHM_DIR)), false)
+/// Runs the phases with `tasks` threads and `files` files each: `warmup` untimed passes,
+/// then the measured one, each in a fresh directory.
+pub fn run(
+    tasks: usize,
+    files: u64,
+    phases: &[&str],
+    dir: Option<&Path>,
+    warmup: usize,
+) -> Result<Sample, Skip> {
+    let base = dir.unwrap_or(Path::new(SHM_DIR));
+    for _ in 0..warmup {
+        run_in(tasks, files, phases, base, false)?;
+    }
+    run_in(tasks, files, phases, base, false)
 }
 
 /// Runs the phases in a fresh directory under `base`; `drop_caches`: also the cold walk,
 /// after dropping the kernel's caches.
 fn run_in(tasks: usize, files: u64, phases: &[&str], base: &Path, drop_caches: bool) -> Result<Sample, Skip> {
+    static PASS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let root = base.join(format!(
         "vfscale-inodes.{}.{}",
         std::process::id(),
-        Instant::now().elapsed().as_nanos()
+        PASS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     std::fs::create_dir(&root).map_err(|e| Skip(format!("mkdir {}: {e}", root.display())))?;
     let _scratch = Scratch(root.clone());
@@ -277,8 +289,9 @@ impl Drop for Ext4 {
     }
 }
 
-/// `kernel-ext4`: sets up ext4 on a loop device, runs the phases on it, tears it down.
-pub fn run_ext4(tasks: usize, files: u64, phases: &[&str]) -> Result<Sample, Skip> {
+/// `kernel-ext4`: sets up ext4 on a loop device, runs `warmup` untimed passes and then
+/// the measured one on it (each in a fresh directory), tears it down.
+pub fn run_ext4(tasks: usize, files: u64, phases: &[&str], warmup: usize) -> Result<Sample, Skip> {
     use std::os::fd::AsRawFd;
     let ctl =
         std::fs::File::open("/dev/loop-control").map_err(|e| Skip(format!("/dev/loop-control: {e}")))?;
@@ -331,7 +344,13 @@ pub fn run_ext4(tasks: usize, files: u64, phases: &[&str]) -> Result<Sample, Ski
     }
     fs.mounted = true;
     let mnt = fs.mnt.clone();
-    let r = run_in(tasks, files, phases, &mnt, true);
+    let mut r = Err(Skip("no pass ran".into()));
+    for _ in 0..=warmup {
+        r = run_in(tasks, files, phases, &mnt, true);
+        if r.is_err() {
+            break;
+        }
+    }
     drop(fs);
     r
 }

@@ -21,6 +21,38 @@
 //! Not a default phase: `--mode evict` ([`million`]), issue 9's 1,000,000-inode point
 //! (`--files` = inodes cached in all; bytes of bookkeeping per cached inode and
 //! `evict_inodes` time per inode), `library` and `library-prepatch` only.
+//!
+//! # How a run is measured (the same for every target)
+//!
+//! A phase at the default 200,000 files per task lasts 30–150 ms, so what the process did
+//! before it shows. Run consecutively in one process, a target's figures depended on the
+//! runs and targets before it: a process's first run paid the kernel's page faults for
+//! its whole heap (12,600 minor faults in a 1-task `library` create, none by the fourth
+//! run), `readdir`'s megabyte buffers came from fresh `mmap`s (1,490 faults per walk)
+//! until glibc's dynamic mmap threshold rose, and later targets inherited the heap that
+//! earlier ones (moka's 85 MB, prepatch's fragmentation) left. So each run ([`run`]) is,
+//! for every target alike:
+//!
+//! 1. a fresh child process forked from the lab (which runs no pass itself), so no run
+//!    inherits another run's or target's heap; its [`Sample`] comes back over a pipe;
+//! 2. in it, glibc keeps its heap: no trimming back to the kernel, and a fixed 32 MiB
+//!    mmap threshold instead of the dynamic one (`mallopt`);
+//! 3. one untimed warm-up pass of the same configuration ([`WARMUP_PASSES`], every phase,
+//!    as `hyperfine --warmup` runs a command before timing it). It warms the process, not
+//!    the data: the heap grows to what the configuration needs and the kernel has
+//!    faulted it in, code, allocator free lists and (kernel targets) slab caches are in
+//!    their steady state. Its files are unlinked, its tables dropped, its threads joined
+//!    (a joined thread has handed its malloc arena back for the next pass's threads);
+//! 4. the measured pass, on a fresh filesystem and table, which runs on the memory the
+//!    warm-up left: at 200,000 files no page fault in walk and chmod on any target; what
+//!    faults remain are the target's own (its hash table's first touch in create).
+//!
+//! Each task's `readdir` copies into one buffer it keeps (as a program reuses its
+//! `getdents` buffer), sized and touched before the phases. `bench` interleaves the
+//! targets run by run (run 1 of each target, then run 2, ...), so a drift of the machine
+//! (another job starting) falls on every target alike. The evict point ([`million`])
+//! runs in a fresh child of its own without a warm-up (its bytes are the heap's growth
+//! from a fresh process).
 
 mod fs;
 mod kernel;
@@ -70,7 +102,8 @@ pub fn available(target: Target) -> Result<(), Skip> {
     }
 }
 
-/// Measures `cfg` once on `target`: every selected phase (all when none is).
+/// Measures `cfg` once on `target`: every selected phase (all when none is), in a fresh
+/// child process after a warm-up pass (see the module docs).
 pub fn run(target: Target, cfg: &Config) -> Result<Sample, Skip> {
     let phases: Vec<&'static str> = if cfg.modes.is_empty() {
         PHASES.to_vec()
@@ -79,30 +112,232 @@ pub fn run(target: Target, cfg: &Config) -> Result<Sample, Skip> {
     };
     let files = cfg.size.max(1);
     let tasks = cfg.tasks.max(1);
+    let mut s = Sample::new();
     if cfg.modes.contains(&million::MODE) {
-        let mut s = match million::run(target, tasks, files) {
-            Ok(s) => s,
+        match child::run(|| million::run(target, tasks, files)) {
+            Ok(m) => s.extend(m),
             // With other phases selected, they still run; the point is listed skipped.
-            Err(Skip(why)) if !phases.is_empty() => Sample::from([(format!("{SKIP_PREFIX}{why}"), 0.0)]),
+            Err(Skip(why)) if !phases.is_empty() => {
+                s.insert(format!("{SKIP_PREFIX}{why}"), 0.0);
+            }
             Err(e) => return Err(e),
-        };
-        if !phases.is_empty() {
-            let rest = Config {
-                modes: phases,
-                ..cfg.clone()
-            };
-            s.extend(run(target, &rest)?);
         }
-        return Ok(s);
+        if phases.is_empty() {
+            return Ok(s);
+        }
     }
-    let mut s = match target {
-        Target::Kernel => kernel::run(tasks, files, &phases, cfg.dir.as_deref())?,
-        Target::KernelExt4 => kernel::run_ext4(tasks, files, &phases)?,
-        t => fs::run(t, tasks, files, &phases)?,
-    };
+    let dir = cfg.dir.clone();
+    let selected = phases.clone();
+    let mut m = child::run(move || {
+        child::keep_heap();
+        match target {
+            Target::Kernel => kernel::run(tasks, files, &phases, dir.as_deref(), WARMUP_PASSES),
+            Target::KernelExt4 => kernel::run_ext4(tasks, files, &phases, WARMUP_PASSES),
+            t => fs::run(t, tasks, files, WARMUP_PASSES),
+        }
+    })?;
     // A phase that did not run because another was not selected is not reported.
-    s.retain(|k, _| k.starts_with(SKIP_PREFIX) || phases.iter().any(|p| k.starts_with(&format!("{p}/"))));
+    m.retain(|k, _| k.starts_with(SKIP_PREFIX) || selected.iter().any(|p| k.starts_with(&format!("{p}/"))));
+    s.extend(m);
     Ok(s)
+}
+
+/// Untimed passes of the whole configuration before the measured one, in the same child
+/// process (see the module docs).
+pub const WARMUP_PASSES: usize = 1;
+
+/// A run in a fresh child process.
+mod child {
+    use std::io::{Read, Write};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::time::{Duration, Instant};
+
+    use crate::measure::{Sample, Skip};
+
+    /// How long a child may take before it is killed and the run skipped: far beyond any
+    /// run (200,000 files per task take a few seconds), so only a hung child meets it.
+    const DEADLINE: Duration = Duration::from_secs(1800);
+
+    /// glibc keeps the heap: no trimming of freed memory back to the kernel, and one
+    /// fixed mmap threshold (32 MiB, glibc's largest) instead of the dynamic one, so the
+    /// warm-up's memory serves the measured pass whatever the target's allocation sizes.
+    pub(super) fn keep_heap() {
+        #[cfg(target_env = "gnu")]
+        // SAFETY: mallopt only sets the allocator's parameters.
+        unsafe {
+            libc::mallopt(libc::M_TRIM_THRESHOLD, -1);
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        }
+    }
+
+    /// Runs `f` in a forked child and returns what it returned. A panic in the child
+    /// panics here with its message (as if `f` had run here); a child killed by a signal
+    /// panics too; a child still running after [`DEADLINE`] is killed and the run skipped.
+    ///
+    /// The child runs ordinary Rust (it allocates and spawns threads), which is sound
+    /// after `fork` as long as no lock it needs was held by another thread of the parent
+    /// at the fork: glibc's allocator resets its own locks in the child, `bench` has no
+    /// other thread, and the tests that fork hold `CHILD_PROCESSES`.
+    pub(super) fn run<F>(f: F) -> Result<Sample, Skip>
+    where
+        F: FnOnce() -> Result<Sample, Skip>,
+    {
+        let mut p = [0; 2];
+        // SAFETY: pipe2 writes two descriptors into the local array.
+        if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(Skip(format!("pipe: {}", std::io::Error::last_os_error())));
+        }
+        // SAFETY: both descriptors were just created and are owned here alone.
+        let (r, w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+        // SAFETY: the child runs `child_main`, which never returns (see above for why
+        // what it runs is safe after fork).
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(Skip(format!("fork: {}", std::io::Error::last_os_error())));
+        }
+        if pid == 0 {
+            drop(r);
+            child_main(w, f);
+        }
+        drop(w);
+        let out = read_until_eof(r, pid);
+        let mut status = 0;
+        // SAFETY: reaping our own child.
+        while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+        {}
+        let out = out?;
+        if libc::WIFSIGNALED(status) {
+            panic!(
+                "an inodes run's child process was killed by signal {}",
+                libc::WTERMSIG(status)
+            );
+        }
+        decode(&out)
+    }
+
+    /// The child's life: prepare, run `f`, send its result, `_exit` (no atexit handlers,
+    /// no destructors of the parent's objects).
+    fn child_main<F>(w: OwnedFd, f: F) -> !
+    where
+        F: FnOnce() -> Result<Sample, Skip>,
+    {
+        // SAFETY: prctl on integers: the child dies with the thread that forked it.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) };
+        let msg = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            Ok(Ok(s)) => {
+                let mut m = String::from("O");
+                for (k, v) in s {
+                    m.push_str(&format!("{:016x} {}\n", v.to_bits(), k.replace('\n', " ")));
+                }
+                m
+            }
+            Ok(Err(Skip(why))) => format!("S{why}"),
+            Err(p) => {
+                let why = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".into());
+                format!("P{why}")
+            }
+        };
+        let mut w = std::fs::File::from(w);
+        let ok = w.write_all(msg.as_bytes()).is_ok();
+        // SAFETY: _exit ends the child at once.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+    }
+
+    /// Everything the child writes, until it closes the pipe (exits).
+    fn read_until_eof(r: OwnedFd, pid: libc::pid_t) -> Result<Vec<u8>, Skip> {
+        let start = Instant::now();
+        let mut out = Vec::new();
+        let mut f = std::fs::File::from(r);
+        let mut buf = [0u8; 4096];
+        loop {
+            let left = DEADLINE.saturating_sub(start.elapsed());
+            let mut pfd = libc::pollfd {
+                fd: f.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = left.as_millis().min(i32::MAX as u128) as i32;
+            // SAFETY: poll on one local pollfd.
+            let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if n == 0 {
+                // SAFETY: killing our own child; the caller reaps it.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                return Err(Skip(format!(
+                    "an inodes run gave no result in {} s",
+                    DEADLINE.as_secs()
+                )));
+            }
+            if n < 0 {
+                if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                    continue;
+                }
+                return Err(Skip(format!("poll: {}", std::io::Error::last_os_error())));
+            }
+            match f.read(&mut buf) {
+                Ok(0) => return Ok(out),
+                Ok(k) => out.extend_from_slice(&buf[..k]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Skip(format!("reading a run's result: {e}"))),
+            }
+        }
+    }
+
+    /// The child's message: `O` and one `bits key` line per metric, `S` and why the run
+    /// was skipped, or `P` and a panic's message.
+    fn decode(out: &[u8]) -> Result<Sample, Skip> {
+        let text = String::from_utf8_lossy(out);
+        let mut chars = text.chars();
+        match chars.next() {
+            Some('O') => Ok(chars
+                .as_str()
+                .lines()
+                .filter_map(|l| {
+                    let (bits, k) = l.split_once(' ')?;
+                    Some((k.to_string(), f64::from_bits(u64::from_str_radix(bits, 16).ok()?)))
+                })
+                .collect()),
+            Some('S') => Err(Skip(chars.as_str().to_string())),
+            Some('P') => panic!("an inodes run panicked in its child process: {}", chars.as_str()),
+            _ => panic!("an inodes run's child process ended without a result"),
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn results_skips_and_panics_come_back() {
+            let _g = crate::measure::child_processes();
+            let s = run(|| {
+                Ok(Sample::from([
+                    ("a/b".to_string(), 0.1),
+                    ("c d".to_string(), -3e300),
+                ]))
+            })
+            .unwrap();
+            assert_eq!(
+                s,
+                Sample::from([("a/b".to_string(), 0.1), ("c d".to_string(), -3e300)])
+            );
+            // The child's own pid: not ours.
+            let s = run(|| Ok(Sample::from([("pid".to_string(), std::process::id() as f64)]))).unwrap();
+            assert_ne!(s["pid"], std::process::id() as f64);
+            assert_eq!(run(|| Err(Skip("why\nnot".into()))), Err(Skip("why\nnot".into())));
+            let p = std::panic::catch_unwind(|| run(|| panic!("boom {}", 7)));
+            let msg = p.unwrap_err().downcast::<String>().unwrap();
+            assert!(msg.contains("boom 7"), "{msg}");
+            let mut status = 0;
+            // SAFETY: waitpid with a local status.
+            let left = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+            assert_eq!(left, -1, "a child is left");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -118,6 +353,7 @@ mod tests {
 
     #[test]
     fn library_counts_no_global_lock_and_loads_once() {
+        let _g = crate::measure::child_processes();
         let s = run(Target::Library, &cfg(2, 300)).unwrap();
         for p in PHASES {
             assert!(s[&format!("{p}/ops_per_sec")] > 0.0, "{p}");
@@ -128,6 +364,7 @@ mod tests {
 
     #[test]
     fn prepatch_takes_a_global_lock_every_op() {
+        let _g = crate::measure::child_processes();
         let s = run(Target::LibraryPrepatch, &cfg(2, 200)).unwrap();
         for p in PHASES {
             assert!(s[&format!("{p}/global_lock_acquisitions_per_op")] >= 1.0, "{p}");
@@ -137,6 +374,7 @@ mod tests {
 
     #[test]
     fn alternatives_run_every_phase() {
+        let _g = crate::measure::child_processes();
         for t in [Target::RwlockHashmap, Target::Dashmap, Target::Moka] {
             let s = run(t, &cfg(2, 200)).unwrap();
             for p in PHASES {
@@ -150,6 +388,7 @@ mod tests {
 
     #[test]
     fn selected_phases_only() {
+        let _g = crate::measure::child_processes();
         let mut c = cfg(1, 50);
         c.modes = vec!["create", "cold-walk"];
         let s = run(Target::Library, &c).unwrap();
