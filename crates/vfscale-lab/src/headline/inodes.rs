@@ -1,8 +1,10 @@
 //! Seed 002 (inode cache scalability): the `inodes` experiment's two lines.
 //!
 //! 1. Scaling: each phase's rate at the largest task count over its 1-task rate for
-//!    `library` (target ≥ 1.8× at 2 tasks), and `library` against `library-prepatch` and
-//!    the fastest user alternative at that count (target: faster, significantly).
+//!    `library` (target ≥ 1.8× at 2 tasks, judged with the ratio's error: a ratio above
+//!    1.8 by less than its noise is reported met but not significant, see
+//!    [`against_bound`]), and `library` against `library-prepatch` and the fastest user
+//!    alternative at that count (target: faster, significantly).
 //! 2. Counters: global lock acquisitions per operation (target: exactly 0 for `library`,
 //!    ≥ 1 for `library-prepatch`) and the cold walk's loads per distinct inode (target:
 //!    exactly 1 for `library`).
@@ -100,6 +102,27 @@ fn evict(report: &Report) -> Vec<Finding> {
     }]
 }
 
+/// Issue 9's scaling target: each phase at 2 tasks at least this many times its 1-task
+/// rate (`library`).
+pub const MIN_SCALING: f64 = 1.8;
+
+/// `r` with its p-value taken against `bound` instead of against 1: a two-sided z-test of
+/// the ratio's distance to the bound in units of its propagated error (normal
+/// approximation), so a ratio that clears the bound by less than its noise is not
+/// called significant. Why not the mean ratio alone: at 200,000 files a phase lasts
+/// 30–150 ms and a 1-task run on a shared 2-core machine varies by 10–45%, so a mean
+/// ratio of 1.85 from five runs each side can sit well within noise of 1.8. A single
+/// sample a side (no error) is taken at face value, as [`Ratio::significant`] does.
+pub fn against_bound(r: Ratio, bound: f64) -> Ratio {
+    let p = if r.error.is_finite() && r.error > 0.0 && r.value.is_finite() {
+        let z = (r.value - bound) / r.error;
+        statrs::function::erf::erfc(z.abs() / std::f64::consts::SQRT_2)
+    } else {
+        f64::NAN
+    };
+    Ratio { p, ..r }
+}
+
 /// Lines 1 and 2: the phases.
 fn phases(report: &Report) -> Vec<Finding> {
     let counts = task_counts(report, W, "library", "walk");
@@ -121,7 +144,7 @@ fn phases(report: &Report) -> Vec<Finding> {
         let r = Ratio::of(RATE, hi, lo);
         scale.push(format!("{p} {}", units::format_ratio(r.value)));
         if n == 2 && one == 1 && p != "cold-walk" {
-            t.check(r.value >= 1.8, format!("{p} {}", units::format_ratio(r.value)));
+            t.check_ratio(&against_bound(r, MIN_SCALING), MIN_SCALING, true, p);
         }
     }
     let mut vs = Vec::new();
@@ -208,4 +231,37 @@ fn phases(report: &Report) -> Vec<Finding> {
         });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ratio(value: f64, error: f64) -> Ratio {
+        Ratio { value, error, p: 0.0 }
+    }
+
+    #[test]
+    fn scaling_is_judged_against_the_bound_with_its_error() {
+        // 1.85 ± 0.10: on the right side, but within noise of 1.8.
+        let r = against_bound(ratio(1.85, 0.10), MIN_SCALING);
+        assert!(!r.significant(), "{r:?}");
+        let mut t = Targets::new();
+        t.check_ratio(&r, MIN_SCALING, true, "walk");
+        assert!(matches!(t.status(), super::super::Status::NotSignificant(_)));
+        // 1.95 ± 0.03: clears it by five errors.
+        let r = against_bound(ratio(1.95, 0.03), MIN_SCALING);
+        assert!(r.significant() && r.p < 1e-5, "{r:?}");
+        // 1.7 ± 0.01: missed whatever the noise.
+        let mut t = Targets::new();
+        t.check_ratio(
+            &against_bound(ratio(1.7, 0.01), MIN_SCALING),
+            MIN_SCALING,
+            true,
+            "walk",
+        );
+        assert!(matches!(t.status(), super::super::Status::Missed(_)));
+        // No error (one sample a side): face value.
+        assert!(against_bound(ratio(1.81, 0.0), MIN_SCALING).significant());
+    }
 }
