@@ -459,8 +459,86 @@ impl<F: SuperOperations> LruShard<F> {
     }
 }
 
-/// One shard of a superblock's inode list.
-type SbListShard<F> = Mutex<Vec<InodePtr<F>>>;
+/// One shard of a superblock's inode list (`s_inodes`): a slot per inode, which the inode
+/// knows (`sb_index`). A removed inode's slot joins a free list threaded through the empty
+/// slots (bit 0 set: inode addresses are at least 8-aligned), and an add takes the most
+/// recently freed slot; so a removal writes only its own slot (a `swap_remove` also wrote
+/// the moved inode's index: one more cache miss, under a lock that another CPU's
+/// evictions of the inodes this CPU allocated take too). An inode's slot is written only
+/// under the shard's lock.
+struct SbSlots<F: SuperOperations> {
+    /// An inode's address, or `(next free slot << 1) | 1`.
+    slots: Vec<usize>,
+    /// The first free slot, or [`SB_SLOT_NONE`].
+    free: usize,
+    len: usize,
+    _inode: PhantomData<fn() -> F>,
+}
+
+/// The end of an [`SbSlots`] free list.
+const SB_SLOT_NONE: usize = usize::MAX >> 1;
+
+impl<F: SuperOperations> SbSlots<F> {
+    fn new() -> Self {
+        SbSlots {
+            slots: Vec::new(),
+            free: SB_SLOT_NONE,
+            len: 0,
+            _inode: PhantomData,
+        }
+    }
+
+    /// Adds `inode`; returns its slot. The caller holds the shard's lock.
+    fn add(&mut self, inode: &Inode<F>) -> usize {
+        let a = inode as *const Inode<F> as usize;
+        debug_assert!(a & 1 == 0);
+        self.len += 1;
+        if self.free != SB_SLOT_NONE {
+            let i = self.free;
+            self.free = self.slots[i] >> 1;
+            self.slots[i] = a;
+            i
+        } else {
+            self.slots.push(a);
+            self.slots.len() - 1
+        }
+    }
+
+    /// Removes `inode` from slot `i`. The caller holds the shard's lock.
+    fn del(&mut self, i: usize, inode: &Inode<F>) {
+        assert!(
+            self.slots.get(i) == Some(&(inode as *const Inode<F> as usize)),
+            "{} misplaced on its sb list",
+            inode.name()
+        );
+        self.slots[i] = (self.free << 1) | 1;
+        self.free = i;
+        self.len -= 1;
+        if self.len == 0 {
+            // Empty: forget the free list, and the memory of a large one.
+            self.slots.clear();
+            self.free = SB_SLOT_NONE;
+            if self.slots.capacity() > 4096 {
+                self.slots.shrink_to_fit();
+            }
+        }
+    }
+
+    /// The inodes on the list. The caller holds the shard's lock.
+    fn iter(&self) -> impl Iterator<Item = InodePtr<F>> + '_ {
+        self.slots
+            .iter()
+            .filter(|a| **a & 1 == 0)
+            .map(|a| InodePtr(NonNull::new(*a as *mut Inode<F>).expect("a used slot holds an inode")))
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// One shard of a superblock's inode list and its lock (`s_inode_list_lock`).
+type SbListShard<F> = Mutex<SbSlots<F>>;
 
 /// A superblock: its operations, `SB_ACTIVE`, its inode lists and its LRU.
 pub(crate) struct SbInner<F: SuperOperations> {
@@ -585,7 +663,7 @@ fn sb_try_free<F: SuperOperations>(sb: &SbInner<F>, pin: &Guard) {
 }
 
 impl<F: SuperOperations> SbInner<F> {
-    fn list_lock(&self, shard: usize) -> MutexGuard<'_, Vec<InodePtr<F>>> {
+    fn list_lock(&self, shard: usize) -> MutexGuard<'_, SbSlots<F>> {
         let c = self.cache.counters();
         if self.cache.settings.sb_list == SbList::Global {
             c.add(Ctr::GlobalLocks, 1);
@@ -671,8 +749,8 @@ fn inode_sb_list_add<F: SuperOperations>(inode: &Inode<F>) {
     };
     let mut l = sb.list_lock(shard);
     inode.sb_shard.store(shard as u32, Ordering::Relaxed);
-    inode.sb_index.store(l.len(), Ordering::Relaxed);
-    l.push(InodePtr(NonNull::from(inode)));
+    let i = l.add(inode);
+    inode.sb_index.store(i, Ordering::Relaxed);
 }
 
 /// `inode_sb_list_del`.
@@ -680,16 +758,7 @@ fn inode_sb_list_del<F: SuperOperations>(inode: &Inode<F>) {
     let sb = inode.sb();
     let mut l = sb.list_lock(inode.sb_shard.load(Ordering::Relaxed) as usize);
     let i = inode.sb_index.load(Ordering::Relaxed);
-    debug_assert!(
-        l[i].0 == NonNull::from(inode),
-        "{} misplaced on its sb list",
-        inode.name()
-    );
-    l.swap_remove(i);
-    if let Some(moved) = l.get(i) {
-        // SAFETY: on the list whose lock we hold.
-        unsafe { moved.get() }.sb_index.store(i, Ordering::Relaxed);
-    }
+    l.del(i, inode);
 }
 
 /// `hlist_add_head_rcu`: the caller holds the chain's lock and the inode's `i_lock`.
@@ -1294,11 +1363,16 @@ pub(crate) fn iput<F: SuperOperations>(p: NonNull<Inode<F>>) {
     // `iput_final` adds it under the one `i_lock` hold that decides, instead of dropping
     // `i_lock` and taking both again. A racy guess: `iput_final` decides under `i_lock`
     // as always and only uses the lock if it keeps the inode.
+    // Likewise an inode that will most likely be evicted (unlinked, unhashed, ...) while
+    // it is on an LRU: take the lock of its LRU shard first (`lru_shard`, read racily and
+    // checked under both locks), so the eviction takes it off under the same hold.
     let sb = inode.sb();
-    let lru = lru_likely_add(inode, sb).then(|| {
-        let shard = sb.lru_shard_of_cpu();
-        (shard, sb.lru_lock(shard))
-    });
+    let lru = match lru_likely(inode, sb) {
+        LruGuess::Add => Some(sb.lru_shard_of_cpu()),
+        LruGuess::Del => Some(inode.lru_shard.load(Ordering::Relaxed) as usize),
+        LruGuess::None => None,
+    }
+    .map(|shard| (shard, sb.lru_lock(shard)));
     let g = inode.lock();
     let prev = inode.count.fetch_sub(1, Ordering::AcqRel);
     assert!(prev != 0, "iput: {} has no reference to put", inode.name());
@@ -1308,14 +1382,29 @@ pub(crate) fn iput<F: SuperOperations>(p: NonNull<Inode<F>>) {
     iput_final(inode, g, lru);
 }
 
-/// Whether a last `iput` will most likely keep `inode` and add it to an LRU (a racy
-/// look, for [`iput`]'s choice of locks only).
-fn lru_likely_add<F: SuperOperations>(inode: &Inode<F>, sb: &SbInner<F>) -> bool {
+/// What a last `iput` will most likely do with an LRU (a racy look at the generic drop
+/// rule, for [`iput`]'s choice of locks only).
+enum LruGuess {
+    /// Keep the inode, and add it to this CPU's LRU shard.
+    Add,
+    /// Evict the inode, and take it off the LRU shard it is on.
+    Del,
+    /// Neither (already on an LRU and kept; or evicted and on none).
+    None,
+}
+
+fn lru_likely<F: SuperOperations>(inode: &Inode<F>, sb: &SbInner<F>) -> LruGuess {
     let s = inode.state.load(Ordering::Relaxed);
-    s & (ON_LRU | I_DONTCACHE | I_NEW) == 0
-        && s & HASHED != 0
-        && inode.nlink.load(Ordering::Relaxed) != 0
-        && sb.is_active()
+    if s & (I_NEW | I_FREEING | I_WILL_FREE) != 0 {
+        return LruGuess::None;
+    }
+    let evict =
+        s & (HASHED | I_DONTCACHE) != HASHED || inode.nlink.load(Ordering::Relaxed) == 0 || !sb.is_active();
+    match (evict, s & ON_LRU != 0) {
+        (false, false) => LruGuess::Add,
+        (true, true) => LruGuess::Del,
+        _ => LruGuess::None,
+    }
 }
 
 /// The LRU shard (and its lock) a last `iput` took before `i_lock`.
@@ -1355,9 +1444,24 @@ fn iput_final<'a, F: SuperOperations>(inode: &'a Inode<F>, g: MutexGuard<'_, ()>
         drop(pin);
         return;
     }
+    if let Some((shard, mut l)) = lru {
+        if drop_it && s & ON_LRU != 0 && l.owns(inode) {
+            // `iput_evict` with the inode's LRU lock held since before `i_lock` (no
+            // `->write_inode`: dropped): I_FREEING and off the LRU under one hold.
+            debug_assert!(s & (I_FREEING | I_WILL_FREE) == 0);
+            inode.set_bits(I_FREEING);
+            l.del(inode);
+            sb.lru_len[shard].store(l.len, Ordering::Relaxed);
+            inode.clear_bits(ON_LRU);
+            sb.cache.counters().add(Ctr::NrUnused, -1);
+            drop(l);
+            drop(g);
+            evict(inode);
+            return;
+        }
+    }
     // The eviction takes the inode's LRU shard lock (if it is on one) after dropping
     // `i_lock`: never hold one across.
-    drop(lru);
     iput_evict(inode, g, drop_it);
 }
 
@@ -1604,7 +1708,7 @@ impl<F: SuperOperations> InodeCache<F> {
             dev: self.inner.next_dev.fetch_add(1, Ordering::Relaxed),
             active: AtomicBool::new(true),
             lists: (0..sb_shards)
-                .map(|_| CachePadded::new(Mutex::new(Vec::new())))
+                .map(|_| CachePadded::new(Mutex::new(SbSlots::new())))
                 .collect(),
             lru: (0..lru_shards)
                 .map(|i| CachePadded::new(Mutex::new(LruShard::new(i))))
@@ -1963,7 +2067,7 @@ impl<F: SuperOperations> SuperBlock<F> {
                     continue;
                 }
                 inode.set_bits(I_FREEING);
-                dispose.push((*p, s & ON_LRU != 0));
+                dispose.push((p, s & ON_LRU != 0));
             }
         }
         let n = dispose.len();

@@ -106,7 +106,13 @@
 //! hash chain lock (or `inode_hash_lock`) → superblock list shard → LRU shard → `i_lock` →
 //! wait-table bucket. Unlike Linux (which takes the `list_lru` lock under `i_lock` and
 //! `spin_trylock`s the other way in `inode_lru_isolate`), the LRU lock is always taken
-//! first: `iput_final` drops `i_lock`, takes the LRU shard's lock and `i_lock` again and
+//! first. A last `iput` guesses (racily, from `i_state`, `i_nlink` and `SB_ACTIVE`)
+//! what `iput_final` will do with an LRU and takes that LRU shard's lock before `i_lock`:
+//! this CPU's shard for an inode it will keep and that is on no LRU (it is added under the
+//! one `i_lock` hold that decides), or the inode's `lru_shard` for an inode on an LRU
+//! that it will evict (`I_FREEING` and off the LRU under one hold; checked under both
+//! locks: loom model `unlink_last_iput_races_prune`). Otherwise, or when the guess was
+//! wrong, `iput_final` drops `i_lock`, takes the LRU shard's lock and `i_lock` again and
 //! checks again (staying pinned so the inode cannot be freed meanwhile); if `SB_ACTIVE`
 //! went meanwhile it evicts the inode there (as `iput_final` would have). No lock is held
 //! while calling `->evict_inode`, `->write_inode`, `->destroy_inode` or `alloc_inode`;
@@ -140,7 +146,9 @@
 //!   shards as CPUs ([`Settings::shards`]).
 //! * **Superblock lists**: one list per CPU shard, each with its own lock (seed 002's
 //!   `dlist`); an inode remembers its shard, so create and evict on different CPUs do not
-//!   meet. `evict_inodes` and [`SuperBlock::for_each_inode`] visit every shard.
+//!   meet. A shard is an array of slots with a free list threaded through the empty
+//!   ones: an inode knows its slot, so removal writes only that slot (no other inode's
+//!   line under a lock another CPU may want). `evict_inodes` and [`SuperBlock::for_each_inode`] visit every shard.
 //! * **LRU**: one list per CPU shard (the shard of the `iput` that put the inode there),
 //!   each a `list_lru_one`: an intrusive doubly-linked list through the inodes (O(1) add,
 //!   delete and second-chance rotation, no allocation); a prune scans from the oldest.

@@ -401,3 +401,36 @@ fn iget_hit_races_last_iput_and_prune() {
         evicted == 1
     });
 }
+
+/// The last `iput` of an unlinked inode that is still on an LRU (taken again after it was
+/// cached: lazy LRU removal) races the shrinker. The `iput` takes the inode's LRU shard
+/// lock before `i_lock` and takes it off the LRU under one hold with `I_FREEING`; the
+/// prune meets it busy (in use, lazily removed) or evicting, or first. Whatever the
+/// interleaving: one eviction, one destroy, nothing left on the LRU or counted unused.
+/// The inode was cached by the main thread (shard 0), which prunes; the unlinker is the
+/// first spawned thread (shard 1), so the LRU lock it takes first is another CPU's.
+#[test]
+fn unlink_last_iput_races_prune() {
+    model_both_endings("the prune took it off the LRU", || {
+        let (fs, cache, sb, r) = mount_with_inode(3);
+        drop(r); // unused, on the main thread's LRU shard
+        let r = sb.ilookup(1).expect("cached");
+        let a = thread::spawn(move || {
+            r.clear_nlink();
+            drop(r);
+        });
+        // The prune first reads the LRU lengths, plain counters loom does not see; a
+        // look at the LRU under its locks first makes the race visible to the model.
+        let _ = sb.lru_inos();
+        let pruned = sb.prune_icache_sb(1) == 1;
+        a.join().unwrap();
+        assert_eq!(fs.0.evicts.load(Ordering::SeqCst), 1);
+        assert_eq!(fs.0.destroys.load(Ordering::SeqCst), 1);
+        assert_eq!(sb.count_objects(), 0);
+        assert_eq!(sb.nr_inodes(), 0);
+        assert!(sb.ilookup(1).is_none());
+        let s = cache.stats();
+        assert_eq!((s.nr_inodes, s.nr_unused), (0, 0), "{s:?}");
+        pruned
+    });
+}
