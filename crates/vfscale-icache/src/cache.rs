@@ -918,28 +918,32 @@ fn find_inode<F: SuperOperations>(
     }
 }
 
-/// What a pinned walk of a chain found for an inode number (see [`chain_hit`]).
+/// What a walk of a chain found for an inode number (see [`chain_hit`]).
 enum Hit<F: SuperOperations> {
     /// Hashed, neither `I_NEW`, `I_CREATING` nor being freed: a reference taken.
     Found(InodeRef<F>),
+    /// Hashed and `I_NEW` (not `I_CREATING`, not being freed): a reference taken, as
+    /// `find_inode` takes one before it waits; the caller settles it ([`settle_found`]).
+    New(InodeRef<F>),
     /// The first match is in some other state: the full path decides (it may wait).
     Busy,
     /// No inode of this superblock has the number on the chain.
     Absent,
 }
 
-/// The cached hit of `iget_locked`/`ilookup` by inode number (`find_inode_fast` finding a
-/// hashed inode that is neither `I_NEW`, `I_CREATING` nor being freed: `__iget` under its
-/// `i_lock`, as [`find_inode`] does), without building the operation that only a wait or
-/// a miss needs (that machinery was most of a cached `stat`'s instructions). The caller
-/// is pinned; with [`Lookup::Locked`] it does not come here (a miss would take the hash
-/// lock once more, here and then in `run`, so that setting keeps the one path it always
-/// had).
-fn chain_hit<F: SuperOperations>(sb: &SbInner<F>, b: &Bucket<F>, ino: u64, _pin: &Guard) -> Hit<F> {
+/// The walk of `iget_locked`/`ilookup` by inode number (`find_inode_fast`), without
+/// building the operation that only a wait or a miss needs (that machinery was most of a
+/// cached `stat`'s instructions): the first match decides; a hashed inode that is not
+/// `I_CREATING` or being freed gets a reference under its `i_lock` (`__iget`), as
+/// [`find_inode`] gives it. The caller is pinned (lock-free walk) or holds the chain's
+/// lock; with [`Lookup::Locked`] the lock-free walk is not used (a miss would take the
+/// hash lock once more, here and then in `run`, so that setting keeps the one path it
+/// always had).
+fn chain_hit<F: SuperOperations>(sb: &SbInner<F>, b: &Bucket<F>, ino: u64) -> Hit<F> {
     let mut p = b.first(Ordering::Acquire);
     while let Some(n) = NonNull::new(p) {
-        // SAFETY: reached from the chain while pinned (`_pin`; no chain lock is held
-        // here): the inode is freed only a grace period after it left the chain.
+        // SAFETY: reached from the chain while pinned or under the chain lock (the
+        // caller's): the inode is freed only a grace period after it left the chain.
         let inode = unsafe { n.as_ref() };
         p = inode.hash_next.load(Ordering::Acquire);
         if inode.sb != sb.this || inode.hashval != ino || inode.ino != ino {
@@ -948,57 +952,77 @@ fn chain_hit<F: SuperOperations>(sb: &SbInner<F>, b: &Bucket<F>, ino: u64, _pin:
         // The first match decides, as in `find_inode` (newest first).
         let _g = inode.lock();
         let s = inode.state.load(Ordering::Relaxed);
-        if s & (I_NEW | I_CREATING | I_FREEING | I_WILL_FREE) != 0 || s & HASHED == 0 {
+        if s & (I_CREATING | I_FREEING | I_WILL_FREE) != 0 || s & HASHED == 0 {
             return Hit::Busy;
         }
-        return Hit::Found(inode.iget_locked_ref());
+        let r = inode.iget_locked_ref();
+        return if s & I_NEW != 0 {
+            Hit::New(r)
+        } else {
+            Hit::Found(r)
+        };
     }
     Hit::Absent
 }
 
-/// `ilookup`'s cached hit; `None` sends the caller down the full path, which looks again
-/// from the start (nothing was changed).
-fn iget_hit<F: SuperOperations>(sb: &SbInner<F>, ino: u64) -> Option<InodeRef<F>> {
+/// `ilookup`'s walk (see [`chain_hit`]); `Hit::Busy` or `Hit::Absent`: the caller takes
+/// the full path, which looks again from the start (nothing was changed).
+fn iget_hit<F: SuperOperations>(sb: &SbInner<F>, ino: u64) -> Hit<F> {
     let cache = &*sb.cache;
     if cache.settings.lookup != Lookup::Lockless {
-        return None;
+        return Hit::Busy;
     }
     let b = cache.bucket(sb, ino);
-    let pin = cache.domain.pin();
-    match chain_hit(sb, b, ino, &pin) {
-        Hit::Found(r) => Some(r),
-        Hit::Busy | Hit::Absent => None,
-    }
+    let _pin = cache.domain.pin();
+    chain_hit(sb, b, ino)
 }
 
-/// `iget_locked` by inode number without the operation machinery, for the two common
-/// cases: a cached hit ([`chain_hit`]) and a clean miss (the pinned walk found no inode
-/// with the number; allocate, take the chain lock, find none again, hash the new inode
-/// `I_NEW`, add it to the superblock list, exactly as `run`'s miss does). Anything else
-/// (an inode to wait for, `I_CREATING`, or an inode that appeared between the walk and
-/// the lock: the new one is destroyed unpublished) gives `None`: the caller takes the full
-/// path, which looks again from the start.
-fn iget_fast<F: SuperOperations>(sb: &SbInner<F>, ino: u64) -> Option<Iget<F>> {
+/// What [`iget_fast`] did.
+enum Fast<F: SuperOperations> {
+    /// The result.
+    Done(Iget<F>),
+    /// Found `I_NEW`, with a reference: settle it ([`settle_found`]).
+    New(InodeRef<F>),
+    /// The full path decides.
+    Slow,
+}
+
+/// `iget_locked` by inode number without the operation machinery, for the common cases: a
+/// cached hit or an `I_NEW` inode ([`chain_hit`]), and a miss (the pinned walk found no
+/// inode with the number; allocate, take the chain lock, look again, and if there is
+/// still none hash the new inode `I_NEW` and add it to the superblock list, exactly as
+/// `run`'s miss does; if the look under the lock finds one, the new inode is destroyed
+/// unpublished and the one found is used as `run` would). Anything else (`I_CREATING`, an
+/// inode being freed) gives [`Fast::Slow`]: the caller takes the full path, which looks
+/// again from the start.
+fn iget_fast<F: SuperOperations>(sb: &SbInner<F>, ino: u64) -> Fast<F> {
     let cache = &*sb.cache;
     if cache.settings.lookup != Lookup::Lockless {
-        return None;
+        return Fast::Slow;
     }
     let b = cache.bucket(sb, ino);
     {
-        let pin = cache.domain.pin();
-        match chain_hit(sb, b, ino, &pin) {
-            Hit::Found(r) => return Some(Iget::Cached(r)),
-            Hit::Busy => return None,
+        let _pin = cache.domain.pin();
+        match chain_hit(sb, b, ino) {
+            Hit::Found(r) => return Fast::Done(Iget::Cached(r)),
+            Hit::New(r) => return Fast::New(r),
+            Hit::Busy => return Fast::Slow,
             Hit::Absent => {}
         }
     }
     let new = alloc_inode(sb, ino, ino, sb.ops.alloc_inode(ino));
     let h = cache.hash_lock(b);
-    if chain_has(sb, b, ino, ino) {
-        // Somebody inserted it since: the full path waits for or takes theirs.
+    // We released the lock, so..
+    let again = chain_hit(sb, b, ino);
+    if !matches!(again, Hit::Absent) {
+        // Somebody inserted it since: use theirs.
         drop(h);
         destroy_unpublished(new);
-        return None;
+        return match again {
+            Hit::Found(r) => Fast::Done(Iget::Cached(r)),
+            Hit::New(r) => Fast::New(r),
+            _ => Fast::Slow,
+        };
     }
     // SAFETY: just allocated; published below under the chain lock.
     let inode = unsafe { new.as_ref() };
@@ -1010,7 +1034,7 @@ fn iget_fast<F: SuperOperations>(sb: &SbInner<F>, ino: u64) -> Option<Iget<F>> {
     inode_sb_list_add(inode);
     drop(h);
     cache.counters().add(Ctr::Loads, 1);
-    Some(Iget::New(NewInode::new(InodeRef { ptr: new })))
+    Fast::Done(Iget::New(NewInode::new(InodeRef { ptr: new })))
 }
 
 /// Whether chain `b` holds an inode of `sb` with this hash value and `i_ino`, in any
@@ -1829,10 +1853,28 @@ impl<F: SuperOperations> SuperBlock<F> {
     /// `iget_locked`: the cached inode, or a new `I_NEW` one for the caller to load; waits
     /// while another task loads it. `None` when the inode found is `I_CREATING`.
     pub fn iget_locked(&self, ino: u64) -> Option<Iget<F>> {
-        if let Some(i) = iget_fast(&self.inner, ino) {
-            return Some(i);
+        match iget_fast(&self.inner, ino) {
+            Fast::Done(i) => Some(i),
+            Fast::New(r) => self
+                .settle_new(
+                    Op::Iget {
+                        hashval: ino,
+                        test: Test::Ino,
+                        make: Make::Alloc,
+                    },
+                    r,
+                )
+                .wait(),
+            Fast::Slow => self.iget_locked_start(ino).wait(),
         }
-        self.iget_locked_start(ino).wait()
+    }
+
+    /// Goes on with `op` from where the full path would be after `find_inode` found `r`
+    /// `I_NEW` (and took the reference): spin, then register and wait if need be.
+    fn settle_new<T: FromOutcome<F>>(&self, mut op: Op<F>, r: InodeRef<F>) -> Started<T, F> {
+        let mut waiter = None;
+        let a = settle_found(&self.inner, &mut op, r, Seen::New, &mut waiter);
+        InodeWait::from_attempt(&self.inner, op, waiter, a)
     }
 
     /// `iget_locked` that returns instead of blocking: see [`Started`].
@@ -1871,10 +1913,19 @@ impl<F: SuperOperations> SuperBlock<F> {
 
     /// `ilookup`: the cached inode (after its load), never creating one.
     pub fn ilookup(&self, ino: u64) -> Option<InodeRef<F>> {
-        if let Some(r) = iget_hit(&self.inner, ino) {
-            return Some(r);
+        match iget_hit(&self.inner, ino) {
+            Hit::Found(r) => Some(r),
+            Hit::New(r) => self
+                .settle_new(
+                    Op::Lookup {
+                        hashval: ino,
+                        test: Test::Ino,
+                    },
+                    r,
+                )
+                .wait(),
+            Hit::Busy | Hit::Absent => self.ilookup_start(ino).wait(),
         }
-        self.ilookup_start(ino).wait()
     }
 
     /// `ilookup` that returns instead of blocking.
