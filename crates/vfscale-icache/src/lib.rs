@@ -164,15 +164,16 @@
 //!   writer and an add is a plain load and store: no locked read-modify-write on a
 //!   create, load or eviction for counting (there were seven). The same slot, modulo the
 //!   shard count, is the thread's CPU shard. Under the models: per shard, atomic adds.
-//! * **Fast paths**: `iget_locked`/`ilookup` by inode number take a cached hit directly
-//!   (pinned chain walk, `__iget` under `i_lock` when hashed and not `I_NEW`,
-//!   `I_CREATING` or freeing); `iget_locked` also takes a clean miss directly (the walk
-//!   found no inode with the number: allocate, chain lock, none found again, hash it
-//!   `I_NEW`); `insert_inode_locked` hashes directly when the chain holds no inode with
-//!   the number. Anything else (a wait, `I_CREATING`, a race lost between the walk and
-//!   the lock, a live or dying inode with the number) takes the general path, which
-//!   looks again from the start; the fast paths change nothing before they give up
-//!   (a lost miss race destroys its unpublished inode, as the general path does).
+//! * **Fast paths**: `iget_locked`/`ilookup` by inode number walk the chain directly
+//!   (pinned; the first match decides, `__iget` under its `i_lock` when hashed and not
+//!   `I_CREATING` or freeing): a cached hit returns at once, an `I_NEW` one goes straight
+//!   to the wait (spin, then register), with the reference `find_inode` would have taken.
+//!   `iget_locked` also takes a miss directly (allocate, chain lock, look again: none →
+//!   hash it `I_NEW`; one → destroy the new inode unpublished and use that one, as the
+//!   general path does); `insert_inode_locked` hashes directly when the chain holds no
+//!   inode with the number. Anything else (`I_CREATING`, an inode being freed, a live or
+//!   dying inode with the number being inserted) takes the general path, which looks
+//!   again from the start; the fast paths change nothing before they give up.
 //! * **`i_sb` is not counted**: creating or evicting an inode writes no superblock-wide
 //!   line (see "Lifetimes"); the live-inode count that keeps the superblock is per CPU.
 //!
