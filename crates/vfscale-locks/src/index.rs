@@ -20,11 +20,11 @@
 //!
 //! Cost (cachegrind, `examples/lockmany_probe.rs`, one OFD owner setting and removing a
 //! lock at a random free byte among H one-byte locks, and testing a held byte): a
-//! set+unset pair 2,180 instructions and 0 L1 misses at H = 10, 3,110 and 6.7 at
+//! set+unset pair 2,190 instructions and 0 L1 misses at H = 10, 3,120 and 6.4 at
 //! 10,000 (one AVL by (owner, start) over all owners: 2,600 and 5,460; the AVL by start
-//! before that: 3,486 and 8,565 with 30 misses); a test 396 instructions at 10, 606 with
-//! 6.6 misses at 10,000 (was 1,146 and 14): the B+ tree descent (a branch's first
-//! three lines, a leaf's five) and the record (64 bytes, line-aligned). A node step
+//! before that: 3,486 and 8,565 with 30 misses); a test 384 instructions at 10, 594 with
+//! 5.6 misses at 10,000 (was 1,146 and 14): the B+ tree descent (a branch's first
+//! three lines, a leaf's four) and the record (64 bytes, line-aligned). A node step
 //! counts instead of searching, so the descent mispredicts no branch on a random key
 //! (cachegrind's model: 1.5 per test at 10,000, was 5.75; wall time 72 -> ~52 ns).
 //!

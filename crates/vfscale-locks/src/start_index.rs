@@ -2,8 +2,8 @@
 //! OFD locks, augmented with the greatest `end` (over all locks and over write locks)
 //! of every child subtree — an interval tree with wide nodes.
 //!
-//! Nodes hold up to [`CAP`] entries in arrays of their own (a leaf's starts and ends
-//! side by side, a branch's separators together, ends together), apart from the lock
+//! Nodes hold up to [`CAP`] entries in arrays of their own (a leaf's starts together,
+//! ends together, a branch's separators together, ends together), apart from the lock
 //! records: a descent over 10,000 locks touches four nodes, whose upper levels stay in
 //! cache. The arena records are read only for the locks a scan reports.
 //!
@@ -14,9 +14,10 @@
 //! none before it spills over its successor's start — each node keeps that as a bitmask
 //! (`spill`); otherwise (overlapping locks, a long range) it takes the exact mask of
 //! candidates. Both give the same entries; the fast way is the usual one for small
-//! ranges among disjoint locks (lockmany's test at 10,000 held: 693 -> 606
-//! instructions, 5.75 -> 1.5 mispredicts in cachegrind's model, ~72 -> ~52 ns); the
-//! exact mask is out of line, so the usual way keeps its values in registers.
+//! ranges among disjoint locks (lockmany's test at 10,000 held: 693 -> 594
+//! instructions, 5.8 -> 5.6 L1 misses, 5.75 -> 1.5 mispredicts in cachegrind's model,
+//! ~72 -> ~47 ns); the exact mask is out of line, so the usual way keeps its values in
+//! registers.
 //!
 //! Invariants (checked by [`StartTree::check`]):
 //! * every leaf is at the same depth; every node but the root holds at least [`MIN`]
@@ -34,7 +35,7 @@
 use crate::context::NodeId;
 use crate::index::Work;
 
-/// Entries per node: 15, so a leaf (spans, ids, header) is exactly five cache lines
+/// Entries per node: 15, so a leaf (starts, ends, ids, header) is exactly five cache lines
 /// and a branch eight, each aligned to a line (16 entries made a 328-byte leaf
 /// straddling lines, starts and ends in separate arrays; at 10,000 locks the test's L1
 /// misses went from 8.0 to 6.7).
@@ -48,31 +49,35 @@ const NONE: BId = BId::MAX;
 
 type Key = (i64, NodeId);
 
-/// An entry's range in a leaf: start and end side by side, so a scan that stops at
-/// the first start past the range reads only the lines of the entries before it.
-#[derive(Clone, Copy, Debug)]
-struct Span {
-    start: i64,
-    end: i64,
-}
-
 const _: () = assert!(std::mem::size_of::<Branch>() == 512 && std::mem::offset_of!(Branch, spill) == 64);
 
-/// 15 entries and the header make exactly five cache lines, aligned: four lines of
-/// spans (four entries a line), then the ids and the header.
+/// 15 entries and the header make exactly five cache lines, aligned: the starts (two
+/// lines, with the masks), the ends (two), the ids with `len` (one). A step counts the
+/// starts and reads `len`, so the id line is on its way with the start lines; only
+/// the found entry's end line is fetched after the count, and it decides a branch,
+/// not an address (the record is read through the id): four lines, not the five of
+/// starts and ends side by side.
 #[derive(Clone, Debug)]
 #[repr(C, align(64))]
 struct Leaf {
-    span: [Span; CAP],
-    id: [NodeId; CAP],
-    len: u32,
+    start: [i64; CAP],
     /// Bit `k`: entry `k` is a write lock.
     wmask: u32,
     /// Bit `k`: entry `k` reaches the next entry's start (`end[k] ≥ start[k + 1]`).
     /// With none of the bits below `k` set, no entry before `k` reaches `start[k]`:
     /// a range starting at or after `start[k]` can overlap only entry `k` among them.
     spill: u32,
+    end: [i64; CAP],
+    _pad: i64,
+    id: [NodeId; CAP],
+    len: u32,
 }
+
+const _: () = assert!(
+    std::mem::size_of::<Leaf>() == 320
+        && std::mem::offset_of!(Leaf, end) == 128
+        && std::mem::offset_of!(Leaf, id) == 256
+);
 
 /// 15 entries make exactly eight cache lines, aligned. The first line is `len` and the
 /// children: a descent reads `len` as it starts counting the separators (the next two
@@ -113,18 +118,18 @@ const EMPTY_LEAF: Leaf = Leaf {
     len: 0,
     wmask: 0,
     spill: 0,
-    span: [PAD_SPAN; CAP],
+    start: [PAD_START; CAP],
+    end: [PAD_END; CAP],
+    _pad: 0,
     id: [0; CAP],
 };
 
 /// An unused leaf slot: a start above every key's and an end below every range's, so a
 /// pass over all [`CAP`] slots counts and reports only the live ones.
-const PAD_SPAN: Span = Span {
-    start: i64::MAX,
-    end: i64::MIN,
-};
+const PAD_START: i64 = i64::MAX;
+const PAD_END: i64 = i64::MIN;
 
-/// Unused branch slots hold separator `i64::MAX` and ends `i64::MIN` (see [`PAD_SPAN`]).
+/// Unused branch slots hold separator `i64::MAX` and ends `i64::MIN` (see [`PAD_START`]).
 const EMPTY_BRANCH: Branch = Branch {
     len: 0,
     spill: 0,
@@ -182,22 +187,22 @@ fn push_slot<T>(v: &mut Vec<T>, x: T) -> BId {
 
 impl Leaf {
     fn key(&self, k: usize) -> Key {
-        (self.span[k].start, self.id[k])
+        (self.start[k], self.id[k])
     }
     fn summary(&self) -> (i64, i64) {
         let (mut e, mut we) = (i64::MIN, i64::MIN);
         for k in 0..self.len as usize {
-            e = e.max(self.span[k].end);
+            e = e.max(self.end[k]);
             if self.wmask & (1 << k) != 0 {
-                we = we.max(self.span[k].end);
+                we = we.max(self.end[k]);
             }
         }
         (e, we)
     }
     fn item(&self, k: usize) -> Item {
         Item::Leaf {
-            start: self.span[k].start,
-            end: self.span[k].end,
+            start: self.start[k],
+            end: self.end[k],
             id: self.id[k],
             write: self.wmask & (1 << k) != 0,
         }
@@ -212,7 +217,8 @@ impl Leaf {
         else {
             unreachable!("a branch entry in a leaf")
         };
-        self.span[k] = Span { start, end };
+        self.start[k] = start;
+        self.end[k] = end;
         self.id[k] = id;
         self.wmask = (self.wmask & !(1 << k)) | ((write as u32) << k);
     }
@@ -220,7 +226,8 @@ impl Leaf {
     fn insert(&mut self, pos: usize, it: Item) {
         let len = self.len as usize;
         debug_assert!(len < CAP);
-        self.span.copy_within(pos..len, pos + 1);
+        self.start.copy_within(pos..len, pos + 1);
+        self.end.copy_within(pos..len, pos + 1);
         self.id.copy_within(pos..len, pos + 1);
         let low = self.wmask & ((1u32 << pos) - 1);
         self.wmask = low | ((self.wmask & !((1u32 << pos) - 1)) << 1);
@@ -236,7 +243,7 @@ impl Leaf {
     /// Recomputes bit `k` of `spill`.
     #[inline]
     fn refresh(&mut self, k: usize) {
-        let on = k + 1 < self.len as usize && self.span[k].end >= self.span[k + 1].start;
+        let on = k + 1 < self.len as usize && self.end[k] >= self.start[k + 1];
         self.spill = (self.spill & !(1 << k)) | ((on as u32) << k);
     }
     /// Recomputes `spill` (after a bulk change).
@@ -247,7 +254,7 @@ impl Leaf {
         }
     }
     /// Entries with a key below `key`: where `key` goes. Counts the starts below
-    /// `key`'s over every slot (unused ones hold [`PAD_SPAN`]), with no data-dependent
+    /// `key`'s over every slot (unused ones hold [`PAD_START`]), with no data-dependent
     /// exit: a random key's stopping place would be a mispredicted branch. Only an
     /// equal start (rare) needs the ids.
     #[inline]
@@ -261,7 +268,7 @@ impl Leaf {
     fn count_le(&self, x: i64) -> usize {
         let mut n = CAP as i64;
         for k in 0..CAP {
-            n += below(x, self.span[k].start);
+            n += below(x, self.start[k]);
         }
         (n as usize).min(self.len as usize)
     }
@@ -272,28 +279,30 @@ impl Leaf {
     fn overlaps(&self, qs: i64, qe: i64, writes_only: bool) -> u32 {
         let mut m = 0u32;
         for k in 0..CAP {
-            let s = self.span[k];
-            m |= (((s.start <= qe) & (s.end >= qs)) as u32) << k;
+            m |= (((self.start[k] <= qe) & (self.end[k] >= qs)) as u32) << k;
         }
         let kind = if writes_only { self.wmask } else { u32::MAX };
         m & kind & ((1u32 << self.len) - 1)
     }
     /// Keeps the first `n` entries; the rest become padding.
     fn truncate(&mut self, n: usize) {
-        self.span[n..].fill(PAD_SPAN);
+        self.start[n..].fill(PAD_START);
+        self.end[n..].fill(PAD_END);
         self.len = n as u32;
         self.wmask &= (1u32 << n) - 1;
         self.fix_spill();
     }
     fn remove(&mut self, pos: usize) {
         let len = self.len as usize;
-        self.span.copy_within(pos + 1..len, pos);
+        self.start.copy_within(pos + 1..len, pos);
+        self.end.copy_within(pos + 1..len, pos);
         self.id.copy_within(pos + 1..len, pos);
         let low = self.wmask & ((1u32 << pos) - 1);
         self.wmask = low | ((self.wmask >> 1) & !((1u32 << pos) - 1));
         let low = self.spill & ((1u32 << pos) - 1);
         self.spill = low | ((self.spill >> 1) & !((1u32 << pos) - 1));
-        self.span[len - 1] = PAD_SPAN;
+        self.start[len - 1] = PAD_START;
+        self.end[len - 1] = PAD_END;
         self.len -= 1;
         self.wmask &= (1u32 << self.len) - 1;
         self.spill &= (1u32 << self.len) - 1;
@@ -636,7 +645,7 @@ impl StartTree {
                 "record {} is not in the index",
                 key.1
             );
-            let gone = (l.span[pos].end, l.wmask & (1 << pos) != 0);
+            let gone = (l.end[pos], l.wmask & (1 << pos) != 0);
             l.remove(pos);
             return gone;
         }
@@ -762,8 +771,8 @@ impl StartTree {
             return;
         }
         let k = p - 1;
-        if l.span[k].start <= qs && l.spill & ((1u32 << k) - 1) == 0 {
-            if l.span[k].end >= qs && (!writes_only || l.wmask & (1 << k) != 0) {
+        if l.start[k] <= qs && l.spill & ((1u32 << k) - 1) == 0 {
+            if l.end[k] >= qs && (!writes_only || l.wmask & (1 << k) != 0) {
                 w.checks += 1;
                 f(l.id[k]);
             }
@@ -818,9 +827,7 @@ impl StartTree {
             let l = &self.leaves[b as usize];
             assert_eq!(l.wmask >> n, 0, "write bits past the end of leaf {b}");
             assert!(
-                l.span[n..]
-                    .iter()
-                    .all(|s| s.start == i64::MAX && s.end == i64::MIN),
+                l.start[n..].iter().all(|&s| s == PAD_START) && l.end[n..].iter().all(|&e| e == PAD_END),
                 "padding of leaf {b}"
             );
             let mut fixed = l.clone();
@@ -832,7 +839,7 @@ impl StartTree {
                     key >= lo && hi.map_or(true, |hi| key < hi),
                     "leaf key {key:?} out of range"
                 );
-                out.push((l.span[k].start, l.span[k].end, l.id[k], l.wmask & (1 << k) != 0));
+                out.push((l.start[k], l.end[k], l.id[k], l.wmask & (1 << k) != 0));
             }
             return l.summary();
         }
