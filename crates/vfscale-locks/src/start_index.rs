@@ -253,10 +253,9 @@ impl Leaf {
             self.refresh(k);
         }
     }
-    /// Entries with a key below `key`: where `key` goes. Counts the starts below
-    /// `key`'s over every slot (unused ones hold [`PAD_START`]), with no data-dependent
-    /// exit: a random key's stopping place would be a mispredicted branch. Only an
-    /// equal start (rare) needs the ids.
+    /// Entries with a key below `key`: where `key` goes (insert) or is (remove). A
+    /// linear search: a count over every slot measured no faster here, where the
+    /// conflict scan of the same call has just read the same starts.
     #[inline]
     fn rank(&self, key: Key) -> usize {
         let n = self.len as usize;
