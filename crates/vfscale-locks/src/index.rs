@@ -20,13 +20,13 @@
 //!
 //! Cost (cachegrind, `examples/lockmany_probe.rs`, one OFD owner setting and removing a
 //! lock at a random free byte among H one-byte locks, and testing a held byte): a
-//! set+unset pair 2,190 instructions and 0 L1 misses at H = 10, 3,120 and 6.4 at
+//! set+unset pair 2,190 instructions and 0 L1 misses at H = 10, 3,130 and 6.0 at
 //! 10,000 (one AVL by (owner, start) over all owners: 2,600 and 5,460; the AVL by start
 //! before that: 3,486 and 8,565 with 30 misses); a test 384 instructions at 10, 594 with
-//! 5.6 misses at 10,000 (was 1,146 and 14): the B+ tree descent (a branch's first
+//! 5.3 misses at 10,000 (was 1,146 and 14): the B+ tree descent (a branch's first
 //! three lines, a leaf's four) and the record (64 bytes, line-aligned). A node step
 //! counts instead of searching, so the descent mispredicts no branch on a random key
-//! (cachegrind's model: 1.5 per test at 10,000, was 5.75; wall time 72 -> ~52 ns).
+//! (cachegrind's model: 1.5 per test at 10,000, was 5.75; wall time ~72 -> ~48 ns).
 //!
 //! **Linux's list order** is kept as a key. In Linux an owner's locks are adjacent and
 //! sorted by start, and an owner with no lock on the inode starts its run at the end of
