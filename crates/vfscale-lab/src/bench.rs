@@ -245,19 +245,39 @@ pub fn configs(w: Workload, scale: &Scale) -> Vec<Config> {
     out
 }
 
-/// The order of one configuration's runs on `targets`, `runs` each. inodes takes its
-/// targets run by run (run 1 of each, then run 2 of each, ...), so a drift of the machine
-/// (another job starting) falls on every target alike: its runs are short and compare
-/// in-memory targets with each other (see `measure::inodes`). The others run target by
-/// target.
-fn run_order(w: Workload, targets: &[Target], runs: usize) -> Vec<Target> {
-    if w == Workload::Inodes {
-        (0..runs).flat_map(|_| targets.iter().copied()).collect()
+/// Whether `w`'s runs are interleaved: inodes takes its configurations and targets run by
+/// run (run 1 of every (configuration, target), then run 2 of each, ...), so a drift of
+/// the machine (another job starting) falls on every target and task count alike, and
+/// run i of two of them can be compared as a pair: its runs are short and the issue
+/// judges ratios between targets and between task counts (see `measure::inodes`).
+fn interleaved(w: Workload) -> bool {
+    w == Workload::Inodes
+}
+
+/// The order of the runs of `units` (a group's (configuration, target) pairs), `runs`
+/// each: run by run when `w` is [`interleaved`], else unit by unit.
+fn run_order<T: Copy>(w: Workload, units: &[T], runs: usize) -> Vec<T> {
+    if interleaved(w) {
+        (0..runs).flat_map(|_| units.iter().copied()).collect()
     } else {
-        targets
+        units
             .iter()
             .flat_map(|&t| std::iter::repeat(t).take(runs))
             .collect()
+    }
+}
+
+/// Lists `reason` as why `target` skipped (part of) `cfg`'s workload, once.
+fn note_skip(skipped: &mut Vec<Skipped>, cfg: &Config, target: Target, reason: String) {
+    if !skipped
+        .iter()
+        .any(|s| s.workload == cfg.workload.name() && s.target == target.name() && s.reason == reason)
+    {
+        skipped.push(Skipped {
+            workload: cfg.workload.name().into(),
+            target: target.name().into(),
+            reason,
+        });
     }
 }
 
@@ -278,41 +298,43 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
     let mut skipped: Vec<Skipped> = Vec::new();
     // Each (workload, target) is checked once, the first time it comes up.
     let mut availability: BTreeMap<(Workload, Target), Result<(), measure::Skip>> = BTreeMap::new();
-    for cfg in &plan.configs {
-        let skip = |target: Target, reason: String, skipped: &mut Vec<Skipped>| {
-            if !skipped
-                .iter()
-                .any(|s| s.workload == cfg.workload.name() && s.target == target.name() && s.reason == reason)
-            {
-                skipped.push(Skipped {
-                    workload: cfg.workload.name().into(),
-                    target: target.name().into(),
-                    reason,
-                });
+    let mut first = 0;
+    while first < plan.configs.len() {
+        // A group of configurations whose runs are ordered together: one configuration,
+        // or every consecutive configuration of an interleaved workload.
+        let w = plan.configs[first].workload;
+        let mut end = first + 1;
+        if interleaved(w) {
+            while end < plan.configs.len() && plan.configs[end].workload == w {
+                end += 1;
             }
-        };
-        // The targets that run this configuration here, in plan order.
-        let mut live = Vec::new();
-        for &target in &plan.targets {
-            if !cfg.workload.targets().contains(&target) {
-                continue;
-            }
-            let ok = availability
-                .entry((cfg.workload, target))
-                .or_insert_with(|| measure::available(cfg.workload, target));
-            if let Err(why) = ok {
-                skip(target, why.to_string(), &mut skipped);
-                bar.inc(plan.runs as u64);
-                continue;
-            }
-            live.push(target);
         }
-        let order = run_order(cfg.workload, &live, plan.runs);
-        // Per target: metric name → samples, per mode (a run measuring several modes
-        // names its metrics `mode/metric`).
+        let group = &plan.configs[first..end];
+        first = end;
+        // The (configuration, target) pairs that run here, in report order.
+        let mut live: Vec<(usize, Target)> = Vec::new();
+        for (c, cfg) in group.iter().enumerate() {
+            for &target in &plan.targets {
+                if !cfg.workload.targets().contains(&target) {
+                    continue;
+                }
+                let ok = availability
+                    .entry((cfg.workload, target))
+                    .or_insert_with(|| measure::available(cfg.workload, target));
+                if let Err(why) = ok {
+                    note_skip(&mut skipped, cfg, target, why.to_string());
+                    bar.inc(plan.runs as u64);
+                    continue;
+                }
+                live.push((c, target));
+            }
+        }
+        // Per (configuration, target): metric name → samples, per mode (a run measuring
+        // several modes names its metrics `mode/metric`).
         type Samples = BTreeMap<String, BTreeMap<String, Vec<f64>>>;
-        let mut by_target: BTreeMap<Target, Samples> = BTreeMap::new();
-        for target in order {
+        let mut by_unit: BTreeMap<(usize, Target), Samples> = BTreeMap::new();
+        for (c, target) in run_order(w, &live, plan.runs) {
+            let cfg = &group[c];
             bar.set_message(format!(
                 "{} {} {} x{}",
                 cfg.workload.name(),
@@ -320,12 +342,12 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
                 cfg.mode_label(),
                 cfg.tasks
             ));
-            let samples = by_target.entry(target).or_default();
+            let samples = by_unit.entry((c, target)).or_default();
             match measure::run_once(target, cfg) {
                 Ok(s) => {
                     for (k, v) in s {
                         if let Some(reason) = k.strip_prefix(measure::SKIP_PREFIX) {
-                            skip(target, reason.to_string(), &mut skipped);
+                            note_skip(&mut skipped, cfg, target, reason.to_string());
                             continue;
                         }
                         let (mode, metric) = match k.split_once('/') {
@@ -340,12 +362,13 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
                             .push(v);
                     }
                 }
-                Err(why) => skip(target, why.to_string(), &mut skipped),
+                Err(why) => note_skip(&mut skipped, cfg, target, why.to_string()),
             }
             bar.inc(1);
         }
-        for target in live {
-            let samples = by_target.remove(&target).unwrap_or_default();
+        for (c, target) in live {
+            let cfg = &group[c];
+            let samples = by_unit.remove(&(c, target)).unwrap_or_default();
             let fs = match target {
                 Target::Kernel => Some(crate::meta::filesystem_of(
                     cfg.dir
@@ -404,6 +427,10 @@ mod tests {
             ]
         );
         assert_eq!(
+            run_order(Workload::Inodes, &[(0, Library), (1, Library)], 2),
+            [(0, Library), (1, Library), (0, Library), (1, Library)]
+        );
+        assert_eq!(
             run_order(Workload::Lockmany, &t, 2),
             [
                 LibraryPrepatch,
@@ -420,7 +447,7 @@ mod tests {
     fn interleaved_runs_still_give_one_row_per_target_and_phase() {
         let _g = crate::measure::child_processes();
         let scale = Scale {
-            tasks: vec![1],
+            tasks: vec![1, 2],
             sizes: vec![50],
             ..Scale::default_for(Workload::Inodes)
         };
@@ -440,7 +467,10 @@ mod tests {
             .into_iter()
             .flat_map(|t| phases.map(|p| (t, p)))
             .collect();
+        let want: Vec<(&str, &str)> = want.iter().chain(&want).copied().collect();
         assert_eq!(rows, want);
+        let tasks: Vec<usize> = r.results.iter().map(|r| r.tasks).collect();
+        assert_eq!(tasks, [[1; 10], [2; 10]].concat());
         for row in &r.results {
             assert_eq!(row.metrics["ops_per_sec"].n, 3, "{} {}", row.target, row.mode);
         }

@@ -203,7 +203,7 @@ const WORKLOADS_HELP: &str = "Workloads:
   dup1                will-it-scale dup1
   inodes              seed 002: create, walk, cold-walk, chmod, unlink (--files per task);
                       each run is a fresh child process: an untimed warm-up pass, then
-                      the measured pass; targets take turns run by run;
+                      the measured pass; targets and task counts take turns run by run;
                       --mode evict: --files N,... inodes cached in all, bytes of
                       bookkeeping per inode and evict_inodes ns per inode (library only)
   loop                seed 004: boot, open-close, open-close-same, configure, churn, io

@@ -49,8 +49,9 @@
 //!
 //! Each task's `readdir` copies into one buffer it keeps (as a program reuses its
 //! `getdents` buffer), sized and touched before the phases. `bench` interleaves the
-//! targets run by run (run 1 of each target, then run 2, ...), so a drift of the machine
-//! (another job starting) falls on every target alike. The evict point ([`million`])
+//! runs (run 1 of every target at every task count and size, then run 2, ...), so a
+//! drift of the machine (another job starting) falls on every target and task count
+//! alike, and the headline compares them run by run (paired). The evict point ([`million`])
 //! runs in a fresh child of its own without a warm-up (its bytes are the heap's growth
 //! from a fresh process).
 
