@@ -16,7 +16,8 @@ use crossbeam_utils::CachePadded;
 use crate::epoch::{Domain, Guard};
 use crate::inode::*;
 use crate::sync::{
-    fence, AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Mutex, MutexGuard, Ordering, SpinWait,
+    fence, AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, ILock, ILockGuard, Mutex, MutexGuard, Ordering,
+    SpinWait,
 };
 use crate::wait::{WaitOutcome, WaitTable, Waiter};
 use crate::{CacheStats, HashLock, Lookup, Lru, SbList, Settings, SuperOperations};
@@ -726,7 +727,7 @@ fn alloc_inode<F: SuperOperations>(
         ino,
         hashval,
         sb: sb.this,
-        i_lock: Mutex::new(()),
+        i_lock: ILock::new(),
         state: AtomicU32::new(0),
         count: AtomicU32::new(1),
         nlink: AtomicU32::new(1),
@@ -1450,7 +1451,7 @@ type LruHeld<'a, F> = Option<(usize, MutexGuard<'a, LruShard<F>>)>;
 
 /// `iput_final`: the last reference went; the caller holds `i_lock`, and maybe this
 /// CPU's LRU shard lock, taken before it (`lru`).
-fn iput_final<'a, F: SuperOperations>(inode: &'a Inode<F>, g: MutexGuard<'_, ()>, lru: LruHeld<'a, F>) {
+fn iput_final<'a, F: SuperOperations>(inode: &'a Inode<F>, g: ILockGuard<'_>, lru: LruHeld<'a, F>) {
     let s = inode.state.load(Ordering::Relaxed);
     if s & I_NEW != 0 {
         drop(g);
@@ -1507,7 +1508,7 @@ fn iput_final<'a, F: SuperOperations>(inode: &'a Inode<F>, g: MutexGuard<'_, ()>
 /// and the inode is not being freed; from here it is ours (`I_WILL_FREE`, then
 /// `I_FREEING`: `evict_inodes` and the shrinker pass over it). `->write_inode` first
 /// unless `->drop_inode` said drop.
-fn iput_evict<F: SuperOperations>(inode: &Inode<F>, g: MutexGuard<'_, ()>, drop_it: bool) {
+fn iput_evict<F: SuperOperations>(inode: &Inode<F>, g: ILockGuard<'_>, drop_it: bool) {
     debug_assert!(inode.count.load(Ordering::Relaxed) == 0);
     debug_assert!(inode.state.load(Ordering::Relaxed) & (I_FREEING | I_WILL_FREE) == 0);
     let sb = inode.sb();

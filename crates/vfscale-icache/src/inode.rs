@@ -6,7 +6,7 @@ use std::ops::Deref;
 use std::ptr::NonNull;
 
 use crate::cache::SbInner;
-use crate::sync::{AtomicPtr, AtomicU32, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::sync::{AtomicPtr, AtomicU32, AtomicUsize, ILock, ILockGuard, Ordering};
 use crate::SuperOperations;
 
 /// `I_NEW`: being loaded; lookups wait until the loader ends the load.
@@ -131,7 +131,7 @@ pub struct Inode<F: SuperOperations> {
     pub(crate) state: AtomicU32,
     pub(crate) count: AtomicU32,
     /// `i_lock`: protects `state` writes and the 1 -> 0 and 0 -> 1 transitions of `count`.
-    pub(crate) i_lock: Mutex<()>,
+    pub(crate) i_lock: ILock,
     pub(crate) nlink: AtomicU32,
     pub(crate) data: F::Data,
     /// `i_lru`: the LRU shard it is on (written under that shard's lock, read by its
@@ -310,7 +310,7 @@ impl<F: SuperOperations> Inode<F> {
         self as *const Self as usize
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, ()> {
+    pub(crate) fn lock(&self) -> ILockGuard<'_> {
         self.i_lock.lock()
     }
 

@@ -116,6 +116,13 @@
 //! checks again (staying pinned so the inode cannot be freed meanwhile); if `SB_ACTIVE`
 //! went meanwhile it evicts the inode there (as `iput_final` would have). No lock is held
 //! while calling `->evict_inode`, `->write_inode`, `->destroy_inode` or `alloc_inode`;
+//! `i_lock` is a one-byte spinlock, as Linux's (`spinlock_t`): one compare-exchange to
+//! take it, a plain Release store to drop it (a parking mutex's unlock is a second locked
+//! read-modify-write; `i_lock` is taken two or three times per lookup, create and
+//! unlink); a waiter spins read-only with backoff, then yields. Every hold is a few loads
+//! and stores (at most a wait-table bucket lock inside). Under loom and shuttle `i_lock`
+//! is the shim's mutex (spin loops at every use exceed loom's branch limit); the
+//! spinlock has its own loom model.
 //! `->drop_inode` runs under `i_lock` and must only use lock-free accessors (all of
 //! [`Inode`]'s getters are).
 //!

@@ -40,3 +40,140 @@ impl SpinWait {
         self.backoff.snooze();
     }
 }
+
+/// The lock type of `i_lock`: a [`SpinLock`] in normal builds. Under loom and shuttle it
+/// is the shim's mutex: a spin loop at every `i_lock` use multiplies the branches the
+/// models explore past loom's limit (`iget_hit_races_last_iput_and_prune` hit it); the
+/// spinlock itself has its own loom model (`loom_spinlock` below), and the models check
+/// the cache's use of `i_lock` with a lock of the same contract (exclusion, Acquire on
+/// taking, Release on dropping).
+#[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
+pub(crate) type ILock = SpinLock;
+/// A held [`ILock`].
+#[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
+pub(crate) type ILockGuard<'a> = SpinGuard<'a>;
+
+/// `i_lock` under the models: the shim's mutex.
+#[cfg(any(vfscale_loom, vfscale_shuttle))]
+#[derive(Debug, Default)]
+pub(crate) struct ILock(Mutex<()>);
+/// A held [`ILock`].
+#[cfg(any(vfscale_loom, vfscale_shuttle))]
+pub(crate) type ILockGuard<'a> = MutexGuard<'a, ()>;
+
+#[cfg(any(vfscale_loom, vfscale_shuttle))]
+impl ILock {
+    pub(crate) fn new() -> Self {
+        ILock(Mutex::new(()))
+    }
+    pub(crate) fn lock(&self) -> ILockGuard<'_> {
+        self.0.lock()
+    }
+    pub(crate) fn is_locked(&self) -> bool {
+        self.0.is_locked()
+    }
+}
+
+/// A one-byte spinlock: what Linux's `spinlock_t` is to `i_lock`. Taking it is one
+/// compare-exchange (Acquire); releasing it is a plain Release store, not a second locked
+/// read-modify-write as a parking mutex's unlock is (a mutex must look for parked
+/// waiters). Every hold of `i_lock` is a few loads and stores (and at most a wait-table
+/// bucket lock), so a waiter spins read-only with [`SpinWait`] (backoff, then yielding:
+/// a userspace holder can be preempted) instead of parking. Under loom and shuttle the
+/// atomics are theirs and the wait yields (its model: `loom_spinlock`).
+#[derive(Debug, Default)]
+#[cfg_attr(any(vfscale_loom, vfscale_shuttle), allow(dead_code))]
+pub(crate) struct SpinLock {
+    locked: AtomicBool,
+}
+
+/// A held [`SpinLock`]; dropping it releases the lock.
+#[must_use = "dropping the guard releases the lock at once"]
+#[cfg_attr(any(vfscale_loom, vfscale_shuttle), allow(dead_code))]
+pub(crate) struct SpinGuard<'a> {
+    lock: &'a SpinLock,
+}
+
+#[cfg_attr(any(vfscale_loom, vfscale_shuttle), allow(dead_code))]
+impl SpinLock {
+    pub(crate) fn new() -> Self {
+        SpinLock {
+            locked: AtomicBool::new(false),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn lock(&self) -> SpinGuard<'_> {
+        if self
+            .locked
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            self.lock_slow();
+        }
+        SpinGuard { lock: self }
+    }
+
+    #[cold]
+    fn lock_slow(&self) {
+        let w = SpinWait::new();
+        loop {
+            // Wait reading (no writes to the holder's line), then try again.
+            while self.locked.load(Ordering::Relaxed) {
+                w.wait();
+            }
+            if self
+                .locked
+                .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                return;
+            }
+        }
+    }
+
+    /// Whether someone holds it (for `debug_assert!`s).
+    pub(crate) fn is_locked(&self) -> bool {
+        self.locked.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for SpinGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        debug_assert!(self.lock.is_locked(), "a spinlock released twice");
+        self.lock.locked.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(all(test, vfscale_loom))]
+mod loom_spinlock {
+    use super::*;
+
+    /// Two lockers of one `SpinLock` exclude each other: their plain (cell) accesses under
+    /// it are ordered (loom reports a race otherwise) and both increments land.
+    #[test]
+    fn two_lockers_exclude_each_other() {
+        loom::model(|| {
+            let l = loom::sync::Arc::new(SpinLock::new());
+            // loom runs its threads on one OS thread (its spawn needs no `Send`).
+            #[allow(clippy::arc_with_non_send_sync)]
+            let c = loom::sync::Arc::new(loom::cell::UnsafeCell::new(0u32));
+            let (l2, c2) = (l.clone(), c.clone());
+            let t = loom::thread::spawn(move || {
+                let _g = l2.lock();
+                // SAFETY: under the lock (what the model checks).
+                c2.with_mut(|p| unsafe { *p += 1 });
+            });
+            {
+                let _g = l.lock();
+                // SAFETY: as above.
+                c.with_mut(|p| unsafe { *p += 1 });
+            }
+            t.join().unwrap();
+            assert!(!l.is_locked());
+            // SAFETY: both threads are done.
+            assert_eq!(c.with(|p| unsafe { *p }), 2);
+        });
+    }
+}
