@@ -2,6 +2,15 @@
 //! (`OPEN`, `CREATE`, `OPENDIR`). The FUSE file handle (`fh`) is the entry's descriptor
 //! number, so it is unique across all connections while the file is open and is the
 //! owner of the file's flock lock ([`vfscale_locks::FileId`]).
+//!
+//! `RELEASE` gives the handle up at once, as Linux's last `fput` does: the table's entry
+//! is an [`Entry`] that holds the table's reference to the [`Handle`], and `RELEASE` takes
+//! that reference out of it. `vfscale-fdtable` drops a closed entry a grace period after
+//! the close (crossbeam-epoch, at the releasing thread's next collection: in an idle
+//! server, never), so a handle held directly by the table would keep its inode (and the
+//! source file's descriptor) long after the kernel let go of it; only the small entry
+//! waits for the epoch. A request that is still using the handle holds its own
+//! reference, and the handle goes when that request ends.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
@@ -62,9 +71,19 @@ impl Handle {
     }
 }
 
+/// One table entry: the table's reference to an open handle, until `RELEASE` takes it.
+struct Entry(Mutex<Option<Arc<Handle>>>);
+
+impl Entry {
+    /// The handle, if it was not released yet.
+    fn handle(&self) -> Option<Arc<Handle>> {
+        self.0.lock().clone()
+    }
+}
+
 /// The server's open files.
 pub struct Handles {
-    table: FdTable<Handle>,
+    table: FdTable<Entry>,
 }
 
 impl Handles {
@@ -83,7 +102,7 @@ impl Handles {
     /// Installs `h`; its file handle. `EMFILE` when the table is full.
     pub fn insert(&self, h: Handle) -> Result<u64, i32> {
         self.table
-            .open(Arc::new(h), false)
+            .open(Arc::new(Entry(Mutex::new(Some(Arc::new(h))))), false)
             .map(|fd| fd.0 as u64)
             .map_err(|e| e.raw())
     }
@@ -91,14 +110,24 @@ impl Handles {
     /// The handle `fh` of connection `conn`.
     pub fn get(&self, conn: usize, fh: u64) -> Option<Arc<Handle>> {
         let fd = u32::try_from(fh).ok()?;
-        self.table.get(Fd(fd)).filter(|h| h.conn == conn)
+        self.table
+            .with(Fd(fd), Entry::handle)
+            .flatten()
+            .filter(|h| h.conn == conn)
     }
 
-    /// Removes handle `fh` of connection `conn`, returning it.
+    /// Removes handle `fh` of connection `conn`, returning the table's reference to it:
+    /// once the caller drops it, the handle (its inode reference and source descriptor)
+    /// goes unless a request in flight still holds it.
     pub fn remove(&self, conn: usize, fh: u64) -> Option<Arc<Handle>> {
-        let h = self.get(conn, fh)?;
-        self.table.close(Fd(fh as u32)).ok()?;
-        Some(h)
+        let fd = Fd(u32::try_from(fh).ok()?);
+        let entry = self.table.get(fd)?;
+        if entry.handle()?.conn != conn {
+            return None;
+        }
+        self.table.close(fd).ok()?;
+        let h = entry.0.lock().take();
+        h
     }
 
     /// Every open handle of connection `conn`, with its file handle.
@@ -106,8 +135,8 @@ impl Handles {
         self.table
             .iter()
             .into_iter()
-            .filter(|(_, h, _)| h.conn == conn)
-            .map(|(fd, h, _)| (fd.0 as u64, h))
+            .filter_map(|(fd, e, _)| Some((fd.0 as u64, e.handle()?)))
+            .filter(|(_, h)| h.conn == conn)
             .collect()
     }
 
