@@ -4,7 +4,7 @@
 //! owner of the file's flock lock ([`vfscale_locks::FileId`]).
 //!
 //! `RELEASE` gives the handle up at once, as Linux's last `fput` does: the table's entry
-//! is an [`Entry`] that holds the table's reference to the [`Handle`], and `RELEASE` takes
+//! is an `Entry` that holds the table's reference to the [`Handle`], and `RELEASE` takes
 //! that reference out of it. `vfscale-fdtable` drops a closed entry a grace period after
 //! the close (crossbeam-epoch, at the releasing thread's next collection: in an idle
 //! server, never), so a handle held directly by the table would keep its inode (and the

@@ -28,6 +28,33 @@
 //!   pin is gone) and nothing else holds a reference. Open handles hold one, so an inode
 //!   (and its lock context, with the locks taken through the handle) outlives a `FORGET`
 //!   that arrives before the handle's `RELEASE` (`RELEASE` is sent in the background).
+//! * **Resources go at eviction, memory later.** `vfscale-icache` runs
+//!   `evict_inode` when the inode leaves the cache (no reference left, and none can be
+//!   taken: lookups of its key wait for the eviction) but frees its memory, and so drops
+//!   its [`Inode`], a grace period later, in per-thread batches of 32 (lock-free lookups
+//!   may still be comparing its `id` and `key`): in an idle server, never. As Linux
+//!   filesystems release their private resources in `->evict_inode` and leave only the
+//!   memory to RCU, [`Ops::evict_inode`] takes out what holds an OS resource or another
+//!   object: the source file's `O_PATH` descriptor (a file unlinked meanwhile keeps its
+//!   space while it is open, and every descriptor counts against
+//!   [`crate::Server::fd_budget`], which counts cached inodes), the lock context, the
+//!   lock owners and the backing-file slots. What is left for the grace period is
+//!   memory.
+//!
+//! # Evictable fields
+//!
+//! The descriptor and the lock context are `Evictable`: set once, read through `&Inode`,
+//! taken out through `&Inode` by `evict_inode`. That is sound by this module's invariant:
+//! **every `&Inode` outside this module is borrowed from a counted reference** (a
+//! [`Node`], or the cache's `InodeRef`, whose `Deref` and `data()` borrow from it); the
+//! uncounted ones exist only here, in the lock-free lookups' key tests (which read `id`
+//! and `key`, never an evictable field) and in the [`Ops`] hooks. `evict_inode` runs with
+//! the inode's count at 0, ordered after every reference's end (the last `iput` evicts
+//! after its Acquire decrement under `i_lock`, every earlier `iput` being a Release
+//! decrement; an umount's `evict_inodes` reads the count under `i_lock`), and no
+//! reference can be taken after it (lookups of its key wait for the eviction,
+//! `for_each_inode` passes over it): every borrow of an evictable field has ended before
+//! it, and none can start after it.
 //!
 //! # Locks
 //!
@@ -35,6 +62,7 @@
 //! `pin` serializes the lookup-count transitions that pin and unpin it; an unpinned
 //! reference is dropped after `pin` is released.
 
+use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -101,6 +129,62 @@ impl SuperOperations for Ops {
         // The kernel has forgotten it and no handle is open: evict now, keep no LRU.
         true
     }
+
+    /// Releases the inode's descriptor, lock context and the rest now (see the module
+    /// docs): its memory goes a grace period later.
+    fn evict_inode(&self, inode: &vfscale_icache::Inode<Self>) {
+        // SAFETY: the inode is I_FREEING: its count is 0 (ordered after every
+        // reference's end) and no reference can be taken any more, so by the module's
+        // invariant ("Evictable fields") no borrow of its evictable fields is alive or
+        // can start.
+        unsafe { inode.data().release() };
+    }
+}
+
+/// A value an inode owns until its eviction (see the module docs, "Evictable fields"):
+/// set once, read through `&self`, taken out through `&self` by [`Ops::evict_inode`].
+struct Evictable<T>(UnsafeCell<OnceLock<T>>);
+
+// SAFETY: every access but `take` is a shared access to the `OnceLock`, which is `Sync`
+// for `T: Send + Sync`; `take`, the one exclusive access, overlaps no other access by its
+// contract.
+unsafe impl<T: Send + Sync> Sync for Evictable<T> {}
+
+impl<T> Evictable<T> {
+    fn new() -> Self {
+        Evictable(UnsafeCell::new(OnceLock::new()))
+    }
+
+    fn cell(&self) -> &OnceLock<T> {
+        // SAFETY: a shared access; `take` (the only `&mut`) overlaps none (its contract).
+        unsafe { &*self.0.get() }
+    }
+
+    /// The value, if set and not taken.
+    fn get(&self) -> Option<&T> {
+        self.cell().get()
+    }
+
+    /// Sets the value if it is not set (else gives `v` back).
+    fn set(&self, v: T) -> Result<(), T> {
+        self.cell().set(v)
+    }
+
+    /// The value, made by `f` if not set.
+    fn get_or_init(&self, f: impl FnOnce() -> T) -> &T {
+        self.cell().get_or_init(f)
+    }
+
+    /// Takes the value out.
+    ///
+    /// # Safety
+    /// No other access to the cell may overlap this call, and no reference that
+    /// [`Evictable::get`] or [`Evictable::get_or_init`] returned may be alive: for an
+    /// inode's field, it is being evicted (the module docs, "Evictable fields").
+    unsafe fn take(&self) -> Option<T> {
+        // SAFETY: exclusive by the contract.
+        unsafe { (*self.0.get()).take() }
+    }
 }
 
 /// What the server keeps per source inode (the cache inode's data).
@@ -112,14 +196,15 @@ pub struct Inode {
     pub key: BackingKey,
     /// Its kind.
     pub kind: Kind,
-    /// An `O_PATH` descriptor of the source inode, set while the inode is `I_NEW`.
-    fd: OnceLock<OwnedFd>,
+    /// An `O_PATH` descriptor of the source inode, set while the inode is `I_NEW`, closed
+    /// at eviction.
+    fd: Evictable<OwnedFd>,
     /// Lookups held by each connection's kernel.
     lookups: Box<[AtomicU64]>,
     /// The inode's own reference while any connection holds a lookup.
     pin: Mutex<Option<InodeRef<Ops>>>,
-    /// The inode's lock context, made on first use.
-    locks: OnceLock<Arc<FileLockContext>>,
+    /// The inode's lock context, made on first use, dropped at eviction.
+    locks: Evictable<Arc<FileLockContext>>,
     /// Per connection, the kernel passthrough backing file registered for this inode
     /// while a handle uses it (the kernel wants one per inode).
     pub backing: Box<[Mutex<Weak<fuser::BackingId>>]>,
@@ -144,10 +229,10 @@ impl Inode {
             id,
             key,
             kind,
-            fd: OnceLock::new(),
+            fd: Evictable::new(),
             lookups: (0..conns).map(|_| AtomicU64::new(0)).collect(),
             pin: Mutex::new(None),
-            locks: OnceLock::new(),
+            locks: Evictable::new(),
             backing: (0..conns).map(|_| Mutex::new(Weak::new())).collect(),
             lock_owners: Mutex::new(HashMap::new()),
         }
@@ -176,6 +261,22 @@ impl Inode {
     /// The lock context if one was made (no lock was ever asked for otherwise).
     pub fn lock_context_if_any(&self) -> Option<&Arc<FileLockContext>> {
         self.locks.get()
+    }
+
+    /// Gives up what the inode holds besides memory: its descriptor, its lock context,
+    /// the lock owners' counts and the backing-file slots.
+    ///
+    /// # Safety
+    /// The inode is being evicted: no borrow of its evictable fields is alive or can
+    /// start (the module docs, "Evictable fields").
+    unsafe fn release(&self) {
+        // SAFETY: by the contract.
+        let (fd, locks) = unsafe { (self.fd.take(), self.locks.take()) };
+        drop((fd, locks));
+        drop(std::mem::take(&mut *self.lock_owners.lock()));
+        for b in &self.backing {
+            *b.lock() = Weak::new();
+        }
     }
 
     fn total_lookups(&self) -> u64 {
@@ -471,6 +572,43 @@ mod tests {
         assert!(table.get(st.st_ino).is_some());
         table.drop_connection(1);
         assert!(table.get(st.st_ino).is_none());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Eviction gives the inode's descriptor and lock context up at once, though its
+    /// memory (the cache's inode with its `Inode`) goes a grace period later, in a batch
+    /// that this thread never hands over here.
+    #[test]
+    fn eviction_releases_the_descriptor_and_the_lock_context() {
+        let d = std::env::temp_dir().join(format!("vfscalefs-evict-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("f"), vec![1u8; 1 << 16]).unwrap();
+        let deleted = format!("{} (deleted)", d.join("f").display());
+        let held = || {
+            std::fs::read_dir("/proc/self/fd")
+                .unwrap()
+                .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter(|t| t.to_string_lossy() == deleted)
+                .count()
+        };
+        let table = InodeTable::new(crate::sys::open_root(&d).unwrap(), 1).unwrap();
+        let (fd, st) = open(&d, "f");
+        let node = table.lookup(0, fd, &st).unwrap();
+        let mgr = LockManager::new();
+        let ctx = node.lock_context(&mgr).clone();
+        assert_eq!(Arc::strong_count(&ctx), 2);
+        std::fs::remove_file(d.join("f")).unwrap();
+        assert_eq!(held(), 1, "the inode's descriptor of the unlinked file");
+        drop(node);
+        table.forget(0, st.st_ino, 1);
+        assert!(table.get(st.st_ino).is_none(), "evicted");
+        assert_eq!(held(), 0, "the evicted inode closed its descriptor");
+        assert_eq!(
+            Arc::strong_count(&ctx),
+            1,
+            "the evicted inode dropped its lock context"
+        );
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

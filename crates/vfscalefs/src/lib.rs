@@ -206,8 +206,10 @@ impl Server {
 
     /// How many more source descriptors one `READDIRPLUS` reply may open: the descriptor
     /// limit less the reserve (`Options::fd_reserve`) less one per cached inode (each
-    /// holds its `O_PATH` descriptor). Open handles are not counted: `EMFILE` from the
-    /// lookup itself is the backstop.
+    /// holds its `O_PATH` descriptor; an evicted inode closes it at its eviction, before
+    /// it leaves the count, though its memory goes a grace period later: see
+    /// `inodes.rs`). Open handles are not counted: `EMFILE` from the lookup itself is the
+    /// backstop.
     pub fn fd_budget(&self) -> u64 {
         let limit = self.handles.limit() as u64;
         let reserve = self.opts.fd_reserve.unwrap_or((limit / 8).clamp(64, 65_536));

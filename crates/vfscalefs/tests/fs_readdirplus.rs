@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{cannot_mount, run, say, Mounted, TempDir};
 
@@ -66,41 +66,16 @@ fn ls(dir: &Path) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// The server's `inodes=N lookups=M` after a `SIGUSR1`.
+/// The server's `(inodes, lookups)` after a `SIGUSR1`.
 fn stats(m: &Mounted, file: &Path) -> (u64, u64) {
-    let before = std::fs::read_to_string(file).unwrap_or_default().lines().count();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(m.pid()),
-        nix::sys::signal::Signal::SIGUSR1,
-    )
-    .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let text = std::fs::read_to_string(file).unwrap_or_default();
-        if let Some(line) = text.lines().nth(before) {
-            let mut it = line
-                .split_whitespace()
-                .map(|kv| kv.split_once('=').unwrap().1.parse::<u64>().unwrap());
-            let (i, l, h) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
-            eprintln!("stats: inodes={i} lookups={l} handles={h}");
-            return (i, l);
-        }
-        assert!(Instant::now() < deadline, "no stats line after SIGUSR1");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let s = m.stats(file);
+    (s.inodes, s.lookups)
 }
 
 /// Makes the kernel forget every unused inode and waits for the table to drain.
 fn drained(m: &Mounted, file: &Path) -> (u64, u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        std::fs::write("/proc/sys/vm/drop_caches", b"2").unwrap();
-        let s = stats(m, file);
-        if s == (1, 0) || Instant::now() > deadline {
-            return s;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let s = m.drained(file);
+    (s.inodes, s.lookups)
 }
 
 fn check_mount(opts: &str, expect_instantiated: bool) {

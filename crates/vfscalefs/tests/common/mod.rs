@@ -187,6 +187,93 @@ impl Drop for Mounted {
     }
 }
 
+/// The server's counters after a `SIGUSR1` (its `VFSCALEFS_STATS` line).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stats {
+    /// `inodes=`: the inode table's size, the root included.
+    pub inodes: u64,
+    /// `lookups=`: the lookups the kernels hold.
+    pub lookups: u64,
+    /// `handles=`: the open files.
+    pub handles: u64,
+}
+
+impl Mounted {
+    /// The server's counters: sends `SIGUSR1` and reads the line it appends to `file`
+    /// (the server's `VFSCALEFS_STATS`).
+    pub fn stats(&self, file: &Path) -> Stats {
+        let before = std::fs::read_to_string(file).unwrap_or_default().lines().count();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid()),
+            nix::sys::signal::Signal::SIGUSR1,
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            if let Some(line) = text.lines().nth(before) {
+                let field = |k: &str| -> u64 {
+                    line.split_whitespace()
+                        .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or_else(|| panic!("no {k}= in the stats line {line:?}"))
+                };
+                let s = Stats {
+                    inodes: field("inodes"),
+                    lookups: field("lookups"),
+                    handles: field("handles"),
+                };
+                eprintln!("stats: {s:?}");
+                return s;
+            }
+            assert!(Instant::now() < deadline, "no stats line after SIGUSR1");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Makes the kernel forget every unused inode (`drop_caches` 2, again until it
+    /// holds) and waits up to 10 s for the server's table to drain to the root: the
+    /// counters last read.
+    pub fn drained(&self, file: &Path) -> Stats {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            std::fs::write("/proc/sys/vm/drop_caches", b"2").unwrap();
+            let s = self.stats(file);
+            if (s.inodes, s.lookups) == (1, 0) || Instant::now() > deadline {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The server's open descriptors (`/proc/PID/fd`): number and link target.
+    pub fn fds(&self) -> Vec<(u32, String)> {
+        let dir = format!("/proc/{}/fd", self.pid());
+        let mut v: Vec<(u32, String)> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{dir}: {e}"))
+            .filter_map(|e| {
+                let e = e.ok()?;
+                let n = e.file_name().to_str()?.parse().ok()?;
+                // A descriptor closed since the listing is not open.
+                let t = std::fs::read_link(e.path()).ok()?;
+                Some((n, t.to_string_lossy().into_owned()))
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The server's descriptors of files under its source (the source directory itself
+    /// included) or of deleted files.
+    pub fn source_fds(&self) -> Vec<(u32, String)> {
+        let src = self.source.to_string_lossy().into_owned();
+        self.fds()
+            .into_iter()
+            .filter(|(_, t)| t.starts_with(&src) || t.ends_with(" (deleted)"))
+            .collect()
+    }
+}
+
 /// Runs `cmd`, returning its status and output; panics if it cannot start.
 pub fn run(cmd: &mut Command) -> std::process::Output {
     cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
