@@ -75,7 +75,9 @@ fn forgotten_inodes_close_their_source_descriptors() {
         std::fs::write(mnt.join(format!("f{i}")), &data).unwrap();
         std::fs::create_dir(mnt.join(format!("d{i}"))).unwrap();
     }
-    assert_eq!(m.stats(&sf).inodes, 1 + 2 * FILES as u64);
+    // (At most: a drop_caches elsewhere on the machine may make the kernel forget some.)
+    let s = m.stats(&sf);
+    assert!(s.inodes <= 1 + 2 * FILES as u64, "{s:?}");
     // Half removed through the mount (the kernel forgets them at once), half on the
     // source (the kernel forgets them at drop_caches).
     for i in 0..FILES {
