@@ -3,6 +3,11 @@
 //! sets up HELD one-byte OFD write locks (bytes 0, 2, 4, …), then does N of OP:
 //! `pair` (set and unset a write lock at a random free byte), `test` (`F_OFD_GETLK` at
 //! a random held byte) or `none`. Run it with N and 2N and subtract.
+//!
+//! `lockmany_probe HELD ratio ROUNDS` times tests instead: an inode with 10 locks and
+//! one with HELD, batches of 100,000 tests on each in turn, ROUNDS times; prints the
+//! median ns per test of each and the median of the per-round ratios (a noisy machine
+//! slows both sides of a round alike).
 
 use vfscale_locks::*;
 
@@ -11,6 +16,9 @@ fn main() {
     let held: u64 = a[1].parse().expect("HELD");
     let op = a[2].as_str();
     let n: u64 = a[3].parse().expect("N");
+    if op == "ratio" {
+        return ratio(held, n);
+    }
     let mgr = LockManager::new();
     let ctx = FileLockContext::new(&mgr, InodeKey::default());
     let p = Process::new(1);
@@ -41,4 +49,51 @@ fn main() {
             _ => {}
         }
     }
+}
+
+/// `held` one-byte OFD write locks at bytes 0, 2, 4, … on a fresh inode.
+fn set_up(held: u64) -> std::sync::Arc<FileLockContext> {
+    let mgr = LockManager::new();
+    let ctx = FileLockContext::new(&mgr, InodeKey::default());
+    for i in 0..held {
+        let f = OpenFile::new(i + 1, AccessMode::ReadWrite);
+        let mut fl = Flock::new(LockType::Write, 2 * i as i64, 1);
+        ctx.fcntl(Process::new(1), f, FcntlCmd::OfdSetLk, &mut fl)
+            .unwrap();
+    }
+    ctx
+}
+
+fn ratio(held: u64, rounds: u64) {
+    const BATCH: u64 = 100_000;
+    let sides = [(10, set_up(10)), (held, set_up(held))];
+    let f = OpenFile::new(u32::MAX as u64, AccessMode::ReadWrite);
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut ns = [Vec::new(), Vec::new()];
+    for _ in 0..rounds {
+        for (s, (h, ctx)) in sides.iter().enumerate() {
+            let t = std::time::Instant::now();
+            for _ in 0..BATCH {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let j = (x % h) as i64;
+                let mut fl = Flock::new(LockType::Write, 2 * j, 1);
+                ctx.fcntl(Process::new(2), f, FcntlCmd::OfdGetLk, &mut fl)
+                    .unwrap();
+                assert_eq!(fl.l_start, 2 * j);
+            }
+            ns[s].push(t.elapsed().as_nanos() as f64 / BATCH as f64);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut r: Vec<f64> = ns[1].iter().zip(&ns[0]).map(|(b, a)| b / a).collect();
+    let (a, b) = (median(&mut ns[0].clone()), median(&mut ns[1].clone()));
+    println!(
+        "test ns: 10 held {a:.1}, {held} held {b:.1}; ratio {:.2}",
+        median(&mut r)
+    );
 }

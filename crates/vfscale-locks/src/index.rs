@@ -11,22 +11,24 @@
 //!   other owners hold (one probe for an owner holding nothing). A table entry is a
 //!   record id (4 bytes and a control byte per bucket): the owner is read from the
 //!   record.
-//! * **By start** (`start`, id): a B+ tree of 15-entry nodes kept apart from the records
+//! * **By start** (`start`, id): a B+ tree (15-entry leaves, 31-child branches) kept
+//!   apart from the records
 //!   (`start_index.rs`), augmented per child with the largest `end`, over all locks and
 //!   over write locks only: an interval tree that finds the locks overlapping a range
 //!   without visiting those that end before it (and, for a read request, without
-//!   visiting read locks). Over 10,000 locks a descent touches 4 nodes (height 3), not
+//!   visiting read locks). Over 10,000 locks a descent touches 3 nodes (height 2), not
 //!   14 records, and the arena is read only for the locks found.
 //!
 //! Cost (cachegrind, `examples/lockmany_probe.rs`, one OFD owner setting and removing a
 //! lock at a random free byte among H one-byte locks, and testing a held byte): a
 //! set+unset pair 2,190 instructions and 0 L1 misses at H = 10, 3,130 and 6.0 at
 //! 10,000 (one AVL by (owner, start) over all owners: 2,600 and 5,460; the AVL by start
-//! before that: 3,486 and 8,565 with 30 misses); a test 384 instructions at 10, 594 with
-//! 5.3 misses at 10,000 (was 1,146 and 14): the B+ tree descent (a branch's first
-//! three lines, a leaf's four) and the record (64 bytes, line-aligned). A node step
-//! counts instead of searching, so the descent mispredicts no branch on a random key
-//! (cachegrind's model: 1.5 per test at 10,000, was 5.75; wall time ~72 -> ~48 ns).
+//! before that: 3,486 and 8,565 with 30 misses); with 31-child branches 2,990 and 8.4;
+//! a test 368 instructions at 10, 498 with 5.1 L1 misses at 10,000 (was 1,146 and 14;
+//! with 15-child branches and no AVX2, 594 and 6.2): the B+ tree descent (a branch's
+//! first six lines, a leaf's three) and the record (64 bytes, line-aligned). A node
+//! step counts instead of searching, so the descent mispredicts no branch on a random
+//! key (cachegrind's model: none per test at 10,000, was 5.75).
 //!
 //! **Linux's list order** is kept as a key. In Linux an owner's locks are adjacent and
 //! sorted by start, and an owner with no lock on the inode starts its run at the end of
@@ -430,6 +432,7 @@ impl PosixTree {
         let writes_only = req.ty != LockType::Write;
         self.by_start.scan(req.start, req.end, writes_only, w, &mut |id| {
             let n = ar.node(id);
+            // Tests the overlap too: the scan may report one lock ending before it.
             if posix_locks_conflict(req, &n.fl) {
                 let key = (n.ix.seq, n.fl.start, id);
                 if best.map_or(true, |b| key < b) {

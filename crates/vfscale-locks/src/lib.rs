@@ -39,7 +39,8 @@
 //!   indexes over the same records: a hash table from each owner to its own AVL tree
 //!   by start, threaded through the records (the run the merge walk visits, found in
 //!   O(1) and walked in O(log k) of that owner's k locks), and a B+ tree by start with
-//!   15-entry nodes (a leaf is five aligned cache lines) in arrays of their own
+//!   15-entry leaves and 31-child branches (five and sixteen aligned cache lines) in
+//!   arrays of their own
 //!   (augmented per child with the greatest end,
 //!   over all locks and over write locks) for conflict searches. List order is a key: every
 //!   record carries its owner run's sequence number (32 bits, renumbered in order when
