@@ -139,9 +139,10 @@ fn a_connection_that_ends_gives_up_its_files() {
         std::fs::remove_file(src.join(format!("open{i}"))).unwrap();
         std::fs::remove_file(src.join(format!("looked{i}"))).unwrap();
     }
-    // (The other test's drop_caches may make the kernel forget a looked-up one.)
+    // (The other test's drop_caches may make the kernel forget a looked-up one, and
+    // the written ones' RELEASE comes in the background.)
     let s = m.stats(&sf);
-    assert!(s.inodes >= 4 && s.handles == 3, "{s:?}");
+    assert!(s.inodes >= 4 && s.handles >= 3, "{s:?}");
 
     // Detached, then its last user goes: the kernel aborts the connection (neither
     // RELEASE nor FORGET need come), and the server ends it with its handles and
