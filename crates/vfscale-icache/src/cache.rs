@@ -17,7 +17,7 @@ use crate::epoch::{Domain, Guard};
 use crate::inode::*;
 use crate::sync::{
     fence, AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, ILock, ILockGuard, Mutex, MutexGuard, Ordering,
-    SpinWait,
+    ShardGuard, ShardMutex, SpinWait,
 };
 use crate::wait::{WaitOutcome, WaitTable, Waiter};
 use crate::{CacheStats, HashLock, Lookup, Lru, SbList, Settings, SuperOperations};
@@ -552,8 +552,18 @@ impl<F: SuperOperations> SbSlots<F> {
     }
 }
 
+/// One LRU shard and its length on the same lines: the length is written under the
+/// shard's lock on every add and delete and read without it (the shrinker's `count`), so
+/// a line of its own was one more line per LRU operation (a transfer between CPUs when
+/// an eviction takes an inode off another CPU's shard).
+struct LruSlot<F: SuperOperations> {
+    list: ShardMutex<LruShard<F>>,
+    /// `list`'s `len`, for readers that do not take the lock.
+    len: StdAtomicUsize,
+}
+
 /// One shard of a superblock's inode list and its lock (`s_inode_list_lock`).
-type SbListShard<F> = Mutex<SbSlots<F>>;
+type SbListShard<F> = ShardMutex<SbSlots<F>>;
 
 /// A superblock: its operations, `SB_ACTIVE`, its inode lists and its LRU.
 pub(crate) struct SbInner<F: SuperOperations> {
@@ -563,9 +573,8 @@ pub(crate) struct SbInner<F: SuperOperations> {
     active: AtomicBool,
     /// `s_inodes`, one list per shard (`s_inode_list_lock` each).
     lists: Box<[CachePadded<SbListShard<F>>]>,
-    /// `s_inode_lru`, one list per shard.
-    lru: Box<[CachePadded<Mutex<LruShard<F>>>]>,
-    lru_len: Box<[CachePadded<StdAtomicUsize>]>,
+    /// `s_inode_lru`, one list per shard, with its length.
+    lru: Box<[CachePadded<LruSlot<F>>]>,
     prune_cursor: StdAtomicUsize,
     /// Where the superblock lives (the pointer from `Box::into_raw`): what inodes hold as
     /// `i_sb`, and what the last one out frees.
@@ -678,7 +687,7 @@ fn sb_try_free<F: SuperOperations>(sb: &SbInner<F>, pin: &Guard) {
 }
 
 impl<F: SuperOperations> SbInner<F> {
-    fn list_lock(&self, shard: usize) -> MutexGuard<'_, SbSlots<F>> {
+    fn list_lock(&self, shard: usize) -> ShardGuard<'_, SbSlots<F>> {
         let c = self.cache.counters();
         if self.cache.settings.sb_list == SbList::Global {
             c.add(Ctr::GlobalLocks, 1);
@@ -688,14 +697,14 @@ impl<F: SuperOperations> SbInner<F> {
         self.lists[shard].lock()
     }
 
-    fn lru_lock(&self, shard: usize) -> MutexGuard<'_, LruShard<F>> {
+    fn lru_lock(&self, shard: usize) -> ShardGuard<'_, LruShard<F>> {
         let c = self.cache.counters();
         if self.cache.settings.lru == Lru::Single {
             c.add(Ctr::GlobalLocks, 1);
         } else {
             c.add(Ctr::LruShardLocks, 1);
         }
-        self.lru[shard].lock()
+        self.lru[shard].list.lock()
     }
 
     /// The LRU shard a last `iput` on this CPU adds to.
@@ -1447,7 +1456,7 @@ fn lru_likely<F: SuperOperations>(inode: &Inode<F>, sb: &SbInner<F>) -> LruGuess
 }
 
 /// The LRU shard (and its lock) a last `iput` took before `i_lock`.
-type LruHeld<'a, F> = Option<(usize, MutexGuard<'a, LruShard<F>>)>;
+type LruHeld<'a, F> = Option<(usize, ShardGuard<'a, LruShard<F>>)>;
 
 /// `iput_final`: the last reference went; the caller holds `i_lock`, and maybe this
 /// CPU's LRU shard lock, taken before it (`lru`).
@@ -1490,7 +1499,7 @@ fn iput_final<'a, F: SuperOperations>(inode: &'a Inode<F>, g: ILockGuard<'_>, lr
             debug_assert!(s & (I_FREEING | I_WILL_FREE) == 0);
             inode.set_bits(I_FREEING);
             l.del(inode);
-            sb.lru_len[shard].store(l.len, Ordering::Relaxed);
+            sb.lru[shard].len.store(l.len, Ordering::Relaxed);
             inode.clear_bits(ON_LRU);
             sb.cache.counters().add(Ctr::NrUnused, -1);
             drop(l);
@@ -1561,7 +1570,7 @@ fn lru_add_locked<F: SuperOperations>(sb: &SbInner<F>, shard: usize, l: &mut Lru
     debug_assert!(inode.i_lock.is_locked());
     debug_assert!(inode.state.load(Ordering::Relaxed) & ON_LRU == 0);
     l.add_tail(inode);
-    sb.lru_len[shard].store(l.len, Ordering::Relaxed);
+    sb.lru[shard].len.store(l.len, Ordering::Relaxed);
     inode.set_bits(ON_LRU);
     sb.cache.counters().add(Ctr::NrUnused, 1);
 }
@@ -1574,7 +1583,7 @@ fn inode_lru_list_del<F: SuperOperations>(inode: &Inode<F>) {
     let _g = inode.lock();
     if inode.state.load(Ordering::Relaxed) & ON_LRU != 0 {
         l.del(inode);
-        sb.lru_len[shard].store(l.len, Ordering::Relaxed);
+        sb.lru[shard].len.store(l.len, Ordering::Relaxed);
         inode.clear_bits(ON_LRU);
         sb.cache.counters().add(Ctr::NrUnused, -1);
     }
@@ -1665,7 +1674,7 @@ fn prune_shard<F: SuperOperations>(
         }
         cur = next;
     }
-    sb.lru_len[shard].store(l.len, Ordering::Relaxed);
+    sb.lru[shard].len.store(l.len, Ordering::Relaxed);
     freed
 }
 
@@ -1747,13 +1756,15 @@ impl<F: SuperOperations> InodeCache<F> {
             dev: self.inner.next_dev.fetch_add(1, Ordering::Relaxed),
             active: AtomicBool::new(true),
             lists: (0..sb_shards)
-                .map(|_| CachePadded::new(Mutex::new(SbSlots::new())))
+                .map(|_| CachePadded::new(ShardMutex::new(SbSlots::new())))
                 .collect(),
             lru: (0..lru_shards)
-                .map(|i| CachePadded::new(Mutex::new(LruShard::new(i))))
-                .collect(),
-            lru_len: (0..lru_shards)
-                .map(|_| CachePadded::new(StdAtomicUsize::new(0)))
+                .map(|i| {
+                    CachePadded::new(LruSlot {
+                        list: ShardMutex::new(LruShard::new(i)),
+                        len: StdAtomicUsize::new(0),
+                    })
+                })
                 .collect(),
             prune_cursor: StdAtomicUsize::new(0),
             this: NonNull::dangling(),
@@ -2078,7 +2089,7 @@ impl<F: SuperOperations> SuperBlock<F> {
 
     /// The shrinker's `count_objects`: inodes on the LRU.
     pub fn count_objects(&self) -> usize {
-        self.inner.lru_len.iter().map(|l| l.load(Ordering::Relaxed)).sum()
+        self.inner.lru.iter().map(|l| l.len.load(Ordering::Relaxed)).sum()
     }
 
     /// `prune_icache_sb` (the shrinker's `scan_objects`): walks up to `nr_to_scan` LRU
@@ -2099,7 +2110,7 @@ impl<F: SuperOperations> SuperBlock<F> {
             let mut left = nr_to_scan;
             for i in 0..n {
                 let s = (start + i) % n;
-                let len = sb.lru_len[s].load(Ordering::Relaxed);
+                let len = sb.lru[s].len.load(Ordering::Relaxed);
                 let share = (nr_to_scan * len).div_ceil(total).min(left);
                 if share > 0 {
                     freed += prune_shard(sb, s, share, &mut dispose);

@@ -146,6 +146,85 @@ impl Drop for SpinGuard<'_> {
     }
 }
 
+/// The lock type of the superblock list shards (`s_inode_list_lock`) and the LRU shards
+/// (`list_lru_one`'s lock): a [`SpinMutex`] in normal builds, as both are `spinlock_t` in
+/// Linux. A parking mutex's unlock is a second locked read-modify-write (it must look for
+/// parked waiters); these locks are taken once or twice per create, load and eviction
+/// and held for a few stores each (a list walk of `evict_inodes`, `for_each_inode` or a
+/// prune at most, where a waiter backs off and yields). Under loom and shuttle: the
+/// shim's mutex, as for `i_lock` (see [`ILock`]).
+#[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
+pub(crate) type ShardMutex<T> = SpinMutex<T>;
+/// A held [`ShardMutex`].
+#[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
+pub(crate) type ShardGuard<'a, T> = SpinMutexGuard<'a, T>;
+/// The shard locks under the models: the shim's mutex.
+#[cfg(any(vfscale_loom, vfscale_shuttle))]
+pub(crate) type ShardMutex<T> = Mutex<T>;
+/// A held [`ShardMutex`].
+#[cfg(any(vfscale_loom, vfscale_shuttle))]
+pub(crate) type ShardGuard<'a, T> = MutexGuard<'a, T>;
+
+/// A [`SpinLock`] with the data it protects. Its ordering is the spinlock's (Acquire on
+/// taking, Release on dropping; `loom_spinlock` models it); the data is reached only
+/// through the guard.
+#[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
+pub(crate) struct SpinMutex<T> {
+    lock: SpinLock,
+    data: std::cell::UnsafeCell<T>,
+}
+
+// SAFETY: the data moves with the mutex (`T: Send`).
+#[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
+unsafe impl<T: Send> Send for SpinMutex<T> {}
+// SAFETY: `&SpinMutex` gives `&mut T` only to the one holder of the lock, so sharing it
+// across threads only moves access to `T` between threads (`T: Send`), as `Mutex` does.
+#[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
+unsafe impl<T: Send> Sync for SpinMutex<T> {}
+
+/// A held [`SpinMutex`]: access to its data until dropped.
+#[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
+#[must_use = "dropping the guard releases the lock at once"]
+pub(crate) struct SpinMutexGuard<'a, T> {
+    m: &'a SpinMutex<T>,
+    _g: SpinGuard<'a>,
+}
+
+#[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
+impl<T> SpinMutex<T> {
+    pub(crate) fn new(v: T) -> Self {
+        SpinMutex {
+            lock: SpinLock::new(),
+            data: std::cell::UnsafeCell::new(v),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn lock(&self) -> SpinMutexGuard<'_, T> {
+        let g = self.lock.lock();
+        SpinMutexGuard { m: self, _g: g }
+    }
+}
+
+#[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
+impl<T> std::ops::Deref for SpinMutexGuard<'_, T> {
+    type Target = T;
+    #[inline]
+    fn deref(&self) -> &T {
+        // SAFETY: the guard holds the lock: no `&mut T` exists elsewhere.
+        unsafe { &*self.m.data.get() }
+    }
+}
+
+#[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
+impl<T> std::ops::DerefMut for SpinMutexGuard<'_, T> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: the guard holds the lock, and `&mut self` makes this the only access.
+        unsafe { &mut *self.m.data.get() }
+    }
+}
+
 #[cfg(all(test, vfscale_loom))]
 mod loom_spinlock {
     use super::*;
