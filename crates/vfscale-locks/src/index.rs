@@ -23,12 +23,18 @@
 //! lock at a random free byte among H one-byte locks, and testing a held byte): a
 //! set+unset pair 2,190 instructions and 0 L1 misses at H = 10, 3,130 and 6.0 at
 //! 10,000 (one AVL by (owner, start) over all owners: 2,600 and 5,460; the AVL by start
-//! before that: 3,486 and 8,565 with 30 misses); with 31-child branches 2,990 and 8.4;
-//! a test 368 instructions at 10, 498 with 5.1 L1 misses at 10,000 (was 1,146 and 14;
+//! before that: 3,486 and 8,565 with 30 misses); with 31-child branches 2,990 and 8.3;
+//! a test 376 instructions at 10, 503 with 5.0 L1 misses at 10,000 (was 1,146 and 14;
 //! with 15-child branches and no AVX2, 594 and 6.2): the B+ tree descent (a branch's
 //! first six lines, a leaf's three) and the record (64 bytes, line-aligned). A node
 //! step counts instead of searching, so the descent mispredicts no branch on a random
 //! key (cachegrind's model: none per test at 10,000, was 5.75).
+//!
+//! Time (`lockmany_probe HELD ratio`, least of 30 batches): a test ~22.5 ns at 10 held,
+//! ~58 at 10,000, of which ~51 with the lines it reads in cache: each branch level of
+//! the descent costs ~10-11 ns (a vector load, the count, the child's id: a chain of
+//! dependent steps), and 10,000 locks need two (31-child branches; 15-child ones
+//! needed three), the misses ~7 ns more.
 //!
 //! **Linux's list order** is kept as a key. In Linux an owner's locks are adjacent and
 //! sorted by start, and an owner with no lock on the inode starts its run at the end of
