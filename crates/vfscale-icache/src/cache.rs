@@ -963,7 +963,18 @@ enum Hit<F: SuperOperations> {
 /// lock; with [`Lookup::Locked`] the lock-free walk is not used (a miss would take the
 /// hash lock once more, here and then in `run`, so that setting keeps the one path it
 /// always had).
-fn chain_hit<F: SuperOperations>(sb: &SbInner<F>, b: &Bucket<F>, ino: u64) -> Hit<F> {
+///
+/// `Walk::Pinned`: a match seen `I_NEW` without the lock is first spun on read-only
+/// ([`spin_while_new`]) before its `i_lock` is taken. In a cold walk two tasks meet on
+/// the same misses, and the one that finds the other's inode `I_NEW` took `i_lock` and
+/// the reference at once, writing the line the loader is still filling and is about to
+/// write again (`unlock_new_inode`, its own `iput`): each such write moved the line
+/// between the CPUs once more. The look under `i_lock` after the spin decides as before
+/// (still `I_NEW` → [`Hit::New`], the caller spins or sleeps; unhashed or being freed →
+/// [`Hit::Busy`]), so the lookup is the same as one that started later; the inode
+/// stays valid while pinned, and the walk compared `i_sb` with `sb` before the spin uses
+/// `sb`. Never under the chain lock (`Walk::Locked`): the spin would hold it.
+fn chain_hit<F: SuperOperations>(sb: &SbInner<F>, b: &Bucket<F>, ino: u64, walk: Walk) -> Hit<F> {
     let mut p = b.first(Ordering::Acquire);
     while let Some(n) = NonNull::new(p) {
         // SAFETY: reached from the chain while pinned or under the chain lock (the
@@ -972,6 +983,9 @@ fn chain_hit<F: SuperOperations>(sb: &SbInner<F>, b: &Bucket<F>, ino: u64) -> Hi
         p = inode.hash_next.load(Ordering::Acquire);
         if inode.sb != sb.this || inode.hashval != ino || inode.ino != ino {
             continue;
+        }
+        if walk == Walk::Pinned && inode.state.load(Ordering::Relaxed) & I_NEW != 0 {
+            spin_while_new(sb, inode);
         }
         // The first match decides, as in `find_inode` (newest first).
         let _g = inode.lock();
@@ -989,6 +1003,15 @@ fn chain_hit<F: SuperOperations>(sb: &SbInner<F>, b: &Bucket<F>, ino: u64) -> Hi
     Hit::Absent
 }
 
+/// How [`chain_hit`]'s caller holds the chain.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    /// Pinned, without the chain lock (lock-free lookup).
+    Pinned,
+    /// Under the chain lock.
+    Locked,
+}
+
 /// `ilookup`'s walk (see [`chain_hit`]); `Hit::Busy` or `Hit::Absent`: the caller takes
 /// the full path, which looks again from the start (nothing was changed).
 fn iget_hit<F: SuperOperations>(sb: &SbInner<F>, ino: u64) -> Hit<F> {
@@ -998,7 +1021,7 @@ fn iget_hit<F: SuperOperations>(sb: &SbInner<F>, ino: u64) -> Hit<F> {
     }
     let b = cache.bucket(sb, ino);
     let _pin = cache.domain.pin();
-    chain_hit(sb, b, ino)
+    chain_hit(sb, b, ino, Walk::Pinned)
 }
 
 /// What [`iget_fast`] did.
@@ -1027,7 +1050,7 @@ fn iget_fast<F: SuperOperations>(sb: &SbInner<F>, ino: u64) -> Fast<F> {
     let b = cache.bucket(sb, ino);
     {
         let _pin = cache.domain.pin();
-        match chain_hit(sb, b, ino) {
+        match chain_hit(sb, b, ino, Walk::Pinned) {
             Hit::Found(r) => return Fast::Done(Iget::Cached(r)),
             Hit::New(r) => return Fast::New(r),
             Hit::Busy => return Fast::Slow,
@@ -1037,7 +1060,7 @@ fn iget_fast<F: SuperOperations>(sb: &SbInner<F>, ino: u64) -> Fast<F> {
     let new = alloc_inode(sb, ino, ino, sb.ops.alloc_inode(ino));
     let h = cache.hash_lock(b);
     // We released the lock, so..
-    let again = chain_hit(sb, b, ino);
+    let again = chain_hit(sb, b, ino, Walk::Locked);
     if !matches!(again, Hit::Absent) {
         // Somebody inserted it since: use theirs.
         drop(h);
@@ -1164,7 +1187,7 @@ const NEW_SPINS: u32 = 1;
 /// loader wrote before is visible (no waiter sees a half-loaded inode), and so is an
 /// unhash that `iget_failed` did before it (the caller checks `HASHED` next). `false`:
 /// still `I_NEW`; the caller registers under `i_lock` (which looks again).
-fn spin_while_new<F: SuperOperations>(r: &Inode<F>) -> bool {
+fn spin_while_new<F: SuperOperations>(sb: &SbInner<F>, r: &Inode<F>) -> bool {
     for _ in 0..NEW_SPINS {
         // Under the models the look comes after the yield, so that the loader can end
         // the load between the lookup that found it I_NEW and the look.
@@ -1173,7 +1196,7 @@ fn spin_while_new<F: SuperOperations>(r: &Inode<F>) -> bool {
         #[cfg(all(vfscale_shuttle, not(vfscale_loom)))]
         shuttle::thread::yield_now();
         if r.state.load(Ordering::Acquire) & I_NEW == 0 {
-            r.sb().cache.counters().add(Ctr::NewWaitsSpun, 1);
+            sb.cache.counters().add(Ctr::NewWaitsSpun, 1);
             return true;
         }
         #[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
@@ -1216,7 +1239,7 @@ fn settle_found<F: SuperOperations>(
     // second look under `i_lock`. One found I_NEW is spun on first.
     let settled = match seen {
         Seen::Plain => true,
-        Seen::New => spin_while_new(&r),
+        Seen::New => spin_while_new(sb, &r),
         Seen::Woken => false,
     };
     if !settled {

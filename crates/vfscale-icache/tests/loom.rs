@@ -163,6 +163,55 @@ fn i_new_spin_or_sleep() {
     });
 }
 
+/// `ilookup` of an inode being loaded: a lock-free walk that sees it `I_NEW` spins on it
+/// read-only before it takes `i_lock` and the reference (`chain_hit`'s pinned walk), then
+/// decides under `i_lock` as before. Whichever way the wait ends (in that spin, in the
+/// spin or sleep after the reference, or the lookup came after the load), it returns the
+/// inode with the loaded data (no data race), the load happens once, and a wait is
+/// counted at most once. Both endings (the spin saw the load end, or not) are explored.
+#[test]
+fn ilookup_spins_on_i_new_before_i_lock() {
+    model_both_endings("the wait ended while spinning", || {
+        let fs = Fs::default();
+        let cache = InodeCache::new(Settings::default());
+        let sb = Arc::new(cache.mount(fs.clone()));
+        let n = new_inode(&sb, 1);
+        let sb2 = sb.clone();
+        let t = thread::spawn(move || read(&sb2.ilookup(1).expect("a hashed inode is found")));
+        thread::yield_now();
+        let r = load(n, 7);
+        assert_eq!(t.join().unwrap(), 7, "the lookup saw a half-loaded inode");
+        drop(r);
+        let s = cache.stats();
+        assert_eq!(s.loads, 1);
+        assert!(
+            s.new_waits_spun + s.new_waits_slept <= 1,
+            "one wait counted once: {s:?}"
+        );
+        s.new_waits_spun == 1
+    });
+}
+
+/// `ilookup` while the loader fails (`iget_failed`): whether its walk spins on the `I_NEW`
+/// inode, sleeps on it or comes after, it never returns the failed inode; the inode is
+/// evicted and destroyed once.
+#[test]
+fn ilookup_races_iget_failed() {
+    model(|| {
+        let fs = Fs::default();
+        let cache = InodeCache::new(Settings::default());
+        let sb = Arc::new(cache.mount(fs.clone()));
+        let n = new_inode(&sb, 1);
+        let sb2 = sb.clone();
+        let t = thread::spawn(move || sb2.ilookup(1).is_none());
+        thread::yield_now();
+        n.iget_failed();
+        assert!(t.join().unwrap(), "ilookup returned an inode whose load failed");
+        assert_eq!(fs.0.evicts.load(Ordering::SeqCst), 1);
+        assert_eq!(fs.0.destroys.load(Ordering::SeqCst), 1);
+    });
+}
+
 /// The loader fails (iget_failed) while another task looks the key up: the other task
 /// either becomes the loader or gets nothing bad; the failed inode is evicted once.
 #[test]
