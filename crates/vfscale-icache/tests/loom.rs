@@ -95,6 +95,15 @@ fn new_inode(sb: &SuperBlock<Fs>, ino: u64) -> NewInode<Fs> {
     n
 }
 
+/// A mounted filesystem with inode 1 new (`I_NEW`, the caller loads it).
+fn mount_with_new_inode() -> (Fs, InodeCache<Fs>, Arc<SuperBlock<Fs>>, NewInode<Fs>) {
+    let fs = Fs::default();
+    let cache = InodeCache::new(Settings::default());
+    let sb = Arc::new(cache.mount(fs.clone()));
+    let n = new_inode(&sb, 1);
+    (fs, cache, sb, n)
+}
+
 /// A mounted filesystem with inode 1 loaded with `v` and held.
 fn mount_with_inode(v: u64) -> (Fs, InodeCache<Fs>, Arc<SuperBlock<Fs>>, InodeRef<Fs>) {
     let fs = Fs::default();
@@ -137,16 +146,21 @@ fn i_new_handoff_loads_once() {
 /// and at most one of the two endings is counted. Both endings are explored.
 #[test]
 fn i_new_spin_or_sleep() {
-    model_both_endings("the wait ended while spinning", || {
-        let fs = Fs::default();
-        let cache = InodeCache::new(Settings::default());
-        let sb = Arc::new(cache.mount(fs.clone()));
-        let n = new_inode(&sb, 1);
+    i_new_wait_model(|sb, ino| match sb.iget_locked(ino).unwrap() {
+        Iget::New(_) => panic!("a second load of an I_NEW inode"),
+        Iget::Cached(r) => r,
+    });
+}
+
+/// A second thread looks up (`lookup`) inode 1 while the main thread loads it with 7:
+/// the lookup returns the loaded inode whichever way its wait ends (no data race), the
+/// inode is loaded once, a wait is counted at most once, and runs both where the wait
+/// ended while spinning and where it did not are explored.
+fn i_new_wait_model(lookup: fn(&SuperBlock<Fs>, u64) -> InodeRef<Fs>) {
+    model_both_endings("the wait ended while spinning", move || {
+        let (_fs, cache, sb, n) = mount_with_new_inode();
         let sb2 = sb.clone();
-        let t = thread::spawn(move || match sb2.iget_locked(1).unwrap() {
-            Iget::New(_) => panic!("a second load of an I_NEW inode"),
-            Iget::Cached(r) => read(&r),
-        });
+        let t = thread::spawn(move || read(&lookup(&sb2, 1)));
         // A scheduling point first (spawning is none): the lookup may then find the
         // inode I_NEW, or come after the load.
         thread::yield_now();
@@ -171,25 +185,7 @@ fn i_new_spin_or_sleep() {
 /// counted at most once. Both endings (the spin saw the load end, or not) are explored.
 #[test]
 fn ilookup_spins_on_i_new_before_i_lock() {
-    model_both_endings("the wait ended while spinning", || {
-        let fs = Fs::default();
-        let cache = InodeCache::new(Settings::default());
-        let sb = Arc::new(cache.mount(fs.clone()));
-        let n = new_inode(&sb, 1);
-        let sb2 = sb.clone();
-        let t = thread::spawn(move || read(&sb2.ilookup(1).expect("a hashed inode is found")));
-        thread::yield_now();
-        let r = load(n, 7);
-        assert_eq!(t.join().unwrap(), 7, "the lookup saw a half-loaded inode");
-        drop(r);
-        let s = cache.stats();
-        assert_eq!(s.loads, 1);
-        assert!(
-            s.new_waits_spun + s.new_waits_slept <= 1,
-            "one wait counted once: {s:?}"
-        );
-        s.new_waits_spun == 1
-    });
+    i_new_wait_model(|sb, ino| sb.ilookup(ino).expect("a hashed inode is found"));
 }
 
 /// `ilookup` while the loader fails (`iget_failed`): whether its walk spins on the `I_NEW`
@@ -198,10 +194,7 @@ fn ilookup_spins_on_i_new_before_i_lock() {
 #[test]
 fn ilookup_races_iget_failed() {
     model(|| {
-        let fs = Fs::default();
-        let cache = InodeCache::new(Settings::default());
-        let sb = Arc::new(cache.mount(fs.clone()));
-        let n = new_inode(&sb, 1);
+        let (fs, _cache, sb, n) = mount_with_new_inode();
         let sb2 = sb.clone();
         let t = thread::spawn(move || sb2.ilookup(1).is_none());
         thread::yield_now();
@@ -217,10 +210,7 @@ fn ilookup_races_iget_failed() {
 #[test]
 fn iget_failed_handoff() {
     model(|| {
-        let fs = Fs::default();
-        let cache = InodeCache::new(Settings::default());
-        let sb = Arc::new(cache.mount(fs.clone()));
-        let n = new_inode(&sb, 1);
+        let (fs, cache, sb, n) = mount_with_new_inode();
         let sb2 = sb.clone();
         let t = thread::spawn(move || match sb2.iget_locked(1).unwrap() {
             Iget::New(n) => read(&load(n, 9)),
