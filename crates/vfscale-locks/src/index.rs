@@ -31,10 +31,12 @@
 //! key (cachegrind's model: none per test at 10,000, was 5.75).
 //!
 //! Time (`lockmany_probe HELD ratio`, least of 30 batches): a test ~22.5 ns at 10 held,
-//! ~58 at 10,000, of which ~51 with the lines it reads in cache: each branch level of
-//! the descent costs ~10-11 ns (a vector load, the count, the child's id: a chain of
-//! dependent steps), and 10,000 locks need two (31-child branches; 15-child ones
-//! needed three), the misses ~7 ns more.
+//! ~59 at 10,000, of which ~51 with the lines it reads in cache (with 15-child
+//! branches: ~22, ~65 and ~58): each branch level of the descent costs ~10 ns (a
+//! vector load, the count, the child's id: a chain of dependent steps), 10,000 locks
+//! need two (15-child branches: three), and the misses add ~7 ns. So the test at
+//! 10,000 held is ~2.6× its time at 10 on this machine, not within 2×: that takes
+//! fewer dependent steps (one branch level at 10,000) or shorter ones.
 //!
 //! **Linux's list order** is kept as a key. In Linux an owner's locks are adjacent and
 //! sorted by start, and an owner with no lock on the inode starts its run at the end of
