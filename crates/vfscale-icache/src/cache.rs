@@ -197,10 +197,16 @@ impl<F: SuperOperations> Bucket<F> {
         }
     }
 
-    /// `hlist_bl_unlock`: clear bit 0, Release.
+    /// `hlist_bl_unlock` (`__bit_spin_unlock`): clear bit 0 with a plain Release store of
+    /// the word, not a locked read-modify-write: while the bit is set nobody else writes
+    /// the word (a locker's compare-exchange of a word seen free fails without writing,
+    /// and only the holder sets the first inode), so the word read here is the current
+    /// one. One locked instruction less per chain-lock hold (insert, load, eviction);
+    /// `loom_bitlock` checks that both lockers' links survive.
     fn unlock(&self) {
-        let prev = self.head.fetch_and(!CHAIN_LOCK, Ordering::Release);
-        debug_assert!(prev & CHAIN_LOCK != 0, "hash chain unlocked twice");
+        let cur = self.head.load(Ordering::Relaxed);
+        debug_assert!(cur & CHAIN_LOCK != 0, "hash chain unlocked twice");
+        self.head.store(cur & !CHAIN_LOCK, Ordering::Release);
     }
 
     /// A hint to load the chain head's cache line (no effect on the models, or off
@@ -579,9 +585,11 @@ pub(crate) struct SbInner<F: SuperOperations> {
     /// Where the superblock lives (the pointer from `Box::into_raw`): what inodes hold as
     /// `i_sb`, and what the last one out frees.
     pub(crate) this: NonNull<SbInner<F>>,
-    /// Inodes allocated and not yet through `destroy_inode`, per CPU shard: `+1` on the
-    /// allocating CPU's shard, `-1` on the destroying one's (a shard alone may wrap below
-    /// 0; the wrapping sum is exact). Only summed at teardown.
+    /// Inodes allocated and not yet through `destroy_inode`, per counter slot (as
+    /// [`CacheInner::counters`]: one per thread in normal builds, so the allocation's `+1`
+    /// is a plain load and store, not a locked add; per shard under the models): `+1` on
+    /// the allocating thread's slot, `-1` on the destroying one's (a slot alone may wrap
+    /// below 0; the wrapping sum is exact). Only summed at teardown.
     live: Box<[CachePadded<AtomicUsize>]>,
     /// No handle ([`SuperBlock`], a waiting lookup) is left: the superblock is freed when
     /// its last inode is destroyed.
@@ -659,7 +667,7 @@ fn sb_inode_gone<F: SuperOperations>(sb: &SbInner<F>, pin: &Guard) {
     // as AcqRel (with per-thread shards, `sb_freed_after_last_inode` then found the
     // superblock never freed): under the models the fence is there, and loom checks it
     // exactly.
-    sb.live[sb.cache.shard_of_cpu()].fetch_sub(1, Ordering::SeqCst);
+    sb.live_slot().0.fetch_sub(1, Ordering::SeqCst);
     #[cfg(any(vfscale_loom, vfscale_shuttle))]
     fence(Ordering::SeqCst);
     if sb.detached.load(Ordering::SeqCst) {
@@ -707,6 +715,23 @@ impl<F: SuperOperations> SbInner<F> {
         self.lru[shard].list.lock()
     }
 
+    /// The calling thread's slot of `live`, and whether it owns it (no other thread writes
+    /// it): the slot of its counters ([`CacheInner::counters`]).
+    #[inline]
+    fn live_slot(&self) -> (&AtomicUsize, bool) {
+        #[cfg(any(vfscale_loom, vfscale_shuttle))]
+        {
+            (&self.live[self.cache.shard_of_cpu()], false)
+        }
+        #[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
+        {
+            match thread_slot() {
+                Some(i) if i < OWN_SLOTS => (&self.live[i], true),
+                _ => (&self.live[OWN_SLOTS], false),
+            }
+        }
+    }
+
     /// The LRU shard a last `iput` on this CPU adds to.
     fn lru_shard_of_cpu(&self) -> usize {
         if self.cache.settings.lru == Lru::Single {
@@ -731,7 +756,13 @@ fn alloc_inode<F: SuperOperations>(
     hashval: u64,
     data: F::Data,
 ) -> NonNull<Inode<F>> {
-    sb.live[sb.cache.shard_of_cpu()].fetch_add(1, Ordering::Relaxed);
+    match sb.live_slot() {
+        // Only this thread writes its own slot (the decrement above is its own too).
+        (l, true) => l.store(l.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed),
+        (l, false) => {
+            l.fetch_add(1, Ordering::Relaxed);
+        }
+    }
     let b = Box::new(Inode {
         ino,
         hashval,
@@ -1791,7 +1822,7 @@ impl<F: SuperOperations> InodeCache<F> {
                 .collect(),
             prune_cursor: StdAtomicUsize::new(0),
             this: NonNull::dangling(),
-            live: (0..shards)
+            live: (0..counter_slots(shards))
                 .map(|_| CachePadded::new(AtomicUsize::new(0)))
                 .collect(),
             detached: AtomicBool::new(false),
