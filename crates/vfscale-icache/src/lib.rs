@@ -122,7 +122,9 @@
 //! unlink); a waiter spins read-only with backoff, then yields. Every hold is a few loads
 //! and stores (at most a wait-table bucket lock inside). Under loom and shuttle `i_lock`
 //! is the shim's mutex (spin loops at every use exceed loom's branch limit); the
-//! spinlock has its own loom model.
+//! spinlock has its own loom model. The superblock list and LRU shard locks are the
+//! same spinlock with their data (`spinlock_t` in Linux too), the shim's mutex under the
+//! models.
 //! `->drop_inode` runs under `i_lock` and must only use lock-free accessors (all of
 //! [`Inode`]'s getters are).
 //!
@@ -139,7 +141,9 @@
 //! * **Hash**: a lock per chain (`hlist_bl`) for insert and remove: each chain head is
 //!   one word, the first inode's address with the lock in bit 0 (a bit spinlock: a
 //!   compare-exchange of the free word, Acquire, to take it, spinning read-only with
-//!   backoff and then yielding while another holds it, `fetch_and` Release to drop it;
+//!   backoff and then yielding while another holds it, a plain Release store of the word
+//!   without the bit to drop it, as Linux's `__bit_spin_unlock`: nobody else writes the
+//!   word while the bit is set;
 //!   the chain-lock acquisition counter counts takes), so the table costs 8 bytes
 //!   per chain. The chain-lock holder may take an `i_lock` or a superblock list lock
 //!   (never sleeps otherwise); lookups take no lock
@@ -175,6 +179,9 @@
 //!   (pinned; the first match decides, `__iget` under its `i_lock` when hashed and not
 //!   `I_CREATING` or freeing): a cached hit returns at once, an `I_NEW` one goes straight
 //!   to the wait (spin, then register), with the reference `find_inode` would have taken.
+//!   A match seen `I_NEW` without the lock is spun on read-only first, before its
+//!   `i_lock` and reference are taken (the same lookup, started later): a follower no
+//!   longer writes the line its loader is filling.
 //!   `iget_locked` also takes a miss directly (allocate, chain lock, look again: none →
 //!   hash it `I_NEW`; one → destroy the new inode unpublished and use that one, as the
 //!   general path does); `insert_inode_locked` hashes directly when the chain holds no
@@ -182,7 +189,8 @@
 //!   dying inode with the number being inserted) takes the general path, which looks
 //!   again from the start; the fast paths change nothing before they give up.
 //! * **`i_sb` is not counted**: creating or evicting an inode writes no superblock-wide
-//!   line (see "Lifetimes"); the live-inode count that keeps the superblock is per CPU.
+//!   line (see "Lifetimes"); the live-inode count that keeps the superblock is per
+//!   thread (per counter slot).
 //!
 //! # Lifetimes
 //!
@@ -196,10 +204,11 @@
 //!   by [`flush_deferred`].
 //! * A superblock (`i_sb`, as in Linux: a plain pointer in every inode): counted handles
 //!   are only [`SuperBlock`] and a waiting lookup ([`InodeWait`]). Each inode is counted
-//!   in a per-CPU-shard live count (`+1` at allocation on the allocating CPU's shard, `-1`
-//!   at the end of `destroy_inode` on the destroying CPU's). When the last handle goes the
+//!   in a live count per counter slot (`+1` at allocation on the allocating thread's
+//!   slot, a load and a store when the thread owns it; `-1` at the end of `destroy_inode`
+//!   on the destroying thread's, a SeqCst RMW; per shard under the models). When the last handle goes the
 //!   superblock is *detached*; it is freed (a grace period later, through the epoch) by
-//!   whoever then sees the shards sum to 0: the detacher, or the destroyer of its last
+//!   whoever then sees the slots sum to 0: the detacher, or the destroyer of its last
 //!   inode. The decrement/`detached` pair is a SeqCst Dekker, so exactly one of them sees
 //!   the sum reach 0 (a `freed` flag claims the free once); no inode is allocated after
 //!   detaching (allocating takes a handle), so a sum can only overstate the live count.
