@@ -185,7 +185,7 @@ fn build(ops: Vec<Op>) -> Scenario {
             | Op::ChangeFd { handle, backing } => {
                 open.contains(handle) && !matches!(backing, Backing::Handle(b) if !open.contains(b))
             }
-            o => o.handle().map_or(true, |h| open.contains(h)),
+            o => o.handle().is_none_or(|h| open.contains(h)),
         };
         if ok {
             steps.push(op);

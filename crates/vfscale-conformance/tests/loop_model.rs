@@ -166,7 +166,7 @@ fn settle(ops: Vec<Op>) -> Scenario {
             Op::Read { handle, .. } | Op::Write { handle, .. } => {
                 open.contains(handle) && model.io_sound(handle)
             }
-            o => o.handle().map_or(true, |h| open.contains(h)),
+            o => o.handle().is_none_or(|h| open.contains(h)),
         };
         if !ok {
             continue;

@@ -391,8 +391,8 @@ impl<F: Send + Sync + 'static> FdTable<F> {
             let top = limit.min(self.nr_open) as usize;
             let words = top.div_ceil(BITS);
             let free = (0..words).find(|&w| {
-                inner.chunks.get(w).map_or(true, |c| c.is_none())
-                    && inner.open_fds.get(w).map_or(true, |&x| x == 0)
+                inner.chunks.get(w).is_none_or(|c| c.is_none())
+                    && inner.open_fds.get(w).is_none_or(|&x| x == 0)
             });
             let Some(w) = free else {
                 drop(inner);

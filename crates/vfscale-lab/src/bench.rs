@@ -260,10 +260,7 @@ fn run_order<T: Copy>(w: Workload, units: &[T], runs: usize) -> Vec<T> {
     if interleaved(w) {
         (0..runs).flat_map(|_| units.iter().copied()).collect()
     } else {
-        units
-            .iter()
-            .flat_map(|&t| std::iter::repeat(t).take(runs))
-            .collect()
+        units.iter().flat_map(|&t| std::iter::repeat_n(t, runs)).collect()
     }
 }
 

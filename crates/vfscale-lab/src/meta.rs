@@ -55,7 +55,7 @@ pub fn filesystem_of(path: &std::path::Path) -> String {
             continue;
         };
         let point = unescape_mountinfo(point);
-        if path.starts_with(&point) && best.as_ref().map_or(true, |(len, _)| point.len() >= *len) {
+        if path.starts_with(&point) && best.as_ref().is_none_or(|(len, _)| point.len() >= *len) {
             best = Some((point.len(), format!("{fstype} {}", unescape_mountinfo(source))));
         }
     }

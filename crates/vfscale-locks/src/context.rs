@@ -885,7 +885,7 @@ impl Inner {
         let mut oldest: Option<(Stamp, NodeId)> = None;
         for &id in &self.ready {
             let w = self.waiter(id).expect("a ready request");
-            if waited_a_quantum(now, w.since) && oldest.map_or(true, |(t, _)| w.since < t) && w.blocking() {
+            if waited_a_quantum(now, w.since) && oldest.is_none_or(|(t, _)| w.since < t) && w.blocking() {
                 oldest = Some((w.since, id));
             }
         }

@@ -443,7 +443,7 @@ impl PosixTree {
             // Tests the overlap too: the scan may report one lock ending before it.
             if posix_locks_conflict(req, &n.fl) {
                 let key = (n.ix.seq, n.fl.start, id);
-                if best.map_or(true, |b| key < b) {
+                if best.is_none_or(|b| key < b) {
                     best = Some(key);
                 }
             }

@@ -932,7 +932,7 @@ impl StartTree {
             for k in 0..n {
                 let key = l.key(k);
                 assert!(
-                    key >= lo && hi.map_or(true, |hi| key < hi),
+                    key >= lo && hi.is_none_or(|hi| key < hi),
                     "leaf key {key:?} out of range"
                 );
                 out.push((l.start[k], l.end[k], l.id[k], l.wmask & (1 << k) != 0));

@@ -149,7 +149,7 @@ impl BackingFile {
         if direct {
             if let Some(d) = self.direct() {
                 let a = self.min_dio().max(512);
-                if (buf as u64) % a == 0 && (len as u64) % a == 0 && pos % a == 0 {
+                if (buf as u64).is_multiple_of(a) && (len as u64).is_multiple_of(a) && pos.is_multiple_of(a) {
                     return d.as_raw_fd();
                 }
             }

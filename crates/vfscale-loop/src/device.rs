@@ -474,7 +474,7 @@ impl LoopDevice {
     fn can_use_dio(&self, g: &DevGuard<'_>) -> bool {
         let Some(b) = &g.backing else { return false };
         let min = g.min_dio;
-        b.can_odirect() && u64::from(self.block_size()) >= min && g.offset % min == 0
+        b.can_odirect() && u64::from(self.block_size()) >= min && g.offset.is_multiple_of(min)
     }
 
     /// `loop_update_dio`: direct I/O is switched off when it can no longer be used.
@@ -849,7 +849,7 @@ impl LoopHandle {
             // Linux's page cache takes whole cached blocks and loses them at the detach;
             // a partial block needs a read, which fails.
             let cb = dev.cache_block.load(Ordering::Relaxed);
-            return if pos % cb == 0 && (n as u64) % cb == 0 {
+            return if pos.is_multiple_of(cb) && (n as u64).is_multiple_of(cb) {
                 dev.wb_err.fetch_add(1, Ordering::AcqRel);
                 Ok(n)
             } else {
@@ -875,7 +875,7 @@ impl LoopHandle {
                 // write-back fails: the data are lost and the next fsync of each open
                 // description says EIO (mapping_set_error, errseq).
                 let cb = dev.cache_block.load(Ordering::Relaxed);
-                if pos % cb != 0 || (n as u64) % cb != 0 {
+                if !pos.is_multiple_of(cb) || !(n as u64).is_multiple_of(cb) {
                     let start = pos / cb * cb;
                     let end = (pos + n as u64).div_ceil(cb) * cb;
                     let mut tmp = vec![0u8; (end.min(cap) - start) as usize];
@@ -931,7 +931,7 @@ impl LoopHandle {
         if !self.desc.write {
             return Err(Errno::EBADF);
         }
-        if pos % SECTOR != 0 || len % SECTOR != 0 {
+        if !pos.is_multiple_of(SECTOR) || !len.is_multiple_of(SECTOR) {
             return Err(Errno::EINVAL);
         }
         let end = pos.checked_add(len).ok_or(Errno::EINVAL)?;

@@ -119,15 +119,27 @@ impl Handles {
     /// Removes handle `fh` of connection `conn`, returning the table's reference to it:
     /// once the caller drops it, the handle (its inode reference and source descriptor)
     /// goes unless a request in flight still holds it.
+    ///
+    /// Of two removals of one handle, only the one that takes the handle out of its entry
+    /// closes the descriptor: an entry is closed only by its taker, so `fh` still names
+    /// this entry when the taker closes it (closing first could close a new handle that
+    /// reused the number after another removal's close).
     pub fn remove(&self, conn: usize, fh: u64) -> Option<Arc<Handle>> {
         let fd = Fd(u32::try_from(fh).ok()?);
         let entry = self.table.get(fd)?;
-        if entry.handle()?.conn != conn {
-            return None;
-        }
-        self.table.close(fd).ok()?;
-        let h = entry.0.lock().take();
-        h
+        let h = {
+            let mut slot = entry.0.lock();
+            if slot.as_ref()?.conn != conn {
+                return None;
+            }
+            slot.take()?
+        };
+        let closed = self.table.close(fd);
+        debug_assert!(
+            closed.is_ok(),
+            "handle {fh}: its entry was closed by another than its taker"
+        );
+        Some(h)
     }
 
     /// Every open handle of connection `conn`, with its file handle.

@@ -233,7 +233,7 @@ impl Reference {
         if dev.state != State::Bound {
             return true;
         }
-        if dev.lbs > PAGE || dev.size() % dev.lbs != 0 {
+        if dev.lbs > PAGE || !dev.size().is_multiple_of(dev.lbs) {
             return false;
         }
         match dev.backing.as_ref().expect("bound") {
@@ -615,7 +615,7 @@ impl Reference {
     /// `lo_can_use_dio`: the backing allows `O_DIRECT` (tmpfs and block devices do), the
     /// block size is at least the backing's direct-I/O alignment, and so is the offset.
     fn can_use_dio(dev: &Dev) -> bool {
-        dev.lbs >= dev.min_dio && dev.offset % dev.min_dio == 0
+        dev.lbs >= dev.min_dio && dev.offset.is_multiple_of(dev.min_dio)
     }
 
     /// `loop_update_dio`: direct I/O is silently turned off when it cannot be used.
@@ -868,7 +868,7 @@ impl Reference {
     /// `lo_rw_aio`), which fails with `EIO` unless the device (and every one below) is
     /// bound.
     fn handle_read(&self, d: usize, pos: u64, len: u64) -> Res<Vec<u8>> {
-        if pos > i64::MAX as u64 || pos.checked_add(len).map_or(true, |e| e > i64::MAX as u64) {
+        if pos > i64::MAX as u64 || pos.checked_add(len).is_none_or(|e| e > i64::MAX as u64) {
             return Err(EINVAL);
         }
         self.dev_read(self.descs[d].dev, pos, len)
@@ -953,7 +953,7 @@ impl Reference {
         if !desc.write {
             return Err(EBADF);
         }
-        if pos > i64::MAX as u64 || pos.checked_add(len).map_or(true, |e| e > i64::MAX as u64) {
+        if pos > i64::MAX as u64 || pos.checked_add(len).is_none_or(|e| e > i64::MAX as u64) {
             return Err(EINVAL);
         }
         let i = desc.dev;
@@ -977,7 +977,7 @@ impl Reference {
         let mut done = pos;
         while done < end {
             let chunk_end = end.min((done / folio + 1) * folio);
-            let partial = done % block != 0 || (chunk_end % block != 0);
+            let partial = !done.is_multiple_of(block) || !chunk_end.is_multiple_of(block);
             if partial {
                 let rb = done / block * block;
                 let re = chunk_end.div_ceil(block) * block;

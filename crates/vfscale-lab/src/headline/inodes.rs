@@ -71,7 +71,7 @@ fn evict(report: &Report) -> Vec<Finding> {
     };
     let mut t = Targets::new();
     let k = |n: u64| {
-        if n % 1_000_000 == 0 {
+        if n.is_multiple_of(1_000_000) {
             format!("{}M", n / 1_000_000)
         } else {
             format!("{}k", n / 1_000)

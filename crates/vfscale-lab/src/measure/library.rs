@@ -223,7 +223,7 @@ fn herd(mgr: &Arc<LockManager>, cfg: &Config) -> Result<Sample, Skip> {
         let cs = thread_context_switches();
         let mut k = 0u32;
         while !s2.load(Ordering::Relaxed) {
-            let t0 = (k % HERD_SAMPLE == 0).then(Instant::now);
+            let t0 = k.is_multiple_of(HERD_SAMPLE).then(Instant::now);
             k = k.wrapping_add(1);
             let slept = whole_file_lock_waited(&c2, mode, who, f);
             k2[i].0.fetch_add(1, Ordering::Relaxed);

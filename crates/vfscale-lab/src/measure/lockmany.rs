@@ -129,7 +129,7 @@ fn library(cfg: &Config, index: LockIndex) -> Result<Sample, Skip> {
     let ofd = cfg.mode == LockMode::Ofd;
     let key = (index, cfg.mode, held);
     let mut cache = LIBRARY_SETUP.lock().unwrap_or_else(|e| e.into_inner());
-    if cache.as_ref().map_or(true, |c| c.key != key) {
+    if cache.as_ref().is_none_or(|c| c.key != key) {
         *cache = None;
         let mgr = LockManager::with_settings(Settings {
             index,
@@ -458,7 +458,7 @@ fn kernel(cfg: &Config) -> Result<Sample, Skip> {
     let mut cache = KERNEL_SETUP.lock().unwrap_or_else(|e| e.into_inner());
     if cache
         .as_ref()
-        .map_or(true, |s| s.key != key || !kernel_setup_alive(s, ofd))
+        .is_none_or(|s| s.key != key || !kernel_setup_alive(s, ofd))
     {
         *cache = None;
         *cache = Some(kernel_setup(cfg)?);

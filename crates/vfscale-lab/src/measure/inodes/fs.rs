@@ -31,7 +31,7 @@ impl Dents {
             names: String::new(),
             ents: Vec::new(),
         };
-        d.names.extend(std::iter::repeat('x').take(entries * name_len));
+        d.names.extend(std::iter::repeat_n('x', entries * name_len));
         d.ents.resize(entries, (1, 1, 1));
         d.names.clear();
         d.ents.clear();
