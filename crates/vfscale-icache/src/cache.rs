@@ -414,7 +414,7 @@ impl<F: SuperOperations> LruShard<F> {
     /// shard's lock: it has `&mut self`/`&self` only through the lock's guard, so the
     /// links of the inodes on it are the caller's to touch).
     fn owns(&self, inode: &Inode<F>) -> bool {
-        inode.lru_shard.load(Ordering::Relaxed) == self.shard
+        inode.lru_shard() == self.shard as usize
     }
 
     /// `list_add_tail` (newest at the tail). The caller holds this shard's lock (it has
@@ -422,7 +422,7 @@ impl<F: SuperOperations> LruShard<F> {
     /// `i_lock`).
     fn add_tail(&mut self, inode: &Inode<F>) {
         let me = NonNull::from(inode);
-        inode.lru_shard.store(self.shard, Ordering::Relaxed);
+        inode.set_lru_shard(self.shard);
         debug_assert!(inode.lru_prev.load(Ordering::Relaxed).is_null());
         debug_assert!(inode.lru_next.load(Ordering::Relaxed).is_null());
         match self.tail {
@@ -772,9 +772,8 @@ fn alloc_inode<F: SuperOperations>(
         count: AtomicU32::new(1),
         nlink: AtomicU32::new(1),
         hash_next: AtomicPtr::new(std::ptr::null_mut()),
-        sb_shard: AtomicU32::new(0),
-        sb_index: AtomicUsize::new(0),
-        lru_shard: AtomicU32::new(0),
+        shards: AtomicU32::new(0),
+        sb_index: AtomicU32::new(0),
         lru_prev: AtomicPtr::new(std::ptr::null_mut()),
         lru_next: AtomicPtr::new(std::ptr::null_mut()),
         data,
@@ -803,16 +802,17 @@ fn inode_sb_list_add<F: SuperOperations>(inode: &Inode<F>) {
         sb.cache.shard_of_cpu()
     };
     let mut l = sb.list_lock(shard);
-    inode.sb_shard.store(shard as u32, Ordering::Relaxed);
+    inode.set_sb_shard(shard as u32);
     let i = l.add(inode);
+    let i = u32::try_from(i).unwrap_or_else(|_| panic!("more than 2^32 inodes on one superblock list shard"));
     inode.sb_index.store(i, Ordering::Relaxed);
 }
 
 /// `inode_sb_list_del`.
 fn inode_sb_list_del<F: SuperOperations>(inode: &Inode<F>) {
     let sb = inode.sb();
-    let mut l = sb.list_lock(inode.sb_shard.load(Ordering::Relaxed) as usize);
-    let i = inode.sb_index.load(Ordering::Relaxed);
+    let mut l = sb.list_lock(inode.sb_shard());
+    let i = inode.sb_index.load(Ordering::Relaxed) as usize;
     l.del(i, inode);
 }
 
@@ -1471,7 +1471,7 @@ pub(crate) fn iput<F: SuperOperations>(p: NonNull<Inode<F>>) {
     let sb = inode.sb();
     let lru = match lru_likely(inode, sb) {
         LruGuess::Add => Some(sb.lru_shard_of_cpu()),
-        LruGuess::Del => Some(inode.lru_shard.load(Ordering::Relaxed) as usize),
+        LruGuess::Del => Some(inode.lru_shard()),
         LruGuess::None => None,
     }
     .map(|shard| (shard, sb.lru_lock(shard)));
@@ -1632,7 +1632,7 @@ fn lru_add_locked<F: SuperOperations>(sb: &SbInner<F>, shard: usize, l: &mut Lru
 /// `inode_lru_list_del` of an inode the caller is evicting (`I_FREEING`).
 fn inode_lru_list_del<F: SuperOperations>(inode: &Inode<F>) {
     let sb = inode.sb();
-    let shard = inode.lru_shard.load(Ordering::Relaxed) as usize;
+    let shard = inode.lru_shard();
     let mut l = sb.lru_lock(shard);
     let _g = inode.lock();
     if inode.state.load(Ordering::Relaxed) & ON_LRU != 0 {
