@@ -545,16 +545,68 @@ impl<F: SuperOperations> SbSlots<F> {
         }
     }
 
-    /// The inodes on the list. The caller holds the shard's lock.
-    fn iter(&self) -> impl Iterator<Item = InodePtr<F>> + '_ {
+    /// The inodes in slots `start..`, with their slots. The caller holds the shard's lock.
+    fn iter_from(&self, start: usize) -> impl Iterator<Item = (usize, InodePtr<F>)> + '_ {
         self.slots
             .iter()
-            .filter(|a| **a & 1 == 0)
-            .map(|a| InodePtr(NonNull::new(*a as *mut Inode<F>).expect("a used slot holds an inode")))
+            .enumerate()
+            .skip(start)
+            .filter(|(_, a)| **a & 1 == 0)
+            .map(|(i, a)| {
+                (
+                    i,
+                    InodePtr(NonNull::new(*a as *mut Inode<F>).expect("a used slot holds an inode")),
+                )
+            })
     }
 
     fn len(&self) -> usize {
         self.len
+    }
+}
+
+/// Inodes one hold of a superblock list shard's lock takes in a walk of the whole list
+/// (`evict_inodes`, `for_each_inode`). The lock is a spinlock whose waiters spin and then
+/// yield, so a walk of a large shard lets it go every so often and goes on from the next
+/// slot, as Linux's `evict_inodes` drops `s_inode_list_lock` when it must reschedule.
+/// Slots do not move while an inode is on the list, so a resumed walk visits every inode
+/// that stayed; an inode added meanwhile may or may not be visited (as at any time).
+const SB_WALK_BATCH: usize = 128;
+
+/// Walks every superblock list shard of `sb`, at most [`SB_WALK_BATCH`] picks per hold of
+/// a shard's lock: `pick` runs for each inode under the shard's lock and the inode's
+/// `i_lock` and may push onto the batch; `then` runs on each full (and the last) batch
+/// with no lock held and must empty it. The batch is allocated before any lock is taken.
+fn sb_walk<F: SuperOperations, T>(
+    sb: &SbInner<F>,
+    mut pick: impl FnMut(InodePtr<F>, &Inode<F>, &mut Vec<T>),
+    mut then: impl FnMut(&mut Vec<T>),
+) {
+    let mut batch = Vec::with_capacity(SB_WALK_BATCH);
+    for shard in 0..sb.lists.len() {
+        let mut next = 0;
+        loop {
+            let done = {
+                let l = sb.list_lock(shard);
+                let mut it = l.iter_from(next);
+                loop {
+                    if batch.len() >= SB_WALK_BATCH {
+                        break false;
+                    }
+                    let Some((i, p)) = it.next() else { break true };
+                    next = i + 1;
+                    // SAFETY: on the list whose lock we hold.
+                    let inode = unsafe { p.get() };
+                    let _g = inode.lock();
+                    pick(p, inode, &mut batch);
+                }
+            };
+            then(&mut batch);
+            debug_assert!(batch.is_empty(), "sb_walk: `then` left the batch full");
+            if done {
+                break;
+            }
+        }
     }
 }
 
@@ -2182,13 +2234,10 @@ impl<F: SuperOperations> SuperBlock<F> {
     /// `evict_inodes`: evicts every unused inode of the superblock that is not `I_NEW` or
     /// already being evicted. Returns how many it evicted.
     pub fn evict_inodes(&self) -> usize {
-        let sb: &SbInner<F> = &self.inner;
-        let mut dispose = Vec::new();
-        for shard in 0..sb.lists.len() {
-            let l = sb.list_lock(shard);
-            for p in l.iter() {
-                // SAFETY: on the list whose lock we hold.
-                let inode = unsafe { p.get() };
+        let mut n = 0;
+        sb_walk(
+            &self.inner,
+            |p, inode, dispose: &mut Vec<(InodePtr<F>, bool)>| {
                 // i_count is read under i_lock only (as invalidate_inodes does; Linux's
                 // evict_inodes skips on an unlocked read first): the SB_ACTIVE clear
                 // before this walk and a last iput's 1 -> 0 and SB_ACTIVE read (under
@@ -2196,24 +2245,24 @@ impl<F: SuperOperations> SuperBlock<F> {
                 // evicts, or that iput sees SB_ACTIVE clear and evicts. An unlocked skip
                 // could see a stale count while that iput saw a stale SB_ACTIVE and kept
                 // the inode: one unused inode left behind (loom: umount_races_last_iput).
-                let _g = inode.lock();
                 let s = inode.state.load(Ordering::Relaxed);
-                if inode.count.load(Ordering::Relaxed) != 0 || s & (I_NEW | I_FREEING | I_WILL_FREE) != 0 {
-                    continue;
+                if inode.count.load(Ordering::Relaxed) == 0 && s & (I_NEW | I_FREEING | I_WILL_FREE) == 0 {
+                    inode.set_bits(I_FREEING);
+                    dispose.push((p, s & ON_LRU != 0));
                 }
-                inode.set_bits(I_FREEING);
-                dispose.push((p, s & ON_LRU != 0));
-            }
-        }
-        let n = dispose.len();
-        for (p, on_lru) in dispose {
-            // SAFETY: we set I_FREEING on it: it is ours to evict.
-            let inode = unsafe { p.get() };
-            if on_lru {
-                inode_lru_list_del(inode);
-            }
-            evict(inode);
-        }
+            },
+            |dispose| {
+                n += dispose.len();
+                for (p, on_lru) in dispose.drain(..) {
+                    // SAFETY: we set I_FREEING on it: it is ours to evict.
+                    let inode = unsafe { p.get() };
+                    if on_lru {
+                        inode_lru_list_del(inode);
+                    }
+                    evict(inode);
+                }
+            },
+        );
         n
     }
 
@@ -2232,27 +2281,19 @@ impl<F: SuperOperations> SuperBlock<F> {
     /// (a visited inode is held; one already being evicted is skipped). `f` runs with no
     /// lock held.
     pub fn for_each_inode(&self, mut f: impl FnMut(&InodeRef<F>)) {
-        let sb: &SbInner<F> = &self.inner;
-        for shard in 0..sb.lists.len() {
-            let held: Vec<InodeRef<F>> = {
-                let l = sb.list_lock(shard);
-                l.iter()
-                    .filter_map(|p| {
-                        // SAFETY: on the list whose lock we hold.
-                        let inode = unsafe { p.get() };
-                        let _g = inode.lock();
-                        if inode.state.load(Ordering::Relaxed) & (I_NEW | I_FREEING | I_WILL_FREE) != 0 {
-                            None
-                        } else {
-                            Some(inode.iget_locked_ref())
-                        }
-                    })
-                    .collect()
-            };
-            for r in &held {
-                f(r);
-            }
-        }
+        sb_walk(
+            &self.inner,
+            |_, inode, held: &mut Vec<InodeRef<F>>| {
+                if inode.state.load(Ordering::Relaxed) & (I_NEW | I_FREEING | I_WILL_FREE) == 0 {
+                    held.push(inode.iget_locked_ref());
+                }
+            },
+            |held| {
+                held.iter().for_each(&mut f);
+                // The references go (a last one may evict) with no lock held.
+                held.clear();
+            },
+        );
     }
 
     /// The inode numbers on the LRU, oldest first (shard by shard with per-CPU LRUs).

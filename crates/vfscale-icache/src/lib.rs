@@ -159,7 +159,10 @@
 //!   `dlist`); an inode remembers its shard, so create and evict on different CPUs do not
 //!   meet. A shard is an array of slots with a free list threaded through the empty
 //!   ones: an inode knows its slot, so removal writes only that slot (no other inode's
-//!   line under a lock another CPU may want). `evict_inodes` and [`SuperBlock::for_each_inode`] visit every shard.
+//!   line under a lock another CPU may want). `evict_inodes` and [`SuperBlock::for_each_inode`] visit every shard,
+//!   at most 128 inodes per hold of a shard's (spin)lock, going on from the next slot
+//!   (slots do not move), as Linux's `evict_inodes` drops `s_inode_list_lock` to
+//!   reschedule: a create waiting on that shard never spins for a whole walk.
 //! * **LRU**: one list per CPU shard (the shard of the `iput` that put the inode there),
 //!   each a `list_lru_one`: an intrusive doubly-linked list through the inodes (O(1) add,
 //!   delete and second-chance rotation, no allocation); a prune scans from the oldest.

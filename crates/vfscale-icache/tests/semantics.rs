@@ -284,6 +284,38 @@ fn for_each_inode_visits_live_inodes_only() {
     drop(a);
 }
 
+/// The walks of a whole superblock list let its (spin)lock go every so often and go on
+/// from the next slot: still every inode once, busy ones passed over and counted.
+#[test]
+fn walks_of_a_large_list_visit_every_inode_once() {
+    for s in all_settings() {
+        let (cache, sb, fs) = setup(s);
+        let n = 1000u64;
+        let mut busy = Vec::new();
+        for ino in 1..=n {
+            let r = load(&sb, ino);
+            if ino % 7 == 0 {
+                busy.push(r);
+            }
+        }
+        let mut seen = vec![];
+        sb.for_each_inode(|r| seen.push(r.ino()));
+        seen.sort();
+        assert_eq!(seen, (1..=n).collect::<Vec<_>>(), "{s:?}");
+        let held = busy.len();
+        assert_eq!(sb.umount(), held, "{s:?}");
+        assert_eq!(
+            fs.counts.evicts.load(Ordering::SeqCst),
+            n as usize - held,
+            "{s:?}"
+        );
+        drop(busy);
+        assert_eq!(fs.counts.evicts.load(Ordering::SeqCst), n as usize, "{s:?}");
+        assert_eq!(cache.stats().nr_inodes, 0, "{s:?}");
+        fs.counts.check_once();
+    }
+}
+
 #[test]
 fn lookup_waits_for_eviction_then_rescans() {
     let (_c, sb, fs) = setup(Settings::default());
