@@ -982,26 +982,15 @@ impl StartTree {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
-
     use super::{Branch, Leaf, BCAP, CAP};
 
     const _: () = assert!(CAP == 15 && BCAP == 31);
 
-    /// Whether the CPU has AVX2 and POPCNT: detected on the first call, then one load
-    /// of a flag (0 not yet known, 1 no, 2 yes).
+    /// Whether the CPU has AVX2 and POPCNT (std detects once and caches: a load and a
+    /// test of its feature word each).
     #[inline]
     pub(super) fn detected() -> bool {
-        static FLAG: AtomicU8 = AtomicU8::new(0);
-        match FLAG.load(Relaxed) {
-            0 => {
-                let yes = std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("popcnt");
-                FLAG.store(1 + yes as u8, Relaxed);
-                yes
-            }
-            v => v == 2,
-        }
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("popcnt")
     }
 
     /// Lanes: `p[j] > x` (broadcast in `x`), all ones or zero.

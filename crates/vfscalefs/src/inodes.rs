@@ -37,9 +37,8 @@
 //!   memory to RCU, [`Ops::evict_inode`] takes out what holds an OS resource or another
 //!   object: the source file's `O_PATH` descriptor (a file unlinked meanwhile keeps its
 //!   space while it is open, and every descriptor counts against
-//!   [`crate::Server::fd_budget`], which counts cached inodes), the lock context, the
-//!   lock owners and the backing-file slots. What is left for the grace period is
-//!   memory.
+//!   [`crate::Server::fd_budget`], which counts cached inodes) and the lock context.
+//!   What is left for the grace period is memory.
 //!
 //! # Evictable fields
 //!
@@ -263,20 +262,15 @@ impl Inode {
         self.locks.get()
     }
 
-    /// Gives up what the inode holds besides memory: its descriptor, its lock context,
-    /// the lock owners' counts and the backing-file slots.
+    /// Gives up what the inode holds besides memory: its descriptor and its lock context
+    /// (the lock owners' counts and the backing-file `Weak`s are memory only).
     ///
     /// # Safety
     /// The inode is being evicted: no borrow of its evictable fields is alive or can
     /// start (the module docs, "Evictable fields").
     unsafe fn release(&self) {
         // SAFETY: by the contract.
-        let (fd, locks) = unsafe { (self.fd.take(), self.locks.take()) };
-        drop((fd, locks));
-        drop(std::mem::take(&mut *self.lock_owners.lock()));
-        for b in &self.backing {
-            *b.lock() = Weak::new();
-        }
+        drop(unsafe { (self.fd.take(), self.locks.take()) });
     }
 
     fn total_lookups(&self) -> u64 {
