@@ -1289,6 +1289,7 @@ mod tests {
             modes: Vec::new(),
             size: 0,
             dir: None,
+            targets: None,
         }
     }
 

@@ -539,6 +539,7 @@ mod tests {
             modes: Vec::new(),
             size: 0,
             dir: None,
+            targets: None,
         }
     }
 

@@ -337,6 +337,9 @@ pub struct Config {
     /// Where kernel targets run (`--dir`): a directory on any mounted filesystem; `None`
     /// for a fresh tmpfs directory under `/dev/shm`.
     pub dir: Option<PathBuf>,
+    /// The targets this configuration runs on, when only some of the plan's (`vfscale
+    /// run` gives `kernel-ext4`'s inodes runs fewer files than the others'); `None`: all.
+    pub targets: Option<Vec<Target>>,
 }
 
 impl Config {
@@ -354,6 +357,7 @@ impl Config {
             duration: Duration::ZERO,
             size: 0,
             dir: None,
+            targets: None,
         }
     }
 
