@@ -10,6 +10,8 @@
 //! slows both sides of a round alike), and the least ns of each (the quietest batch)
 //! with their ratio. `LOCKMANY_SPREAD=N` tests only N distinct held bytes, whose
 //! lines then stay in cache: what the descent computes, without its misses.
+//! `LOCKMANY_GAPS=G` places the locks at irregular bytes instead (gaps of 2 to G + 1
+//! bytes, drawn at random; G ≥ 2): where interpolation guesses wrong.
 
 use vfscale_locks::*;
 
@@ -53,13 +55,34 @@ fn main() {
     }
 }
 
-/// `held` one-byte OFD write locks at bytes 0, 2, 4, … on a fresh inode.
-fn set_up(held: u64) -> std::sync::Arc<FileLockContext> {
+/// The bytes of `held` locks: 0, 2, 4, …, or with `LOCKMANY_GAPS=G` gaps of 2 to G + 1
+/// bytes drawn at random.
+fn starts(held: u64) -> Vec<i64> {
+    let gaps: u64 = std::env::var("LOCKMANY_GAPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut at = 0i64;
+    (0..held)
+        .map(|_| {
+            let s = at;
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            at += if gaps >= 2 { 2 + (x % gaps) as i64 } else { 2 };
+            s
+        })
+        .collect()
+}
+
+/// One-byte OFD write locks at `starts` on a fresh inode.
+fn set_up(starts: &[i64]) -> std::sync::Arc<FileLockContext> {
     let mgr = LockManager::new();
     let ctx = FileLockContext::new(&mgr, InodeKey::default());
-    for i in 0..held {
-        let f = OpenFile::new(i + 1, AccessMode::ReadWrite);
-        let mut fl = Flock::new(LockType::Write, 2 * i as i64, 1);
+    for (i, &s) in starts.iter().enumerate() {
+        let f = OpenFile::new(i as u64 + 1, AccessMode::ReadWrite);
+        let mut fl = Flock::new(LockType::Write, s, 1);
         ctx.fcntl(Process::new(1), f, FcntlCmd::OfdSetLk, &mut fl)
             .unwrap();
     }
@@ -74,7 +97,8 @@ fn ratio(held: u64, rounds: u64) {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    let sides = [(10, set_up(10)), (held, set_up(held))];
+    let bytes = [starts(10), starts(held)];
+    let sides = [(10, set_up(&bytes[0])), (held, set_up(&bytes[1]))];
     let f = OpenFile::new(u32::MAX as u64, AccessMode::ReadWrite);
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     let mut ns = [Vec::new(), Vec::new()];
@@ -90,10 +114,11 @@ fn ratio(held: u64, rounds: u64) {
                 } else {
                     (x % h) as i64
                 };
-                let mut fl = Flock::new(LockType::Write, 2 * j, 1);
+                let at = bytes[s][j as usize];
+                let mut fl = Flock::new(LockType::Write, at, 1);
                 ctx.fcntl(Process::new(2), f, FcntlCmd::OfdGetLk, &mut fl)
                     .unwrap();
-                assert_eq!(fl.l_start, 2 * j);
+                assert_eq!(fl.l_start, at);
             }
             ns[s].push(t.elapsed().as_nanos() as f64 / BATCH as f64);
         }

@@ -26,17 +26,23 @@
 //! before that: 3,486 and 8,565 with 30 misses); with 31-child branches 2,990 and 8.3;
 //! a test 376 instructions at 10, 503 with 5.0 L1 misses at 10,000 (was 1,146 and 14;
 //! with 15-child branches and no AVX2, 594 and 6.2): the B+ tree descent (a branch's
-//! first six lines, a leaf's three) and the record (64 bytes, line-aligned). A node
+//! first six lines, a leaf's three) and the record (64 bytes, line-aligned). With
+//! interpolation on evenly spaced keys: a test 373 and 464 instructions, 6.3 L1 misses
+//! (the slope is on a line of its own in a branch and in a leaf), a set+unset pair
+//! 2,485 and 3,227. A node
 //! step counts instead of searching, so the descent mispredicts no branch on a random
 //! key (cachegrind's model: none per test at 10,000, was 5.75).
 //!
-//! Time (`lockmany_probe HELD ratio`, least of 30 batches): a test ~22.5 ns at 10 held,
-//! ~59 at 10,000, of which ~51 with the lines it reads in cache (with 15-child
-//! branches: ~22, ~65 and ~58): each branch level of the descent costs ~10 ns (a
-//! vector load, the count, the child's id: a chain of dependent steps), 10,000 locks
-//! need two (15-child branches: three), and the misses add ~7 ns. So the test at
-//! 10,000 held is ~2.6× its time at 10 on this machine, not within 2×: that takes
-//! fewer dependent steps (one branch level at 10,000) or shorter ones.
+//! Time (`lockmany_probe HELD ratio`, least of 60 batches): a test ~21 ns at 10 held,
+//! ~48 at 10,000 (~33 with the lines it reads in cache). A branch level of the descent
+//! cost ~10 ns (a vector load, the count, the child's id: a chain of dependent steps)
+//! and 10,000 locks need two: ~61 ns (~43 in cache), 2.6-2.7× the 10-held time. A node
+//! whose keys are evenly spaced (lockmany's, and fixed-size records, pages, slots) is
+//! stepped by interpolation instead, checked by a predicted branch (`start_index.rs`),
+//! ~5 ns a level, so the test at 10,000 is ~2.3× its 10-held time here: what is left
+//! is the two dependent misses of a random test (the leaf, then the record: ~15 ns,
+//! with L1 TLB misses, in a working set of ~900 KB) and the two shorter levels. Nodes
+//! with irregular keys count as before (~2.7×).
 //!
 //! **Linux's list order** is kept as a key. In Linux an owner's locks are adjacent and
 //! sorted by start, and an owner with no lock on the inode starts its run at the end of

@@ -42,7 +42,9 @@
 //!   15-entry leaves and 31-child branches (five and sixteen aligned cache lines) in
 //!   arrays of their own
 //!   (augmented per child with the greatest end,
-//!   over all locks and over write locks) for conflict searches. List order is a key: every
+//!   over all locks and over write locks) for conflict searches; a node whose keys are
+//!   evenly spaced (locks on fixed-size records, pages, slots) is stepped by
+//!   interpolation, checked, instead of a count over its keys. List order is a key: every
 //!   record carries its owner run's sequence number (32 bits, renumbered in order when
 //!   exhausted), given when the run starts at the end of the list, so "first in list
 //!   order" is the least (run, start). A record is in both indexes exactly while it is
