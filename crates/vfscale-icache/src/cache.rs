@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
-use crate::epoch::{Domain, Guard};
+use crate::epoch::{alloc_box, Domain, Guard};
 use crate::inode::*;
 use crate::sync::{
     fence, AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, ILock, ILockGuard, Mutex, MutexGuard, Ordering,
@@ -815,7 +815,7 @@ fn alloc_inode<F: SuperOperations>(
             l.fetch_add(1, Ordering::Relaxed);
         }
     }
-    let b = Box::new(Inode {
+    let p = alloc_box(Inode {
         ino,
         hashval,
         sb: sb.this,
@@ -831,7 +831,7 @@ fn alloc_inode<F: SuperOperations>(
         data,
     });
     sb.cache.counters().add(Ctr::NrInodes, 1);
-    NonNull::from(Box::leak(b))
+    p
 }
 
 /// `destroy_inode` of an inode nobody else ever saw (lost the insert race).
@@ -1732,8 +1732,8 @@ fn destroy_inode<F: SuperOperations>(inode: &Inode<F>) {
     let pin = sb.cache.domain.pin();
     // SAFETY: the inode is off every list and chain, nobody holds a reference, and
     // walkers that may still see its pointer are pinned: the box (from `alloc_inode`'s
-    // `Box::leak`) is freed after them.
-    unsafe { pin.defer_free_box(p) };
+    // `alloc_box`) is dropped, and its memory kept for reuse or freed, after them.
+    unsafe { pin.defer_recycle(p) };
     // The inode's last use of its superblock (which may be freed a grace period later).
     sb_inode_gone(sb, &pin);
 }

@@ -197,14 +197,22 @@
 //!
 //! # Lifetimes
 //!
-//! * An inode's memory: freed a grace period (epoch) after `->destroy_inode`, so a
+//! * An inode's memory: released a grace period (epoch) after `->destroy_inode`, so a
 //!   lock-free walker that reached it from a chain may still read it. Retired inodes are
-//!   handed to crossbeam-epoch in per-thread batches (what RCU's per-CPU callback lists
-//!   do for `call_rcu`): one deferred function per batch instead of one per inode, no
-//!   allocation per eviction. A batch is handed over after its last inode was retired,
-//!   so its grace period covers every inode in it (freeing later than needed is always
-//!   safe); a thread's partial batch is handed over when it fills, at thread exit, and
-//!   by [`flush_deferred`].
+//!   handed to crossbeam-epoch in per-thread chains of 256 (what RCU's per-CPU callback
+//!   lists do for `call_rcu`), linked through the inode's `i_lru` next link (the
+//!   `rcu_head`: an evicted inode is on no LRU, and lock-free walkers never read it), so
+//!   retiring allocates nothing and crossbeam gets one deferred function per 256
+//!   evictions. A chain is handed over after its last inode was retired, so its grace
+//!   period covers every inode on it (freeing later than needed is always safe); a
+//!   thread's partial chain is handed over when it fills, at thread exit, and by
+//!   [`flush_deferred`]. After the grace period the inode (its data) is dropped and its
+//!   memory goes onto the freeing thread's free list of that layout (`kmem_cache`'s
+//!   per-CPU object cache), which that thread's next inode allocation takes; a list
+//!   keeps at most 32 MiB, and is freed at thread exit and by [`flush_deferred`]. So
+//!   neither eviction nor creation calls malloc while the lists last (glibc's fastbin
+//!   consolidation ran inside evictions before: see `epoch.rs`). Under the models the
+//!   memory is freed at once, and the link is checked unwritten after retirement.
 //! * A superblock (`i_sb`, as in Linux: a plain pointer in every inode): counted handles
 //!   are only [`SuperBlock`] and a waiting lookup ([`InodeWait`]). Each inode is counted
 //!   in a live count per counter slot (`+1` at allocation on the allocating thread's
@@ -256,7 +264,8 @@ pub use cache::{
 pub use inode::{Iget, Inode, InodeFlags, InodeRef, InodeState, NewInode};
 
 /// Hurries the deferred freeing of evicted inodes' memory (best effort; for tests that
-/// count drops of the filesystem's data). `->destroy_inode` itself runs at eviction.
+/// count drops of the filesystem's data), and gives the calling thread's recycled inode
+/// memory back to the allocator. `->destroy_inode` itself runs at eviction.
 pub fn flush_deferred() {
     epoch::flush();
 }
