@@ -27,9 +27,9 @@
 //! a test 376 instructions at 10, 503 with 5.0 L1 misses at 10,000 (was 1,146 and 14;
 //! with 15-child branches and no AVX2, 594 and 6.2): the B+ tree descent (a branch's
 //! first six lines, a leaf's three) and the record (64 bytes, line-aligned). With
-//! interpolation on evenly spaced keys: a test 373 and 464 instructions, 6.3 L1 misses
-//! (the slope is on a line of its own in a branch and in a leaf), a set+unset pair
-//! 2,485 and 3,227. A node
+//! interpolation on evenly spaced keys: a test 375 and 466 instructions, 5.1 L1 misses
+//! (a leaf's slope shares its start lines; a branch's is in its last line), a set+unset
+//! pair 2,500 and 3,241. A node
 //! step counts instead of searching, so the descent mispredicts no branch on a random
 //! key (cachegrind's model: none per test at 10,000, was 5.75).
 //!

@@ -30,12 +30,13 @@
 //! **Interpolation.** A descent is a chain of such counts, each waiting for the one
 //! before (a vector load, compares, a mask, `popcnt`, then the child's id: ~10 ns a
 //! branch level here). A node whose keys (a leaf's starts, a branch's separators
-//! `sep[1..]`) are evenly spaced, `step` bytes apart (`2 ≤ step < 2^24`: locks on
-//! fixed-size records, pages, hash chains, reader slots, lockmany's bytes `2i`), keeps
-//! the slope of the line through them (`inv`, about `2^64 / step`, recomputed with
-//! `spill` whenever its keys change); a step down it is then a subtract, a multiply
-//! and the child's id, and the count is not needed: the guess `g` is exact for every
-//! bound at or above the first key. The guess is still checked (`sep[g] ≤ qs` and
+//! `sep[1..]`) are evenly spaced, `step` bytes apart (`2 ≤ step < 2^14` in a leaf,
+//! `< 2^24` in a branch: locks on fixed-size records, pages, hash chains, reader slots,
+//! lockmany's bytes `2i`), keeps the slope of the line through them (`inv`, about
+//! `2^32 / step` in a leaf, on the start lines, `2^64 / step` in a branch, recomputed
+//! with `spill` whenever its keys change); a step down it is then a subtract, a
+//! multiply and the child's id, and the count is not needed: the guess `g` is exact
+//! for every bound at or above the first key. The guess is still checked (`sep[g] ≤ qs` and
 //! `qe < sep[g + 1]`, with the `spill` bits, which is exactly the usual way's condition
 //! for child `g`), but as a branch the CPU predicts, so the next node's lines are
 //! fetched before the check is done: the check leaves the dependent chain. A guess that
@@ -43,9 +44,9 @@
 //! are not evenly spaced keeps `inv` = [`NO_GUESS`] and counts, as before: guessing
 //! there would cost a mispredicted branch per node (an interpolation on irregular keys
 //! measured ~4 ns slower at 10 held). lockmany's test at 10,000 held: ~61 -> ~48 ns
-//! (probe minima), ~43 -> ~33 with its lines in cache (`LOCKMANY_SPREAD=8`); 511 -> 464
-//! instructions; a set+unset pair +230-260 instructions (the evenness check on each
-//! leaf change).
+//! (probe minima), ~43 -> ~33 with its lines in cache (`LOCKMANY_SPREAD=8`); 511 -> 466
+//! instructions, L1 misses 5.0 -> 5.1; a set+unset pair +240-280 instructions (the
+//! evenness check on each leaf change).
 //!
 //! Invariants (checked by [`StartTree::check`]):
 //! * every leaf is at the same depth; every node but the root holds at least [`MIN`]
@@ -100,25 +101,26 @@ const _: () = assert!(
 );
 
 /// 15 entries and the header make exactly five cache lines, aligned: the starts (two
-/// lines, with the masks), the ends (two, with the interpolation's slope), the ids with
-/// `len` (one). A step counts the
-/// starts and reads `len`, so the id line is on its way with the start lines; a scan's
-/// usual way reads no end (the caller tests the overlap on the record it reads
-/// anyway): three lines, not the five of starts and ends side by side.
+/// lines, with the interpolation's slope and the spill bits), the ends (two, with the
+/// write bits), the ids with `len` (one). A step reads the starts, the slope and
+/// `len`, so the id line is on its way with the start lines; a scan's usual way reads
+/// no end and, for a write request, no write bit (the caller tests the overlap on the
+/// record it reads anyway): three lines, not the five of starts and ends side by side.
 #[derive(Clone, Debug)]
 #[repr(C, align(64))]
 struct Leaf {
     start: [i64; CAP],
-    /// Bit `k`: entry `k` is a write lock.
-    wmask: u32,
+    /// The slope of [`Leaf::guess`], times 2^32 (see [`slope`]; [`LEAF_NO_GUESS`] if
+    /// the starts are not evenly spaced): 32 bits, so that it shares the start lines.
+    inv: u32,
     /// Bit `k`: entry `k` reaches the next entry's start (`end[k] ≥ start[k + 1]`).
     /// With none of the bits below `k` set, no entry before `k` reaches `start[k]`:
     /// a range starting at or after `start[k]` can overlap only entry `k` among them.
     spill: u32,
     end: [i64; CAP],
-    /// The slope of [`Leaf::guess`]: about `(len - 1) · 2^64 / (start[len - 1] -
-    /// start[0])`.
-    inv: u64,
+    /// Bit `k`: entry `k` is a write lock.
+    wmask: u32,
+    _pad: u32,
     id: [NodeId; CAP],
     len: u32,
 }
@@ -171,6 +173,7 @@ enum Item {
 const EMPTY_LEAF: Leaf = Leaf {
     len: 0,
     wmask: 0,
+    _pad: 0,
     spill: 0,
     start: [PAD_START; CAP],
     end: [PAD_END; CAP],
@@ -242,18 +245,19 @@ fn at_most(s: i64, x1: i64) -> usize {
 }
 
 /// [`Leaf::inv`] or [`Branch::inv`] of a node whose keys (starts, separators) are the
-/// first `n` of `s`: the slope, times 2^64, of the line through them if they are evenly
-/// spaced, `step` bytes apart with `2 ≤ step < 2^24`, so that the guess is exact for
-/// every bound at or above `s[0]`; [`NO_GUESS`] otherwise (a guess that is often wrong
-/// would cost a mispredicted branch per node on irregular locks: those nodes count, as
-/// all did before). 0 for one key (the guess is 0).
+/// first `n` of `s`: the slope of the line through them, times `one` (2^32 in a leaf,
+/// 2^64 in a branch), if they are evenly spaced, `step` bytes apart with `2 ≤ step <
+/// max_step`, so that the guess is exact for every bound at or above `s[0]`;
+/// [`NO_GUESS`] otherwise (a guess that is often wrong would cost a mispredicted branch
+/// per node on irregular locks: those nodes count, as all did before). 0 for one key
+/// (the guess is 0).
 ///
-/// The slope is a little above `2^64 / step`, so that a multiple of the step is never
-/// rounded down below its place, nor `step - 1` bytes past it rounded up to the next:
-/// a margin of 2^-40, more than 1 in the integer for `step < 2^24` (so the
-/// truncation cannot take it below), and below `1 / (31 · step)`. Computed in floating
-/// point (no 128-bit division on an insert).
-fn slope(s: &[i64], n: usize) -> u64 {
+/// The slope is `⌊one / step · (1 + 2^-40)⌋ + 1`: above `one / step`, so that a
+/// multiple of the step is never rounded down below its place, and by less than
+/// `one / (31 · step²)` (for `step < max_step`: 2^14 in a leaf of 15 entries, 2^24 in a
+/// branch of 31 children), so that `step - 1` bytes past it are not rounded up to the
+/// next. Computed in floating point (no 128-bit division on an insert).
+fn slope(s: &[i64], n: usize, max_step: i64, one: f64) -> u64 {
     if n < 2 {
         return 0;
     }
@@ -261,19 +265,21 @@ fn slope(s: &[i64], n: usize) -> u64 {
     // division, no exit that depends on the keys or their number (an insert in the
     // middle of a run, or a leaf of 10 then 11 entries, would mispredict it).
     let step = s[1].wrapping_sub(s[0]);
-    let mut uneven = !(2..1 << 24).contains(&step);
+    let mut uneven = !(2..max_step).contains(&step);
     for k in 1..s.len() {
         uneven |= (k < n) & (s[k].wrapping_sub(s[k - 1]) != step);
     }
     if uneven {
         return NO_GUESS;
     }
-    (18_446_744_073_709_551_616.0 / step as f64 * (1.0 + 1.0 / (1u64 << 40) as f64)) as u64
+    (one / step as f64 * (1.0 + 1.0 / (1u64 << 40) as f64)) as u64 + 1
 }
 
-/// [`Leaf::inv`] or [`Branch::inv`] of a node whose keys are not evenly spaced: no
-/// guess, the count.
+/// [`Branch::inv`] of a node whose keys are not evenly spaced: no guess, the count.
 const NO_GUESS: u64 = u64::MAX;
+/// [`Leaf::inv`] of a leaf whose starts are not evenly spaced (a real slope is at most
+/// 2^31 + 1).
+const LEAF_NO_GUESS: u32 = u32::MAX;
 
 /// Grows `v` by an eighth at a time (as the record arena does), so a large index
 /// wastes little on spare capacity.
@@ -357,7 +363,10 @@ impl Leaf {
     }
     /// Recomputes [`Leaf::inv`] (after a change to the starts).
     fn fix_guess(&mut self) {
-        self.inv = slope(&self.start, self.len as usize);
+        self.inv = match slope(&self.start, self.len as usize, 1 << 14, 4_294_967_296.0) {
+            NO_GUESS => LEAF_NO_GUESS,
+            v => v as u32,
+        };
     }
     /// Where interpolation puts `x` among the starts: the entry `k` with `start[k] ≤ x
     /// < start[k + 1]` when the starts are evenly spaced (a guess otherwise, or if `x`
@@ -365,7 +374,7 @@ impl Leaf {
     #[inline(always)]
     fn guess(&self, x: i64) -> usize {
         let d = x.wrapping_sub(self.start[0]) as u64;
-        (((d as u128 * self.inv as u128) >> 64) as usize).min((self.len as usize).saturating_sub(1))
+        (((d as u128 * self.inv as u128) >> 32) as usize).min((self.len as usize).saturating_sub(1))
     }
     /// Entries with a key below `key`: where `key` goes (insert) or is (remove). A
     /// linear search: a count over every slot measured no faster here, where the
@@ -530,7 +539,12 @@ impl Branch {
         for i in 0..self.len as usize {
             self.refresh(i);
         }
-        self.inv = slope(&self.sep[1..], (self.len as usize).saturating_sub(1));
+        self.inv = slope(
+            &self.sep[1..],
+            (self.len as usize).saturating_sub(1),
+            1 << 24,
+            18_446_744_073_709_551_616.0,
+        );
     }
     /// Where interpolation puts `x` among the children: the child `i` with `sep[i] ≤
     /// x < sep[i + 1]` when the separators `sep[1..len]` are evenly spaced (a guess
@@ -948,7 +962,7 @@ impl StartTree {
         }
         w.nodes += 1;
         let l = &self.leaves[b as usize];
-        if l.inv != NO_GUESS {
+        if l.inv != LEAF_NO_GUESS {
             let k = l.guess(qe);
             let next = if k + 1 < CAP { l.start[k + 1] } else { i64::MAX };
             if (l.start[k] <= qs) & (qe < next) & (l.spill & ((1u32 << k) - 1) == 0) {
@@ -1358,9 +1372,9 @@ mod tests {
     /// exactly at every node: the count is never needed. Irregular ones are not guessed.
     #[test]
     fn evenly_spaced_starts_are_guessed_exactly() {
-        // Up to 40,000 bytes apart: the root's separators are then 377 steps (29 leaves of
-        // 13) apart, below 2^24.
-        for step in [2i64, 3, 4096, 40_000] {
+        // Up to 16,000 bytes apart (a leaf guesses below 2^14): the root's separators
+        // are then 377 steps (29 leaves of 13) apart, below 2^24.
+        for step in [2i64, 3, 4096, 16_000] {
             let mut t = StartTree::default();
             let w = &mut Work::default();
             for i in 0..10_000u32 {
@@ -1380,25 +1394,33 @@ mod tests {
                     h -= 1;
                 }
                 let l = &t.leaves[b as usize];
-                assert_ne!(l.inv, NO_GUESS, "leaf");
+                assert_ne!(l.inv, LEAF_NO_GUESS, "leaf");
                 assert_eq!(l.guess(q) + 1, l.count_le(q), "leaf guess for {q}, step {step}");
             }
         }
-        let mut l = EMPTY_LEAF;
-        for (k, s) in [0, 2, 4, 7].into_iter().enumerate() {
-            l.insert(
-                k,
-                Item::Leaf {
-                    start: s,
-                    end: s,
-                    id: k as NodeId,
-                    write: true,
-                },
-            );
-        }
-        assert_eq!(l.inv, NO_GUESS, "irregular starts");
+        // A leaf of one-byte write locks at `starts`, inserted in order.
+        let leaf = |starts: &[i64]| {
+            let mut l = EMPTY_LEAF;
+            for (k, &s) in starts.iter().enumerate() {
+                let id = k as NodeId;
+                l.insert(
+                    k,
+                    Item::Leaf {
+                        start: s,
+                        end: s,
+                        id,
+                        write: true,
+                    },
+                );
+            }
+            l
+        };
+        let mut l = leaf(&[0, 2, 4, 7]);
+        assert_eq!(l.inv, LEAF_NO_GUESS, "irregular starts");
         l.remove(3);
-        assert_ne!(l.inv, NO_GUESS, "0, 2, 4");
+        assert_ne!(l.inv, LEAF_NO_GUESS, "0, 2, 4");
         assert_eq!((l.guess(0), l.guess(1), l.guess(2), l.guess(5)), (0, 0, 1, 2));
+        let l = leaf(&[0, 1 << 14, 2 << 14]);
+        assert_eq!(l.inv, LEAF_NO_GUESS, "2^14 apart: too far for 32 bits");
     }
 }
