@@ -27,14 +27,15 @@
 //! a test 376 instructions at 10, 503 with 5.0 L1 misses at 10,000 (was 1,146 and 14;
 //! with 15-child branches and no AVX2, 594 and 6.2): the B+ tree descent (a branch's
 //! first six lines, a leaf's three) and the record (64 bytes, line-aligned). With
-//! interpolation on evenly spaced keys: a test 375 and 466 instructions, 5.1 L1 misses
+//! interpolation on evenly spaced keys: a test 375 and 456 instructions, 5.0 L1 misses
 //! (a leaf's slope shares its start lines; a branch's is in its last line), a set+unset
-//! pair 2,500 and 3,241. A node
+//! pair 2,500 and 3,231. A node
 //! step counts instead of searching, so the descent mispredicts no branch on a random
-//! key (cachegrind's model: none per test at 10,000, was 5.75).
+//! key (cachegrind's model: none per test at 10,000, was 5.75; with interpolation one,
+//! the descent loop's exit, which that model's predictor, keeping no history, misses).
 //!
 //! Time (`lockmany_probe HELD ratio`, least of 60 batches): a test ~21 ns at 10 held,
-//! ~48 at 10,000 (~33 with the lines it reads in cache). A branch level of the descent
+//! ~46-48 at 10,000 (~33 with the lines it reads in cache). A branch level of the descent
 //! cost ~10 ns (a vector load, the count, the child's id: a chain of dependent steps)
 //! and 10,000 locks need two: ~61 ns (~43 in cache), 2.6-2.7× the 10-held time. A node
 //! whose keys are evenly spaced (lockmany's, and fixed-size records, pages, slots) is
