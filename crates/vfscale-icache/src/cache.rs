@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
-use crate::epoch::{alloc_box, Domain, Guard};
+use crate::epoch::{Domain, Guard};
 use crate::inode::*;
 use crate::sync::{
     fence, AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, ILock, ILockGuard, Mutex, MutexGuard, Ordering,
@@ -60,6 +60,10 @@ impl<F: SuperOperations> InodePtr<F> {
 /// cross-shard paths (an inode on another thread's LRU shard; `live` and the counters
 /// summed over shards). A process-wide counter would hand a thread another shard in
 /// each execution, which a model checker must not see.
+///
+/// (Normal builds compute it in [`CacheInner::counters`], from the one slot lookup that
+/// gives the counters too.)
+#[cfg(any(vfscale_loom, vfscale_shuttle))]
 fn shard_hint() -> usize {
     #[cfg(vfscale_loom)]
     {
@@ -73,11 +77,6 @@ fn shard_hint() -> usize {
     #[cfg(all(vfscale_shuttle, not(vfscale_loom)))]
     {
         usize::from(shuttle::thread::current().id())
-    }
-    #[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
-    {
-        // A thread whose slot is gone (it is exiting) may use any shard.
-        thread_slot().unwrap_or(0)
     }
 }
 
@@ -271,10 +270,14 @@ impl Counters {
 
 /// The counters the calling thread adds to: its own slot (`own`: no other thread writes
 /// it, so an add is a plain load and store, no locked read-modify-write), or a shared
-/// one (atomic adds).
+/// one (atomic adds); with the slot's index (its live-inode count's too) and the
+/// thread's shard (`shard_hint`). Taken once per operation and passed
+/// down (what `this_cpu_ptr` is to Linux): each lookup reads the thread's slot again.
 struct CpuCounters<'a> {
     c: &'a Counters,
     own: bool,
+    slot: usize,
+    shard: usize,
 }
 
 impl CpuCounters<'_> {
@@ -330,28 +333,31 @@ impl<F: SuperOperations> CacheInner<F> {
     fn counters(&self) -> CpuCounters<'_> {
         #[cfg(any(vfscale_loom, vfscale_shuttle))]
         {
+            let shard = shard_hint() & (self.shards - 1);
             CpuCounters {
-                c: &self.counters[shard_hint() & (self.shards - 1)],
+                c: &self.counters[shard],
                 own: false,
+                slot: shard,
+                shard,
             }
         }
         #[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
         {
-            match thread_slot() {
-                Some(i) if i < OWN_SLOTS => CpuCounters {
-                    c: &self.counters[i],
-                    own: true,
-                },
-                _ => CpuCounters {
-                    c: &self.counters[OWN_SLOTS],
-                    own: false,
-                },
+            let t = thread_slot();
+            // `shard_hint` of normal builds: the slot modulo the shard count; a thread
+            // whose slot is gone (it is exiting) may use any shard.
+            let shard = t.unwrap_or(0) & (self.shards - 1);
+            let (slot, own) = match t {
+                Some(i) if i < OWN_SLOTS => (i, true),
+                _ => (OWN_SLOTS, false),
+            };
+            CpuCounters {
+                c: &self.counters[slot],
+                own,
+                slot,
+                shard,
             }
         }
-    }
-
-    fn shard_of_cpu(&self) -> usize {
-        shard_hint() & (self.shards - 1)
     }
 
     fn bucket(&self, sb: &SbInner<F>, hashval: u64) -> &Bucket<F> {
@@ -368,13 +374,18 @@ impl<F: SuperOperations> CacheInner<F> {
     /// The lock that protects `b`'s chain for insert and remove: the chain's own, or
     /// `inode_hash_lock`.
     fn hash_lock<'a>(&'a self, b: &'a Bucket<F>) -> HashGuard<'a, F> {
+        self.hash_lock_with(&self.counters(), b)
+    }
+
+    /// [`CacheInner::hash_lock`], counted on `c`.
+    fn hash_lock_with<'a>(&'a self, c: &CpuCounters<'_>, b: &'a Bucket<F>) -> HashGuard<'a, F> {
         match self.settings.hash_lock {
             HashLock::Global => {
-                self.counters().add(Ctr::GlobalLocks, 1);
+                c.add(Ctr::GlobalLocks, 1);
                 HashGuard::Global(self.global_hash_lock.lock())
             }
             HashLock::PerChain => {
-                self.counters().add(Ctr::ChainLocks, 1);
+                c.add(Ctr::ChainLocks, 1);
                 b.lock();
                 HashGuard::Chain(b)
             }
@@ -705,8 +716,9 @@ impl<F: SuperOperations> Drop for SbHandle<F> {
 }
 
 /// The last use of `sb` by an inode: `destroy_inode` of one of its inodes is done. The
-/// caller is pinned (`pin`) since before this call and touches `sb` no more after it.
-fn sb_inode_gone<F: SuperOperations>(sb: &SbInner<F>, pin: &Guard) {
+/// caller is pinned (`pin`) since before this call and touches `sb` no more after it;
+/// `c` is its CPU's counters (whose slot of `live` it decrements).
+fn sb_inode_gone<F: SuperOperations>(sb: &SbInner<F>, pin: &Guard, c: &CpuCounters<'_>) {
     // Dekker with `SbHandle::drop`, through SeqCst fences (each side: its write, a
     // fence, then its reads): either this decrement is seen by the detacher's sum, or
     // this load sees `detached` and sums itself; of two destroyers on different shards,
@@ -719,7 +731,7 @@ fn sb_inode_gone<F: SuperOperations>(sb: &SbInner<F>, pin: &Guard) {
     // as AcqRel (with per-thread shards, `sb_freed_after_last_inode` then found the
     // superblock never freed): under the models the fence is there, and loom checks it
     // exactly.
-    sb.live_slot().0.fetch_sub(1, Ordering::SeqCst);
+    sb.live_slot_of(c).0.fetch_sub(1, Ordering::SeqCst);
     #[cfg(any(vfscale_loom, vfscale_shuttle))]
     fence(Ordering::SeqCst);
     if sb.detached.load(Ordering::SeqCst) {
@@ -748,7 +760,11 @@ fn sb_try_free<F: SuperOperations>(sb: &SbInner<F>, pin: &Guard) {
 
 impl<F: SuperOperations> SbInner<F> {
     fn list_lock(&self, shard: usize) -> ShardGuard<'_, SbSlots<F>> {
-        let c = self.cache.counters();
+        self.list_lock_with(&self.cache.counters(), shard)
+    }
+
+    /// [`SbInner::list_lock`], counted on `c`.
+    fn list_lock_with(&self, c: &CpuCounters<'_>, shard: usize) -> ShardGuard<'_, SbSlots<F>> {
         if self.cache.settings.sb_list == SbList::Global {
             c.add(Ctr::GlobalLocks, 1);
         } else {
@@ -758,7 +774,11 @@ impl<F: SuperOperations> SbInner<F> {
     }
 
     fn lru_lock(&self, shard: usize) -> ShardGuard<'_, LruShard<F>> {
-        let c = self.cache.counters();
+        self.lru_lock_with(&self.cache.counters(), shard)
+    }
+
+    /// [`SbInner::lru_lock`], counted on `c`.
+    fn lru_lock_with(&self, c: &CpuCounters<'_>, shard: usize) -> ShardGuard<'_, LruShard<F>> {
         if self.cache.settings.lru == Lru::Single {
             c.add(Ctr::GlobalLocks, 1);
         } else {
@@ -767,29 +787,19 @@ impl<F: SuperOperations> SbInner<F> {
         self.lru[shard].list.lock()
     }
 
-    /// The calling thread's slot of `live`, and whether it owns it (no other thread writes
-    /// it): the slot of its counters ([`CacheInner::counters`]).
+    /// The slot of `live` of the thread whose counters are `c` (the same slot), and
+    /// whether it owns it (no other thread writes it).
     #[inline]
-    fn live_slot(&self) -> (&AtomicUsize, bool) {
-        #[cfg(any(vfscale_loom, vfscale_shuttle))]
-        {
-            (&self.live[self.cache.shard_of_cpu()], false)
-        }
-        #[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
-        {
-            match thread_slot() {
-                Some(i) if i < OWN_SLOTS => (&self.live[i], true),
-                _ => (&self.live[OWN_SLOTS], false),
-            }
-        }
+    fn live_slot_of(&self, c: &CpuCounters<'_>) -> (&AtomicUsize, bool) {
+        (&self.live[c.slot], c.own)
     }
 
-    /// The LRU shard a last `iput` on this CPU adds to.
-    fn lru_shard_of_cpu(&self) -> usize {
+    /// The LRU shard a last `iput` on `c`'s CPU adds to.
+    fn lru_shard_of(&self, c: &CpuCounters<'_>) -> usize {
         if self.cache.settings.lru == Lru::Single {
             0
         } else {
-            self.cache.shard_of_cpu()
+            c.shard
         }
     }
 
@@ -804,18 +814,19 @@ impl<F: SuperOperations> SbInner<F> {
 /// `alloc_inode` + `inode_init_always`: `i_count` 1, `nlink` 1, no state.
 fn alloc_inode<F: SuperOperations>(
     sb: &SbInner<F>,
+    c: &CpuCounters<'_>,
     ino: u64,
     hashval: u64,
     data: F::Data,
 ) -> NonNull<Inode<F>> {
-    match sb.live_slot() {
+    match sb.live_slot_of(c) {
         // Only this thread writes its own slot (the decrement above is its own too).
         (l, true) => l.store(l.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed),
         (l, false) => {
             l.fetch_add(1, Ordering::Relaxed);
         }
     }
-    let p = alloc_box(Inode {
+    let b = Box::new(Inode {
         ino,
         hashval,
         sb: sb.this,
@@ -830,8 +841,8 @@ fn alloc_inode<F: SuperOperations>(
         lru_next: AtomicPtr::new(std::ptr::null_mut()),
         data,
     });
-    sb.cache.counters().add(Ctr::NrInodes, 1);
-    p
+    c.add(Ctr::NrInodes, 1);
+    NonNull::from(Box::leak(b))
 }
 
 /// `destroy_inode` of an inode nobody else ever saw (lost the insert race).
@@ -840,20 +851,21 @@ fn destroy_unpublished<F: SuperOperations>(p: NonNull<Inode<F>>) {
     let b = unsafe { Box::from_raw(p.as_ptr()) };
     let sb = b.sb();
     sb.ops.destroy_inode(&b);
-    sb.cache.counters().add(Ctr::NrInodes, -1);
+    let c = sb.cache.counters();
+    c.add(Ctr::NrInodes, -1);
     let pin = sb.cache.domain.pin();
-    sb_inode_gone(sb, &pin);
+    sb_inode_gone(sb, &pin, &c);
 }
 
-/// `inode_sb_list_add`: onto the list of this CPU's shard.
-fn inode_sb_list_add<F: SuperOperations>(inode: &Inode<F>) {
+/// `inode_sb_list_add`: onto the list of this CPU's shard (`c`'s).
+fn inode_sb_list_add<F: SuperOperations>(inode: &Inode<F>, c: &CpuCounters<'_>) {
     let sb = inode.sb();
     let shard = if sb.cache.settings.sb_list == SbList::Global {
         0
     } else {
-        sb.cache.shard_of_cpu()
+        c.shard
     };
-    let mut l = sb.list_lock(shard);
+    let mut l = sb.list_lock_with(c, shard);
     inode.set_sb_shard(shard as u32);
     let i = l.add(inode);
     let i = u32::try_from(i).unwrap_or_else(|_| panic!("more than 2^32 inodes on one superblock list shard"));
@@ -861,9 +873,9 @@ fn inode_sb_list_add<F: SuperOperations>(inode: &Inode<F>) {
 }
 
 /// `inode_sb_list_del`.
-fn inode_sb_list_del<F: SuperOperations>(inode: &Inode<F>) {
+fn inode_sb_list_del<F: SuperOperations>(inode: &Inode<F>, c: &CpuCounters<'_>) {
     let sb = inode.sb();
-    let mut l = sb.list_lock(inode.sb_shard());
+    let mut l = sb.list_lock_with(c, inode.sb_shard());
     let i = inode.sb_index.load(Ordering::Relaxed) as usize;
     l.del(i, inode);
 }
@@ -1140,8 +1152,9 @@ fn iget_fast<F: SuperOperations>(sb: &SbInner<F>, ino: u64) -> Fast<F> {
             Hit::Absent => {}
         }
     }
-    let new = alloc_inode(sb, ino, ino, sb.ops.alloc_inode(ino));
-    let h = cache.hash_lock(b);
+    let c = cache.counters();
+    let new = alloc_inode(sb, &c, ino, ino, sb.ops.alloc_inode(ino));
+    let h = cache.hash_lock_with(&c, b);
     // We released the lock, so..
     let again = chain_hit(sb, b, ino, Walk::Locked);
     if !matches!(again, Hit::Absent) {
@@ -1161,9 +1174,9 @@ fn iget_fast<F: SuperOperations>(sb: &SbInner<F>, ino: u64) -> Fast<F> {
         inode.set_bits(I_NEW);
         hash_link(cache, b, inode);
     }
-    inode_sb_list_add(inode);
+    inode_sb_list_add(inode, &c);
     drop(h);
-    cache.counters().add(Ctr::Loads, 1);
+    c.add(Ctr::Loads, 1);
     Fast::Done(Iget::New(NewInode::new(InodeRef { ptr: new })))
 }
 
@@ -1195,7 +1208,8 @@ fn insert_fast<F: SuperOperations>(sb: &SbInner<F>, inode: InodeRef<F>) -> Resul
     let cache = &*sb.cache;
     let hashval = inode.hashval;
     let b = cache.bucket(sb, hashval);
-    let h = cache.hash_lock(b);
+    let c = cache.counters();
+    let h = cache.hash_lock_with(&c, b);
     if chain_has(sb, b, hashval, hashval) {
         drop(h);
         return Err(inode);
@@ -1211,7 +1225,7 @@ fn insert_fast<F: SuperOperations>(sb: &SbInner<F>, inode: InodeRef<F>) -> Resul
         hash_link(cache, b, &inode);
     }
     drop(h);
-    cache.counters().add(Ctr::Loads, 1);
+    c.add(Ctr::Loads, 1);
     Ok(NewInode::new(inode))
 }
 
@@ -1380,8 +1394,9 @@ fn run<F: SuperOperations>(sb: &SbInner<F>, op: &mut Op<F>, waiter: &mut Option<
                 Make::Alloc => (hashval, sb.ops.alloc_inode(hashval)),
                 Make::Custom(f) => f(),
             };
-            let new = alloc_inode(sb, ino, hashval, data);
-            let h = cache.hash_lock(b);
+            let c = cache.counters();
+            let new = alloc_inode(sb, &c, ino, hashval, data);
+            let h = cache.hash_lock_with(&c, b);
             // We released the lock, so..
             match find_inode(sb, b, hashval, &test, waiter, false) {
                 Find::Absent => {
@@ -1392,9 +1407,9 @@ fn run<F: SuperOperations>(sb: &SbInner<F>, op: &mut Op<F>, waiter: &mut Option<
                         inode.set_bits(I_NEW);
                         hash_link(cache, b, inode);
                     }
-                    inode_sb_list_add(inode);
+                    inode_sb_list_add(inode, &c);
                     drop(h);
-                    cache.counters().add(Ctr::Loads, 1);
+                    c.add(Ctr::Loads, 1);
                     Attempt::Done(Outcome::Iget(Some(Iget::New(NewInode::new(InodeRef {
                         ptr: new,
                     })))))
@@ -1521,19 +1536,20 @@ pub(crate) fn iput<F: SuperOperations>(p: NonNull<Inode<F>>) {
     // it is on an LRU: take the lock of its LRU shard first (`lru_shard`, read racily and
     // checked under both locks), so the eviction takes it off under the same hold.
     let sb = inode.sb();
+    let c = sb.cache.counters();
     let lru = match lru_likely(inode, sb) {
-        LruGuess::Add => Some(sb.lru_shard_of_cpu()),
+        LruGuess::Add => Some(sb.lru_shard_of(&c)),
         LruGuess::Del => Some(inode.lru_shard()),
         LruGuess::None => None,
     }
-    .map(|shard| (shard, sb.lru_lock(shard)));
+    .map(|shard| (shard, sb.lru_lock_with(&c, shard)));
     let g = inode.lock();
     let prev = inode.count.fetch_sub(1, Ordering::AcqRel);
     assert!(prev != 0, "iput: {} has no reference to put", inode.name());
     if prev != 1 {
         return;
     }
-    iput_final(inode, g, lru);
+    iput_final(inode, g, lru, &c);
 }
 
 /// What a last `iput` will most likely do with an LRU (a racy look at the generic drop
@@ -1565,8 +1581,13 @@ fn lru_likely<F: SuperOperations>(inode: &Inode<F>, sb: &SbInner<F>) -> LruGuess
 type LruHeld<'a, F> = Option<(usize, ShardGuard<'a, LruShard<F>>)>;
 
 /// `iput_final`: the last reference went; the caller holds `i_lock`, and maybe this
-/// CPU's LRU shard lock, taken before it (`lru`).
-fn iput_final<'a, F: SuperOperations>(inode: &'a Inode<F>, g: ILockGuard<'_>, lru: LruHeld<'a, F>) {
+/// CPU's LRU shard lock, taken before it (`lru`); `c` is this CPU's counters.
+fn iput_final<'a, F: SuperOperations>(
+    inode: &'a Inode<F>,
+    g: ILockGuard<'_>,
+    lru: LruHeld<'a, F>,
+    c: &CpuCounters<'_>,
+) {
     let s = inode.state.load(Ordering::Relaxed);
     if s & I_NEW != 0 {
         drop(g);
@@ -1587,7 +1608,7 @@ fn iput_final<'a, F: SuperOperations>(inode: &'a Inode<F>, g: ILockGuard<'_>, lr
         }
         if let Some((shard, mut l)) = lru {
             // Both locks held since the decision: add it now.
-            lru_add_locked(sb, shard, &mut l, inode);
+            lru_add_locked(sb, c, shard, &mut l, inode);
             return;
         }
         // Lock order is LRU -> i_lock: retake them in that order. Stay pinned so that a
@@ -1607,10 +1628,10 @@ fn iput_final<'a, F: SuperOperations>(inode: &'a Inode<F>, g: ILockGuard<'_>, lr
             l.del(inode);
             sb.lru[shard].len.store(l.len, Ordering::Relaxed);
             inode.clear_bits(ON_LRU);
-            sb.cache.counters().add(Ctr::NrUnused, -1);
+            c.add(Ctr::NrUnused, -1);
             drop(l);
             drop(g);
-            evict(inode);
+            evict_with(inode, c);
             return;
         }
     }
@@ -1647,8 +1668,9 @@ fn iput_evict<F: SuperOperations>(inode: &Inode<F>, g: ILockGuard<'_>, drop_it: 
 /// `__inode_add_lru` after `iput_final` dropped `i_lock`: checks again under both locks.
 fn inode_lru_list_add<F: SuperOperations>(inode: &Inode<F>) {
     let sb = inode.sb();
-    let shard = sb.lru_shard_of_cpu();
-    let mut l = sb.lru_lock(shard);
+    let c = sb.cache.counters();
+    let shard = sb.lru_shard_of(&c);
+    let mut l = sb.lru_lock_with(&c, shard);
     let g = inode.lock();
     let s = inode.state.load(Ordering::Relaxed);
     if inode.count.load(Ordering::Relaxed) != 0 || s & (I_FREEING | I_WILL_FREE) != 0 {
@@ -1667,18 +1689,24 @@ fn inode_lru_list_add<F: SuperOperations>(inode: &Inode<F>) {
         inode.set_bits(I_REFERENCED);
         return;
     }
-    lru_add_locked(sb, shard, &mut l, inode);
+    lru_add_locked(sb, &c, shard, &mut l, inode);
 }
 
 /// `list_lru_add` of an unused inode on no LRU: the caller holds LRU shard `shard`'s lock
-/// (`l`) and the inode's `i_lock`.
-fn lru_add_locked<F: SuperOperations>(sb: &SbInner<F>, shard: usize, l: &mut LruShard<F>, inode: &Inode<F>) {
+/// (`l`) and the inode's `i_lock`; `c` is this CPU's counters.
+fn lru_add_locked<F: SuperOperations>(
+    sb: &SbInner<F>,
+    c: &CpuCounters<'_>,
+    shard: usize,
+    l: &mut LruShard<F>,
+    inode: &Inode<F>,
+) {
     debug_assert!(inode.i_lock.is_locked());
     debug_assert!(inode.state.load(Ordering::Relaxed) & ON_LRU == 0);
     l.add_tail(inode);
     sb.lru[shard].len.store(l.len, Ordering::Relaxed);
     inode.set_bits(ON_LRU);
-    sb.cache.counters().add(Ctr::NrUnused, 1);
+    c.add(Ctr::NrUnused, 1);
 }
 
 /// `inode_lru_list_del` of an inode the caller is evicting (`I_FREEING`).
@@ -1697,10 +1725,15 @@ fn inode_lru_list_del<F: SuperOperations>(inode: &Inode<F>) {
 
 /// `evict`: the inode is `I_FREEING`, off the LRU, and the caller owns it.
 fn evict<F: SuperOperations>(inode: &Inode<F>) {
+    evict_with(inode, &inode.sb().cache.counters());
+}
+
+/// [`evict`], counted on this CPU's counters `c`.
+fn evict_with<F: SuperOperations>(inode: &Inode<F>, c: &CpuCounters<'_>) {
     debug_assert!(inode.state.load(Ordering::Relaxed) & I_FREEING != 0);
     debug_assert!(inode.state.load(Ordering::Relaxed) & ON_LRU == 0);
     let sb = inode.sb();
-    inode_sb_list_del(inode);
+    inode_sb_list_del(inode, c);
     sb.ops.evict_inode(inode);
     // clear_inode (I_CLEAR), remove_inode_hash, then wake the lookups waiting for the
     // eviction (`__wait_on_freeing_inode`): Linux takes `i_lock` for each of the three;
@@ -1711,7 +1744,7 @@ fn evict<F: SuperOperations>(inode: &Inode<F>) {
     let w = {
         let cache = &*sb.cache;
         let b = cache.bucket(sb, inode.hashval);
-        let _h = cache.hash_lock(b);
+        let _h = cache.hash_lock_with(c, b);
         let _g = inode.lock();
         inode.set_bits(I_CLEAR);
         hash_unlink_locked(cache, b, inode);
@@ -1720,22 +1753,23 @@ fn evict<F: SuperOperations>(inode: &Inode<F>) {
     if w {
         sb.cache.waits.wake_all(inode.addr());
     }
-    destroy_inode(inode);
+    destroy_inode(inode, c);
 }
 
-/// `destroy_inode`: `->destroy_inode` now, the memory after a grace period.
-fn destroy_inode<F: SuperOperations>(inode: &Inode<F>) {
+/// `destroy_inode`: `->destroy_inode` now, the memory after a grace period; `c` is this
+/// CPU's counters.
+fn destroy_inode<F: SuperOperations>(inode: &Inode<F>, c: &CpuCounters<'_>) {
     let sb = inode.sb();
     sb.ops.destroy_inode(inode);
-    sb.cache.counters().add(Ctr::NrInodes, -1);
+    c.add(Ctr::NrInodes, -1);
     let p = NonNull::from(inode).as_ptr();
     let pin = sb.cache.domain.pin();
     // SAFETY: the inode is off every list and chain, nobody holds a reference, and
     // walkers that may still see its pointer are pinned: the box (from `alloc_inode`'s
-    // `alloc_box`) is dropped, and its memory kept for reuse or freed, after them.
-    unsafe { pin.defer_recycle(p) };
+    // `Box::leak`) is freed after them.
+    unsafe { pin.defer_free_box(p) };
     // The inode's last use of its superblock (which may be freed a grace period later).
-    sb_inode_gone(sb, &pin);
+    sb_inode_gone(sb, &pin, c);
 }
 
 /// `list_lru_walk_one` with `inode_lru_isolate` over one LRU shard.
@@ -2130,9 +2164,10 @@ impl<F: SuperOperations> SuperBlock<F> {
         // chain head now, so the miss on it (a random line of the table) overlaps the
         // allocation and the caller's filling of the inode.
         self.inner.cache.bucket(&self.inner, hashval).prefetch();
-        let p = alloc_inode(&self.inner, ino, hashval, data);
+        let c = self.inner.cache.counters();
+        let p = alloc_inode(&self.inner, &c, ino, hashval, data);
         // SAFETY: just allocated.
-        inode_sb_list_add(unsafe { p.as_ref() });
+        inode_sb_list_add(unsafe { p.as_ref() }, &c);
         InodeRef { ptr: p }
     }
 

@@ -146,9 +146,7 @@ pub struct Inode<F: SuperOperations> {
     pub(crate) sb_index: AtomicU32,
     /// `i_lru`: its links in its LRU shard's list (`list_lru_one`): written and read only
     /// under that LRU shard's lock (Relaxed atomics: the lock orders them; they are
-    /// atomics only so that `Inode` stays `Sync` without unsafe). Once the inode is
-    /// retired (`destroy_inode`, on no LRU), `lru_next` is the epoch's link of its
-    /// chain of retired inodes (the `rcu_head`; see `epoch::Linked`).
+    /// atomics only so that `Inode` stays `Sync` without unsafe).
     pub(crate) lru_prev: AtomicPtr<Inode<F>>,
     pub(crate) lru_next: AtomicPtr<Inode<F>>,
 }
@@ -160,15 +158,6 @@ pub struct Inode<F: SuperOperations> {
 unsafe impl<F: SuperOperations> Send for Inode<F> {}
 // SAFETY: as above: `&Inode` only reads `sb` and gives `&SbInner`, which is `Sync`.
 unsafe impl<F: SuperOperations> Sync for Inode<F> {}
-
-// SAFETY: `lru_next` is only used on an LRU list (under its shard's lock); a retired
-// inode (`destroy_inode`) is on none and is reached by no list again, and lock-free chain
-// walkers never read it.
-unsafe impl<F: SuperOperations> crate::epoch::Linked for Inode<F> {
-    fn retire_link(&self) -> &AtomicPtr<Self> {
-        &self.lru_next
-    }
-}
 
 impl<F: SuperOperations> Inode<F> {
     /// `i_sb`.

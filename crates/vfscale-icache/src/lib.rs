@@ -99,7 +99,7 @@
 //! | an LRU shard (`s_inode_lru`: `list_lru_one`'s head, tail, length), the `i_lru` links (`lru_prev`, `lru_next`) of every inode on it, an inode's `lru_shard` | that shard's lock (`list_lru` lock) | `count_objects` (a length mirror); `lru_shard` by the inode's evictor (`I_FREEING`: it cannot move) |
 //! | `SB_ACTIVE` | atomic; read by `iput_final` under `i_lock` (and again under the LRU lock and `i_lock` before it adds to the LRU); `evict_inodes` reads `i_count` under each `i_lock` after clearing it | |
 //! | a wait-table bucket | its lock | |
-//! | counters | per CPU, atomic | `stats` sums them |
+//! | counters | per CPU, atomic; an operation looks up its thread's slot once and passes it down (`CpuCounters`: counters, live-inode slot, shard) | `stats` sums them |
 //!
 //! # Lock order
 //!
@@ -197,22 +197,15 @@
 //!
 //! # Lifetimes
 //!
-//! * An inode's memory: released a grace period (epoch) after `->destroy_inode`, so a
+//! * An inode's memory: freed a grace period (epoch) after `->destroy_inode`, so a
 //!   lock-free walker that reached it from a chain may still read it. Retired inodes are
-//!   handed to crossbeam-epoch in per-thread chains of 256 (what RCU's per-CPU callback
-//!   lists do for `call_rcu`), linked through the inode's `i_lru` next link (the
-//!   `rcu_head`: an evicted inode is on no LRU, and lock-free walkers never read it), so
-//!   retiring allocates nothing and crossbeam gets one deferred function per 256
-//!   evictions. A chain is handed over after its last inode was retired, so its grace
-//!   period covers every inode on it (freeing later than needed is always safe); a
-//!   thread's partial chain is handed over when it fills, at thread exit, and by
-//!   [`flush_deferred`]. After the grace period the inode (its data) is dropped and its
-//!   memory goes onto the freeing thread's free list of that layout (`kmem_cache`'s
-//!   per-CPU object cache), which that thread's next inode allocation takes; a list
-//!   keeps at most 32 MiB, and is freed at thread exit and by [`flush_deferred`]. So
-//!   neither eviction nor creation calls malloc while the lists last (glibc's fastbin
-//!   consolidation ran inside evictions before: see `epoch.rs`). Under the models the
-//!   memory is freed at once, and the link is checked unwritten after retirement.
+//!   handed to crossbeam-epoch in per-thread batches of 60 (what RCU's per-CPU callback
+//!   lists do for `call_rcu`): one deferred function per batch instead of one per inode,
+//!   no allocation per eviction, and no allocation of 1 KB or more (which makes glibc
+//!   consolidate its fastbins) but crossbeam's bag node every 64 batches. A batch is
+//!   handed over after its last inode was retired, so its grace period covers every
+//!   inode in it (freeing later than needed is always safe); a thread's partial batch is
+//!   handed over when it fills, at thread exit, and by [`flush_deferred`].
 //! * A superblock (`i_sb`, as in Linux: a plain pointer in every inode): counted handles
 //!   are only [`SuperBlock`] and a waiting lookup ([`InodeWait`]). Each inode is counted
 //!   in a live count per counter slot (`+1` at allocation on the allocating thread's
@@ -264,8 +257,7 @@ pub use cache::{
 pub use inode::{Iget, Inode, InodeFlags, InodeRef, InodeState, NewInode};
 
 /// Hurries the deferred freeing of evicted inodes' memory (best effort; for tests that
-/// count drops of the filesystem's data), and gives the calling thread's recycled inode
-/// memory back to the allocator. `->destroy_inode` itself runs at eviction.
+/// count drops of the filesystem's data). `->destroy_inode` itself runs at eviction.
 pub fn flush_deferred() {
     epoch::flush();
 }
