@@ -751,6 +751,89 @@ mod tests {
         }
     }
 
+    /// Locks evenly spaced (the by-start tree's nodes step by interpolation), from 0 or
+    /// ending at the greatest offset, spaced by bytes or by gigabytes, held by one to
+    /// three owners; then tests, locks and unlocks on, beside and across them.
+    fn evenly_spaced() -> impl Strategy<Value = (Vec<Call>, Vec<Call>)> {
+        let step = prop_oneof![
+            2i64..9,
+            prop::sample::select(vec![
+                4096i64,
+                (1 << 14) - 1,
+                1 << 14,
+                (1 << 14) + 1,
+                1 << 20,
+                1 << 40
+            ]),
+        ];
+        let n = prop_oneof![3 => 14i64..64, 1 => 404i64..440];
+        let setup = (step, n, any::<bool>(), 1u64..=3, any::<bool>(), 0u8..3);
+        setup.prop_flat_map(|(step, n, at_end, owners, ofd, fill)| {
+            let n = n.min(i64::MAX / step);
+            let base = if at_end { i64::MAX - (n - 1) * step } else { 0 };
+            let held = (0..n)
+                .map(|i| Call::Fcntl {
+                    file: 1 + i as u64 % owners,
+                    cmd: if ofd { FcntlCmd::OfdSetLk } else { FcntlCmd::SetLk },
+                    ty: if i % 5 == 2 {
+                        LockType::Read
+                    } else {
+                        LockType::Write
+                    },
+                    start: base + i * step,
+                    len: [1, step / 2, step - 1][fill as usize],
+                })
+                .collect::<Vec<_>>();
+            let cmd = prop::sample::select(vec![
+                FcntlCmd::GetLk,
+                FcntlCmd::OfdGetLk,
+                FcntlCmd::GetLk,
+                FcntlCmd::OfdGetLk,
+                FcntlCmd::SetLk,
+                FcntlCmd::OfdSetLk,
+                FcntlCmd::SetLkW,
+            ]);
+            let ty = prop::sample::select(vec![LockType::Read, LockType::Write, LockType::Unlock]);
+            let at = prop_oneof![0..n, Just(n - 1), Just(0)];
+            let off = prop::sample::select(vec![0i64, 0, 1, -1, step - 1, step / 2]);
+            let len = prop::sample::select(vec![1i64, 1, 0, step, step + 1, 3 * step, -1, 2]);
+            let one = (1..=FILES, cmd, ty, at, off, len).prop_map(move |(file, cmd, ty, i, off, len)| {
+                Call::Fcntl {
+                    file,
+                    cmd,
+                    ty,
+                    start: (base + i * step).saturating_add(off).max(0),
+                    len,
+                }
+            });
+            let calls = prop_oneof![
+                20 => one,
+                1 => (1..=FILES).prop_map(Call::Close),
+                1 => (1..=FILES).prop_map(Call::Interrupt),
+            ];
+            (Just(held), prop::collection::vec(calls, 1..40))
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 40, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn evenly_spaced_locks_give_linuxs_list_results((held, calls) in evenly_spaced()) {
+            let mut tree = Side::new(LockIndex::Tree);
+            let mut list = Side::new(LockIndex::List);
+            for (i, c) in held.iter().chain(&calls).enumerate() {
+                let a = tree.apply(c);
+                let b = list.apply(c);
+                prop_assert_eq!(&a, &b, "call {} {:?}", i, c);
+                if i + 1 >= held.len() {
+                    tree.check();
+                    prop_assert_eq!(tree.mgr.proc_locks(), list.mgr.proc_locks(), "listing after call {} {:?}", i, c);
+                }
+            }
+        }
+    }
+
     #[test]
     fn many_owners_many_ranges_stay_consistent() {
         // A denser run than the proptest: 2,000 calls over 64 owners on 200 bytes.
