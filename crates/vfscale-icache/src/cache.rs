@@ -1535,21 +1535,25 @@ pub(crate) fn iput<F: SuperOperations>(p: NonNull<Inode<F>>) {
     // Likewise an inode that will most likely be evicted (unlinked, unhashed, ...) while
     // it is on an LRU: take the lock of its LRU shard first (`lru_shard`, read racily and
     // checked under both locks), so the eviction takes it off under the same hold.
+    // This CPU's counters are looked up only when an LRU lock is taken (a cached hit's
+    // last `iput`, already on an LRU, needs none).
     let sb = inode.sb();
-    let c = sb.cache.counters();
     let lru = match lru_likely(inode, sb) {
-        LruGuess::Add => Some(sb.lru_shard_of(&c)),
-        LruGuess::Del => Some(inode.lru_shard()),
+        LruGuess::Add => {
+            let c = sb.cache.counters();
+            Some((sb.lru_shard_of(&c), c))
+        }
+        LruGuess::Del => Some((inode.lru_shard(), sb.cache.counters())),
         LruGuess::None => None,
     }
-    .map(|shard| (shard, sb.lru_lock_with(&c, shard)));
+    .map(|(shard, c)| (shard, sb.lru_lock_with(&c, shard), c));
     let g = inode.lock();
     let prev = inode.count.fetch_sub(1, Ordering::AcqRel);
     assert!(prev != 0, "iput: {} has no reference to put", inode.name());
     if prev != 1 {
         return;
     }
-    iput_final(inode, g, lru, &c);
+    iput_final(inode, g, lru);
 }
 
 /// What a last `iput` will most likely do with an LRU (a racy look at the generic drop
@@ -1577,17 +1581,13 @@ fn lru_likely<F: SuperOperations>(inode: &Inode<F>, sb: &SbInner<F>) -> LruGuess
     }
 }
 
-/// The LRU shard (and its lock) a last `iput` took before `i_lock`.
-type LruHeld<'a, F> = Option<(usize, ShardGuard<'a, LruShard<F>>)>;
+/// The LRU shard (and its lock) a last `iput` took before `i_lock`, with this CPU's
+/// counters (what it counts under that lock on).
+type LruHeld<'a, F> = Option<(usize, ShardGuard<'a, LruShard<F>>, CpuCounters<'a>)>;
 
 /// `iput_final`: the last reference went; the caller holds `i_lock`, and maybe this
-/// CPU's LRU shard lock, taken before it (`lru`); `c` is this CPU's counters.
-fn iput_final<'a, F: SuperOperations>(
-    inode: &'a Inode<F>,
-    g: ILockGuard<'_>,
-    lru: LruHeld<'a, F>,
-    c: &CpuCounters<'_>,
-) {
+/// CPU's LRU shard lock, taken before it (`lru`, with this CPU's counters).
+fn iput_final<'a, F: SuperOperations>(inode: &'a Inode<F>, g: ILockGuard<'_>, lru: LruHeld<'a, F>) {
     let s = inode.state.load(Ordering::Relaxed);
     if s & I_NEW != 0 {
         drop(g);
@@ -1606,9 +1606,9 @@ fn iput_final<'a, F: SuperOperations>(
             inode.set_bits(I_REFERENCED);
             return;
         }
-        if let Some((shard, mut l)) = lru {
+        if let Some((shard, mut l, c)) = lru {
             // Both locks held since the decision: add it now.
-            lru_add_locked(sb, c, shard, &mut l, inode);
+            lru_add_locked(sb, &c, shard, &mut l, inode);
             return;
         }
         // Lock order is LRU -> i_lock: retake them in that order. Stay pinned so that a
@@ -1619,7 +1619,7 @@ fn iput_final<'a, F: SuperOperations>(
         drop(pin);
         return;
     }
-    if let Some((shard, mut l)) = lru {
+    if let Some((shard, mut l, c)) = lru {
         if drop_it && s & ON_LRU != 0 && l.owns(inode) {
             // `iput_evict` with the inode's LRU lock held since before `i_lock` (no
             // `->write_inode`: dropped): I_FREEING and off the LRU under one hold.
@@ -1631,7 +1631,7 @@ fn iput_final<'a, F: SuperOperations>(
             c.add(Ctr::NrUnused, -1);
             drop(l);
             drop(g);
-            evict_with(inode, c);
+            evict_with(inode, &c);
             return;
         }
     }
