@@ -240,7 +240,8 @@ pub struct BenchArgs {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub iterations: Option<u64>,
     /// Files per task (inodes), comma-separated for several sizes; with --mode evict,
-    /// inodes cached in all (e.g. 250000,1000000).
+    /// inodes cached in all (e.g. 1000000,4000000: linearity is judged among sizes
+    /// beyond twice the last-level cache).
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub files: Vec<u64>,
     /// Locks held on the file, comma-separated (lockmany).
