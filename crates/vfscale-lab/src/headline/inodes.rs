@@ -25,7 +25,7 @@
 //!    beyond it when two are, else among all when none is; one size beyond it and others
 //!    within: the ratio is shown, not judged.
 
-use super::{metric, task_counts, Finding, Ratio, Targets};
+use super::{against_bound, metric, task_counts, Finding, Ratio, Targets};
 use crate::export::units::{self, Unit};
 use crate::result::{Report, Summary};
 
@@ -159,23 +159,6 @@ pub const MIN_SCALING: f64 = 1.8;
 /// (its rate at least this fraction of the fastest other's; judged with its error, as
 /// [`MIN_SCALING`] is).
 pub const MIN_AT_ONE: f64 = 0.95;
-
-/// `r` with its p-value taken against `bound` instead of against 1: a two-sided z-test of
-/// the ratio's distance to the bound in units of its propagated error (normal
-/// approximation), so a ratio that clears the bound by less than its noise is not
-/// called significant. Why not the mean ratio alone: at 200,000 files a phase lasts
-/// 30–150 ms and a 1-task run on a shared 2-core machine varies by 10–45%, so a mean
-/// ratio of 1.85 from five runs each side can sit well within noise of 1.8. A single
-/// sample a side (no error) is taken at face value, as [`Ratio::significant`] does.
-pub fn against_bound(r: Ratio, bound: f64) -> Ratio {
-    let p = if r.error.is_finite() && r.error > 0.0 && r.value.is_finite() {
-        let z = (r.value - bound) / r.error;
-        statrs::function::erf::erfc(z.abs() / std::f64::consts::SQRT_2)
-    } else {
-        f64::NAN
-    };
-    Ratio { p, ..r }
-}
 
 /// `a / b` of two rows' rates paired run by run: `bench` interleaves the inodes runs
 /// (run i of every target at every task count, one after the other), so run i of `a`
