@@ -3,7 +3,7 @@
 //! 1. Scaling: each phase's rate at the largest task count over its 1-task rate for
 //!    `library` (target ≥ 1.8× at 2 tasks; the runs are paired, see [`paired`], and the
 //!    ratio is judged with its error: a ratio above 1.8 by less than its noise is reported
-//!    met but not significant, see [`against_bound`]; the cold walk's ratio is shown but
+//!    met but not significant, see [`super::against_bound`]; the cold walk's ratio is shown but
 //!    not checked: the phases are Chinner's four, the cold walk comes "plus", and
 //!    its tasks meet on every inode by design, so one loads while the other waits — the
 //!    kernel on ext4 gets 1.59× here), and `library` against `library-prepatch` and the fastest user
@@ -25,7 +25,7 @@
 //!    beyond it when two are, else among all when none is; one size beyond it and others
 //!    within: the ratio is shown, not judged.
 
-use super::{against_bound, metric, task_counts, Finding, Ratio, Targets};
+use super::{metric, task_counts, Finding, Ratio, Targets};
 use crate::export::units::{self, Unit};
 use crate::result::{Report, Summary};
 
@@ -51,9 +51,17 @@ pub const MAX_LINEARITY: f64 = 1.5;
 fn evict(report: &Report) -> Vec<Finding> {
     const MODE: &str = crate::measure::inodes::million::MODE;
     // (files, tasks, bytes/inode in all, evict ns/inode, evicted == cached, (per-inode
-    // part, hash table part), beyond twice the last-level cache (None: not known)) per
-    // row of `target`, fewest tasks first, by size.
-    type Point = (u64, usize, f64, f64, bool, Option<(f64, f64)>, Option<bool>);
+    // part, hash table part), (beyond twice the last-level cache, its bytes) where the
+    // run knew its size) per row of `target`, fewest tasks first, by size.
+    type Point = (
+        u64,
+        usize,
+        f64,
+        f64,
+        bool,
+        Option<(f64, f64)>,
+        Option<(bool, f64)>,
+    );
     let points = |target: &str| {
         let mut v: Vec<Point> = report
             .results
@@ -71,7 +79,7 @@ fn evict(report: &Report) -> Vec<Finding> {
                     m("llc_bytes").map(|llc| {
                         let per =
                             m("bytes_per_inode").unwrap_or(0.0) + m("data_bytes_per_inode").unwrap_or(0.0);
-                        per * r.files.unwrap_or(0) as f64 >= 2.0 * llc
+                        (per * r.files.unwrap_or(0) as f64 >= 2.0 * llc, llc)
                     }),
                 ))
             })
@@ -101,43 +109,39 @@ fn evict(report: &Report) -> Vec<Finding> {
     let ns: Vec<String> = lib.iter().map(|p| format!("{:.0} ns @{}", p.3, k(p.0))).collect();
     text.push_str(&format!("; evict_inodes {}", ns.join(", ")));
     if lib.len() > 1 {
-        let beyond: Vec<&Point> = lib.iter().filter(|p| p.6 == Some(true)).collect();
-        let llc = report
-            .results
-            .iter()
-            .filter(|r| r.workload == W && r.target == "library" && r.mode == MODE)
-            .find_map(|r| r.metrics.get("llc_bytes").map(|s| s.mean));
-        let mib = |b: f64| format!("{:.0} MiB", b / f64::from(1 << 20));
-        match (beyond.first(), beyond.last()) {
-            (Some(a), Some(b)) if beyond.len() > 1 => {
-                let r = b.3 / a.3;
-                text.push_str(&format!(
-                    " (×{r:.2} from {} to {}, the sizes beyond twice the {} last-level cache; linear ≤ ×{MAX_LINEARITY})",
+        let beyond: Vec<&Point> = lib.iter().filter(|p| p.6.is_some_and(|(b, _)| b)).collect();
+        let llc = lib.iter().find_map(|p| p.6).map_or_else(
+            || "?".into(),
+            |(_, b)| format!("{:.0} MiB", b / f64::from(1 << 20)),
+        );
+        // Judged among the sizes beyond the cache when two are, among all when none is.
+        let judged = match beyond.as_slice() {
+            [] => Some((lo, hi, ",".to_string())),
+            [_] => None,
+            [a, .., b] => Some((
+                *a,
+                *b,
+                format!(
+                    " from {} to {}, the sizes beyond twice the {llc} last-level cache;",
                     k(a.0),
-                    k(b.0),
-                    llc.map_or_else(|| "?".into(), mib)
-                ));
+                    k(b.0)
+                ),
+            )),
+        };
+        match judged {
+            Some((a, b, why)) => {
+                let r = b.3 / a.3;
+                text.push_str(&format!(" (×{r:.2}{why} linear ≤ ×{MAX_LINEARITY})"));
                 t.check(
                     r <= MAX_LINEARITY,
                     format!("evict ns/inode ×{r:.2} from {} to {}", k(a.0), k(b.0)),
                 );
             }
-            (None, _) => {
-                let r = hi.3 / lo.3;
-                text.push_str(&format!(" (×{r:.2}, linear ≤ ×{MAX_LINEARITY})"));
-                t.check(
-                    r <= MAX_LINEARITY,
-                    format!("evict ns/inode ×{r:.2} from {} to {}", k(lo.0), k(hi.0)),
-                );
-            }
-            _ => {
-                let r = hi.3 / lo.3;
-                text.push_str(&format!(
-                    " (×{r:.2}, not judged: only {} is beyond twice the {} last-level cache)",
-                    k(hi.0),
-                    llc.map_or_else(|| "?".into(), mib)
-                ));
-            }
+            None => text.push_str(&format!(
+                " (×{:.2}, not judged: only {} is beyond twice the {llc} last-level cache)",
+                hi.3 / lo.3,
+                k(hi.0)
+            )),
         }
     }
     t.check(lib.iter().all(|p| p.4), "an unused inode survived evict_inodes");
@@ -226,7 +230,7 @@ fn phases(report: &Report) -> Vec<Finding> {
         let r = paired(hi, lo).unwrap_or_else(|| Ratio::of(RATE, hi, lo));
         scale.push(format!("{p} {}", units::format_ratio(r.value)));
         if n == 2 && one == 1 && p != "cold-walk" {
-            t.check_ratio(&against_bound(r, MIN_SCALING), MIN_SCALING, true, p);
+            t.check_ratio(&r, MIN_SCALING, true, p);
         }
     }
     let mut vs = Vec::new();
@@ -265,12 +269,7 @@ fn phases(report: &Report) -> Vec<Finding> {
                 "at 1 task ≥ {} the fastest, {other} ({p})",
                 units::format_ratio(r.value)
             ));
-            t.check_ratio(
-                &against_bound(r, MIN_AT_ONE),
-                MIN_AT_ONE,
-                true,
-                &format!("at 1 task vs {other} ({p})"),
-            );
+            t.check_ratio(&r, MIN_AT_ONE, true, &format!("at 1 task vs {other} ({p})"));
         }
     }
     if !scale.is_empty() {
@@ -347,6 +346,7 @@ fn phases(report: &Report) -> Vec<Finding> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::against_bound;
     use super::*;
 
     fn ratio(value: f64, error: f64) -> Ratio {
@@ -406,17 +406,7 @@ mod tests {
                 r
             })
             .collect();
-        Report {
-            meta: crate::result::Meta {
-                nproc: 2,
-                kernel: String::new(),
-                commit: String::new(),
-                date: String::new(),
-                command: String::new(),
-            },
-            results,
-            skipped: Vec::new(),
-        }
+        super::super::test_report(results)
     }
 
     fn phase_report(rows: &[(&str, &str, usize, &[f64])]) -> Report {

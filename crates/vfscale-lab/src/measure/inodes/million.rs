@@ -187,7 +187,7 @@ pub fn run(target: Target, tasks: usize, inodes: u64) -> Result<Sample, Skip> {
 
 /// The size of this CPU's last-level cache (the highest-level data or unified cache in
 /// `/sys/devices/system/cpu/cpu0/cache`), if the kernel says.
-pub fn llc_bytes() -> Option<u64> {
+fn llc_bytes() -> Option<u64> {
     let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
     let mut best: Option<(u32, u64)> = None;
     for e in dir.flatten() {
