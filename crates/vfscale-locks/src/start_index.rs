@@ -380,6 +380,33 @@ impl Leaf {
         let d = x.wrapping_sub(self.start[0]) as u64;
         (((d as u128 * self.inv as u128) >> 32) as usize).min((self.len as usize).saturating_sub(1))
     }
+    /// Whether entry `k`, the last one starting at or before a range `[qs, …]` ends, is
+    /// the only candidate: it starts at or before `qs` and no entry before it spills
+    /// over its own next start. Bitwise, not short-circuit: one predictable branch.
+    #[inline(always)]
+    fn sole_from(&self, k: usize, qs: i64) -> bool {
+        (self.start[k] <= qs) & (self.spill & ((1u32 << k) - 1) == 0)
+    }
+    /// Reports entry `k`, the only candidate, unless the scan wants write locks and it is
+    /// not one. Not reading the entry's end (another line of the leaf): `f` reads the
+    /// record, which has it, and tests the overlap itself.
+    #[inline(always)]
+    fn report(&self, k: usize, writes_only: bool, w: &mut Work, f: &mut dyn FnMut(NodeId)) {
+        if !writes_only || self.wmask & (1 << k) != 0 {
+            w.checks += 1;
+            f(self.id[k]);
+        }
+    }
+    /// The start after entry `k` (`i64::MAX` past the last slot): a guess `k` for `qe`
+    /// is right when `qe` is below it.
+    #[inline(always)]
+    fn start_after(&self, k: usize) -> i64 {
+        if k + 1 < CAP {
+            self.start[k + 1]
+        } else {
+            i64::MAX
+        }
+    }
     /// Entries with a key below `key`: where `key` goes (insert) or is (remove). A
     /// linear search: a count over every slot measured no faster here, where the
     /// conflict scan of the same call has just read the same starts.
@@ -568,6 +595,25 @@ impl Branch {
     fn guess(&self, x: i64) -> usize {
         let d = x.wrapping_sub(self.base) as u64;
         (((d as u128 * self.inv as u128) >> 64) as usize).min(self.len as usize - 1)
+    }
+    /// Whether child `i`, the last one whose separator is at or before a range's end, is
+    /// the only candidate: the range starts at or after its separator (child 0 bounds
+    /// nothing) and no child before it spills over its own next separator. Bitwise, not
+    /// short-circuit: `i == 0` is a data-dependent branch (taken at random, one step in
+    /// 13), the whole test a predictable one.
+    #[inline(always)]
+    fn sole_from(&self, i: usize, qs: i64) -> bool {
+        ((i == 0) | (self.sep[i] <= qs)) & (self.spill & ((1u32 << i) - 1) == 0)
+    }
+    /// The separator after child `i` (`i64::MAX` past the last slot): a guess `i` for
+    /// `qe` is right when `qe` is below it.
+    #[inline(always)]
+    fn sep_after(&self, i: usize) -> i64 {
+        if i + 1 < BCAP {
+            self.sep[i + 1]
+        } else {
+            i64::MAX
+        }
     }
     fn remove(&mut self, pos: usize) {
         let len = self.len as usize;
@@ -935,8 +981,7 @@ impl StartTree {
             let br = &self.branches[b as usize];
             if br.inv != NO_GUESS {
                 let g = br.guess(qe);
-                let next = if g + 1 < BCAP { br.sep[g + 1] } else { i64::MAX };
-                if ((g == 0) | (br.sep[g] <= qs)) & (qe < next) & (br.spill & ((1u32 << g) - 1) == 0) {
+                if (qe < br.sep_after(g)) & br.sole_from(g, qs) {
                     b = br.child[g];
                     h -= 1;
                     continue;
@@ -951,9 +996,7 @@ impl StartTree {
             } else {
                 br.find_le(qe)
             };
-            // Bitwise, not short-circuit: `i == 0` is a data-dependent branch (taken at
-            // random, one step in 13), the whole test a predictable one.
-            if ((i == 0) | (br.sep[i] <= qs)) & (br.spill & ((1u32 << i) - 1) == 0) {
+            if br.sole_from(i, qs) {
                 // Not checking the child's greatest end (another line of the node):
                 // a child that ends before the range is one path more, its leaf
                 // reports nothing.
@@ -977,13 +1020,8 @@ impl StartTree {
         let l = &self.leaves[b as usize];
         if l.inv != LEAF_NO_GUESS {
             let k = l.guess(qe);
-            let next = if k + 1 < CAP { l.start[k + 1] } else { i64::MAX };
-            if (l.start[k] <= qs) & (qe < next) & (l.spill & ((1u32 << k) - 1) == 0) {
-                if !writes_only || l.wmask & (1 << k) != 0 {
-                    w.checks += 1;
-                    f(l.id[k]);
-                }
-                return;
+            if (qe < l.start_after(k)) & l.sole_from(k, qs) {
+                return l.report(k, writes_only, w, f);
             }
         }
         // As in a branch: the last entry starting at or before qe is usually the only
@@ -998,14 +1036,8 @@ impl StartTree {
             return;
         }
         let k = p - 1;
-        if (l.start[k] <= qs) & (l.spill & ((1u32 << k) - 1) == 0) {
-            // Not reading the entry's end (another line of the leaf): `f` reads the
-            // record, which has it, and tests the overlap itself.
-            if !writes_only || l.wmask & (1 << k) != 0 {
-                w.checks += 1;
-                f(l.id[k]);
-            }
-            return;
+        if l.sole_from(k, qs) {
+            return l.report(k, writes_only, w, f);
         }
         let mut m = l.overlaps(qs, qe, writes_only);
         while m != 0 {
