@@ -4,7 +4,7 @@
 //! Each scenario format is a module with the same three parts:
 //!
 //! * the format (`Scenario::parse`, `render_results`): JSON Lines, one step per line,
-//!   errors that name the line and the field ([`format`]);
+//!   errors that name the line and the field ([`mod@format`]);
 //! * the library runner (`library::replay`): the scenario driven through the library's
 //!   public API, one thread, settling woken waiters after every step;
 //! * the kernel runner (`kernel::replay`): the same steps as real system calls made by

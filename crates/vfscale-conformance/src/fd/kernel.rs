@@ -8,7 +8,7 @@
 //! # The control channel has no descriptor
 //!
 //! The runner and the scenario processes talk through one System V shared memory
-//! segment (`shmget`/`shmat`), one [`Slot`] per live process, with futexes on the
+//! segment (`shmget`/`shmat`), one `Slot` per live process, with futexes on the
 //! slot's sequence numbers to wait. A System V segment is named by an integer id, not a
 //! descriptor, and an attachment is part of the address space, not of the descriptor
 //! table. So nothing a scenario does to its table can reach the channel:

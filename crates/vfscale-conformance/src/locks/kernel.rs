@@ -9,10 +9,10 @@
 //!
 //! The replaying process may be multi-threaded (it is under `cargo test`), so after
 //! `fork` a child may only make async-signal-safe calls: it must not allocate, take a
-//! lock, use std I/O or panic. A child therefore runs [`child_main`], a loop of plain
-//! system calls over fixed-size records: it reads a [`Command`] from its command pipe,
-//! performs it, and writes a [`Reply`] to its reply pipe. Everything it needs is prepared
-//! before `fork` ([`ChildSetup`]). The parent refers to the child's descriptors by their
+//! lock, use std I/O or panic. A child therefore runs `child_main`, a loop of plain
+//! system calls over fixed-size records: it reads a `Command` from its command pipe,
+//! performs it, and writes a `Reply` to its reply pipe. Everything it needs is prepared
+//! before `fork` (`ChildSetup`). The parent refers to the child's descriptors by their
 //! numbers in the child, which the replies tell it.
 //!
 //! # Settling
@@ -20,7 +20,7 @@
 //! After each step the runner waits until every outstanding blocking call has either
 //! finished or is truly asleep waiting for a lock; only then can it tell `"blocked"` from
 //! a call that is merely slow, and list in `completed` exactly the calls the step let
-//! finish. See [`Runner::settle`] for the rule and why it is sound.
+//! finish. See `Runner::settle` for the rule and why it is sound.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;

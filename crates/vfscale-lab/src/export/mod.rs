@@ -179,7 +179,7 @@ fn first_appearances<'a>(items: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
 }
 
 /// Where a target goes in tables and legends: the kernel, the alternatives, then the
-/// library ([`Target::ALL`]'s order); unknown targets last.
+/// library ([`crate::measure::Target::ALL`]'s order); unknown targets last.
 pub fn target_rank(target: &str) -> usize {
     crate::measure::Target::ALL
         .iter()

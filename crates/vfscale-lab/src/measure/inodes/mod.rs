@@ -7,9 +7,9 @@
 //!
 //! Targets: `kernel` (real system calls on a private tmpfs directory, or `--dir`; its cold
 //! walk is skipped: tmpfs pins its inodes), `kernel-ext4` (ext4 on a loop
-//! device the lab sets up and tears down; its cold walk drops the kernel's caches), and a small in-memory filesystem ([`fs`]) on five inode tables:
+//! device the lab sets up and tears down; its cold walk drops the kernel's caches), and a small in-memory filesystem (`fs.rs`) on five inode tables:
 //! `library` (vfscale-icache), `library-prepatch` (every mechanism of seed 002 switched
-//! back), `rwlock-hashmap`, `dashmap`, `moka` ([`tables`]).
+//! back), `rwlock-hashmap`, `dashmap`, `moka` (`tables.rs`).
 //!
 //! Metrics per phase (`phase/metric`): `ops_per_sec`; for the in-memory targets whose
 //! locks can be counted, `global_lock_acquisitions_per_op` (locks every task shares: the

@@ -45,7 +45,7 @@
 //!
 //! # The kernel target
 //!
-//! It follows the loop replay runner's rules (see [`sys::KernelLab`]): an exclusive
+//! It follows the loop replay runner's rules (see `sys::KernelLab`): an exclusive
 //! `flock` on `/dev/loop-control` for the whole workload, only devices it added itself
 //! at indices from 64 that were free, everything detached and removed afterwards, also
 //! on error, panic or interrupt. Backing files live in a fresh directory under `--dir`
