@@ -269,13 +269,15 @@ pub fn configs(w: Workload, scale: &Scale) -> Vec<Config> {
     out
 }
 
-/// Whether `w`'s runs are interleaved: inodes takes its configurations and targets run by
-/// run (run 1 of every (configuration, target), then run 2 of each, ...), so a drift of
-/// the machine (another job starting) falls on every target and task count alike, and
-/// run i of two of them can be compared as a pair: its runs are short and the issue
-/// judges ratios between targets and between task counts (see `measure::inodes`).
+/// Whether `w`'s runs are interleaved: the workloads whose targets are ratios between
+/// rows (inodes: task counts and targets; herd: 1,000 contenders over 20; lockmany:
+/// 10,000 held over 10) take their configurations and targets run by run (run 1 of
+/// every (configuration, target), then run 2 of each, ...), so a drift of the machine
+/// (another job starting) falls on both sides of a ratio alike, and run i of two rows
+/// can be compared as a pair (`headline::paired`). A shared 2-core machine moved the
+/// herd's 1000/20 ratio by ±15% between runs taken unit by unit.
 fn interleaved(w: Workload) -> bool {
-    w == Workload::Inodes
+    matches!(w, Workload::Inodes | Workload::Herd | Workload::Lockmany)
 }
 
 /// The order of the runs of `units` (a group's (configuration, target) pairs), `runs`
@@ -397,6 +399,7 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
             }
             bar.inc(1);
         }
+        measure::finish(w);
         for (c, target) in live {
             let cfg = &group[c];
             let samples = by_unit.remove(&(c, target)).unwrap_or_default();
@@ -470,7 +473,7 @@ mod tests {
     }
 
     #[test]
-    fn inodes_takes_its_targets_run_by_run() {
+    fn ratio_workloads_take_their_targets_run_by_run() {
         use Target::*;
         let t = [LibraryPrepatch, Dashmap, Library];
         assert_eq!(
@@ -488,8 +491,15 @@ mod tests {
             run_order(Workload::Inodes, &[(0, Library), (1, Library)], 2),
             [(0, Library), (1, Library), (0, Library), (1, Library)]
         );
+        // The other ratio workloads run by run too; the rest unit by unit.
+        for w in [Workload::Herd, Workload::Lockmany] {
+            assert_eq!(
+                run_order(w, &[(20, Library), (1000, Library)], 2),
+                [(20, Library), (1000, Library), (20, Library), (1000, Library)]
+            );
+        }
         assert_eq!(
-            run_order(Workload::Lockmany, &t, 2),
+            run_order(Workload::Posix01, &t, 2),
             [
                 LibraryPrepatch,
                 LibraryPrepatch,

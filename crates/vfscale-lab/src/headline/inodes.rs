@@ -1,14 +1,14 @@
 //! Seed 002 (inode cache scalability): the `inodes` experiment's two lines.
 //!
 //! 1. Scaling: each phase's rate at the largest task count over its 1-task rate for
-//!    `library` (target ≥ 1.8× at 2 tasks; the runs are paired, see [`paired`], and the
+//!    `library` (target ≥ 1.8× at 2 tasks; the runs are paired, see [`super::paired`], and the
 //!    ratio is judged with its error: a ratio above 1.8 by less than its noise is reported
 //!    met but not significant, see [`super::against_bound`]; the cold walk's ratio is shown but
 //!    not checked: the phases are Chinner's four, the cold walk comes "plus", and
 //!    its tasks meet on every inode by design, so one loads while the other waits — the
 //!    kernel on ext4 gets 1.59× here), and `library` against `library-prepatch` and the fastest user
 //!    alternative at that count (target: faster, significantly; the runs are paired,
-//!    see [`paired`]); and at 1 task the phase where `library` is furthest behind the
+//!    see [`super::paired`]); and at 1 task the phase where `library` is furthest behind the
 //!    fastest other target (target: within 5%, [`MIN_AT_ONE`]).
 //! 2. Counters: global lock acquisitions per operation (target: exactly 0 for `library`,
 //!    ≥ 1 for `library-prepatch`) and the cold walk's loads per distinct inode (target:
@@ -27,7 +27,7 @@
 
 use super::{metric, task_counts, Finding, Ratio, Targets};
 use crate::export::units::{self, Unit};
-use crate::result::{Report, Summary};
+use crate::result::Report;
 
 const W: &str = "inodes";
 const RATE: &str = "ops_per_sec";
@@ -164,51 +164,6 @@ pub const MIN_SCALING: f64 = 1.8;
 /// [`MIN_SCALING`] is).
 pub const MIN_AT_ONE: f64 = 0.95;
 
-/// `a / b` of two rows' rates paired run by run: `bench` interleaves the inodes runs
-/// (run i of every target at every task count, one after the other), so run i of `a`
-/// and of `b` saw the same state of the machine, and the ratio of each pair cancels a drift both saw
-/// (on a shared 2-core machine another job's load moved every target's rates by up to
-/// ×2 from one run to the next, burying a 10–20% difference in an unpaired test). The
-/// value is the geometric mean of the per-run ratios; `error` its standard error
-/// (first order from the logs' spread); `p` a two-sided one-sample t-test of the mean log
-/// ratio against 0. `None` unless both sides have the same number (≥ 2) of positive
-/// samples; the caller then compares the means unpaired ([`Ratio::of`]).
-pub fn paired(a: &Summary, b: &Summary) -> Option<Ratio> {
-    let n = a.samples.len();
-    if n < 2
-        || b.samples.len() != n
-        || a.samples
-            .iter()
-            .chain(&b.samples)
-            .any(|x| !x.is_finite() || *x <= 0.0)
-    {
-        return None;
-    }
-    let logs: Vec<f64> = a
-        .samples
-        .iter()
-        .zip(&b.samples)
-        .map(|(x, y)| (x / y).ln())
-        .collect();
-    let m = crate::stats::mean(&logs);
-    let se = crate::stats::stddev(&logs) / (n as f64).sqrt();
-    let value = m.exp();
-    let p = if se > 0.0 {
-        let t = statrs::distribution::StudentsT::new(0.0, 1.0, (n - 1) as f64).ok()?;
-        use statrs::distribution::ContinuousCDF;
-        (2.0 * t.sf((m / se).abs())).min(1.0)
-    } else if m == 0.0 {
-        1.0
-    } else {
-        0.0
-    };
-    Some(Ratio {
-        value,
-        error: value * se,
-        p,
-    })
-}
-
 /// Lines 1 and 2: the phases.
 fn phases(report: &Report) -> Vec<Finding> {
     let counts = task_counts(report, W, "library", "walk");
@@ -227,7 +182,7 @@ fn phases(report: &Report) -> Vec<Finding> {
         ) else {
             continue;
         };
-        let r = paired(hi, lo).unwrap_or_else(|| Ratio::of(RATE, hi, lo));
+        let r = Ratio::paired_or_of(RATE, hi, lo);
         scale.push(format!("{p} {}", units::format_ratio(r.value)));
         if n == 2 && one == 1 && p != "cold-walk" {
             t.check_ratio(&r, MIN_SCALING, true, p);
@@ -241,7 +196,7 @@ fn phases(report: &Report) -> Vec<Finding> {
                 .filter_map(|p| {
                     let a = metric(report, W, "library", p, n, RATE)?;
                     let b = metric(report, W, other, p, n, RATE)?;
-                    Some((*p, paired(a, b).unwrap_or_else(|| Ratio::of(RATE, a, b))))
+                    Some((*p, Ratio::paired_or_of(RATE, a, b)))
                 })
                 .min_by(|a, b| a.1.value.total_cmp(&b.1.value));
             if let Some((p, r)) = worst {
@@ -261,7 +216,7 @@ fn phases(report: &Report) -> Vec<Finding> {
                     .chain(ALTERNATIVES)
                     .filter_map(|o| Some((o, metric(report, W, o, p, 1, RATE)?)))
                     .max_by(|x, y| x.1.mean.total_cmp(&y.1.mean))?;
-                Some((*p, other, paired(a, b).unwrap_or_else(|| Ratio::of(RATE, a, b))))
+                Some((*p, other, Ratio::paired_or_of(RATE, a, b)))
             })
             .min_by(|a, b| a.2.value.total_cmp(&b.2.value));
         if let Some((p, other, r)) = worst {
@@ -348,6 +303,7 @@ fn phases(report: &Report) -> Vec<Finding> {
 mod tests {
     use super::super::against_bound;
     use super::*;
+    use crate::result::Summary;
 
     fn ratio(value: f64, error: f64) -> Ratio {
         Ratio { value, error, p: 0.0 }
@@ -375,10 +331,6 @@ mod tests {
         assert!(matches!(t.status(), super::super::Status::Missed(_)));
         // No error (one sample a side): face value.
         assert!(against_bound(ratio(1.81, 0.0), MIN_SCALING).significant());
-    }
-
-    fn summary(samples: &[f64]) -> Summary {
-        Summary::of(RATE, samples)
     }
 
     /// A report of evict points: (inodes, ns/inode) with 96.8 + 32 bytes per inode and
@@ -478,25 +430,5 @@ mod tests {
         let (s, text) = status(&[(250_000, 74.0), (1_000_000, 231.0)], l3);
         assert_eq!(s, Status::Met, "{text}");
         assert!(text.contains("not judged"), "{text}");
-    }
-
-    #[test]
-    fn paired_runs_cancel_a_drift_both_saw() {
-        // The machine's load halves both targets' rates in runs 3 and 4; a is 10% faster
-        // in every run. Unpaired, the drift buries it; paired, it is plain.
-        let a = summary(&[11.0, 11.0, 5.5, 5.5, 11.0]);
-        let b = summary(&[10.0, 10.0, 5.0, 5.0, 10.0]);
-        assert!(Ratio::of(RATE, &a, &b).p > 0.05);
-        let r = paired(&a, &b).unwrap();
-        assert!((r.value - 1.1).abs() < 1e-9 && r.p == 0.0, "{r:?}");
-        // Noise that is not shared stays noise.
-        let r = paired(
-            &summary(&[11.0, 9.0, 10.5, 9.5]),
-            &summary(&[10.0, 10.0, 10.0, 10.0]),
-        )
-        .unwrap();
-        assert!(r.p > 0.05, "{r:?}");
-        // Different run counts: no pairing.
-        assert!(paired(&summary(&[1.0, 2.0]), &summary(&[1.0, 2.0, 3.0])).is_none());
     }
 }

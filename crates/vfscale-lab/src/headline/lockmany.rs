@@ -46,7 +46,7 @@ pub fn findings(report: &Report) -> Vec<Finding> {
             };
             let mut part = format!("{what} {}", show(m, lib));
             if let Some(k) = get(report, "kernel", mode, h, m) {
-                let r = Ratio::of(m, k, lib);
+                let r = Ratio::paired_or_of(m, k, lib);
                 part.push_str(&format!(" (kernel {} = {})", show(m, k), r.text()));
                 if h == 10_000 {
                     t.check_ratio(&r, 100.0, true, &format!("{what} kernel/library"));
@@ -54,7 +54,7 @@ pub fn findings(report: &Report) -> Vec<Finding> {
             }
             if let Some(small) = counts.first().filter(|&&s| s < h) {
                 if let Some(l0) = get(report, "library", mode, *small, m) {
-                    let r = Ratio::of(m, lib, l0);
+                    let r = Ratio::paired_or_of(m, lib, l0);
                     part.push_str(&format!(", {} its {small}-held time", r.text()));
                     if h == 10_000 && *small <= 10 {
                         t.check_ratio(&r, 2.0, false, &format!("{what} at {h}/at {small}"));

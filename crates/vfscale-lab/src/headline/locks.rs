@@ -138,23 +138,25 @@ pub fn herd(report: &Report) -> Vec<Finding> {
         let mut t = Targets::new();
         let mut text = format!("herd {mode}, {n} contenders: library {}", show(rate, lib_rate));
         if let Some(k) = ker.get(n, rate) {
-            let r = Ratio::of(rate, lib_rate, k);
+            let r = Ratio::paired_or_of(rate, lib_rate, k);
             text = format!("herd {mode}, {n} contenders: library {} kernel", r.text());
             // Issue 12: the fairness work keeps at least 3× the kernel's throughput.
             t.check_ratio(&r, 3.0, true, "library/kernel");
         }
-        // Flat: the rate at the largest N over the rate at 20 (or the smallest N ≥ 20).
+        // Flat: the rate at the largest N over the rate at 20 (or the smallest N ≥ 20),
+        // paired run by run (`bench` interleaves the herd's runs) and judged with its
+        // error, as every ratio target is.
         if let Some(b) = counts.iter().copied().find(|&c| c >= 20).filter(|&c| c < n) {
-            let flat = |h: &Herd<'_>| Some(h.get(n, rate)?.mean / h.get(b, rate)?.mean);
+            let flat = |h: &Herd<'_>| Some(Ratio::paired_or_of(rate, h.get(n, rate)?, h.get(b, rate)?));
             if let Some(f) = flat(&lib) {
-                text.push_str(&format!(", flat {}", units::plain(f, 2)));
-                if let Some(kf) = flat(&ker) {
-                    text.push_str(&format!(" (kernel {})", units::plain(kf, 2)));
+                text.push_str(&format!(", flat {}", units::plain(f.value, 2)));
+                if f.error.is_finite() && f.error > 0.0 {
+                    text.push_str(&format!(" ± {}", units::plain(f.error, units::ERROR_DIGITS)));
                 }
-                t.check(
-                    f >= 0.9,
-                    format!("rate at {n}/at {b} {} (target ≥ 0.9)", units::plain(f, 2)),
-                );
+                if let Some(kf) = flat(&ker) {
+                    text.push_str(&format!(" (kernel {})", units::plain(kf.value, 2)));
+                }
+                t.check_ratio(&f, 0.9, true, &format!("rate at {n}/at {b}"));
             }
         }
         if let Some(w) = lib.get(n, "wakeups_per_acquisition") {
@@ -223,5 +225,49 @@ fn herd_fairness(lib: &Herd<'_>, ker: &Herd<'_>, n: usize, text: &mut String, t:
             text.push_str(&format!(" (kernel {})", units::plain(k.mean, 2)));
             t.check(j.mean >= k.mean, "Jain index below the kernel's");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::result::{Row, Summary};
+
+    /// A report of the library's flock herd: (contenders, acquisitions/s per run).
+    fn report(rows: &[(usize, &[f64])]) -> Report {
+        super::super::test_report(
+            rows.iter()
+                .map(|&(n, rates)| {
+                    let mut r = Row::new("herd", "library", "flock", n);
+                    let name = "acquisitions_per_sec";
+                    r.metrics.insert(name.into(), Summary::of(name, rates));
+                    r
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn flat_is_paired_run_by_run_and_judged_against_its_bound() {
+        // The machine halves both sizes' rates in run 2 (the runs are interleaved): the
+        // 1000/20 ratio is 0.95 in every run. Unpaired, the drift makes it "not
+        // significant"; paired, it is met.
+        let r = report(&[(20, &[4.0e6, 2.0e6, 4.0e6]), (1000, &[3.8e6, 1.9e6, 3.8e6])]);
+        let f = herd(&r);
+        assert_eq!(f[0].status, Status::Met, "{:?}", f[0]);
+        assert!(f[0].text.contains("flat 0.95"), "{}", f[0].text);
+        // 0.85 in every run: missed.
+        let r = report(&[(20, &[4.0e6, 2.0e6, 4.0e6]), (1000, &[3.4e6, 1.7e6, 3.4e6])]);
+        let Status::Missed(m) = &herd(&r)[0].status else {
+            panic!("{:?}", herd(&r)[0])
+        };
+        assert!(m[0].starts_with("rate at 1000/at 20"), "{m:?}");
+        // Over the bound by less than its own noise: not significant, not met.
+        let r = report(&[(20, &[4.0e6, 4.0e6, 4.0e6]), (1000, &[4.4e6, 3.2e6, 3.6e6])]);
+        assert!(
+            matches!(herd(&r)[0].status, Status::NotSignificant(_)),
+            "{:?}",
+            herd(&r)[0]
+        );
     }
 }

@@ -186,6 +186,60 @@ impl Ratio {
     }
 }
 
+/// `a / b` of two rows' metrics paired run by run: `bench` interleaves the runs of the
+/// workloads whose targets are ratios between rows (inodes, herd, lockmany: run i of
+/// every configuration and target, one after the other), so run i of `a` and of `b`
+/// saw the same state of the machine, and the ratio of each pair cancels a drift both saw
+/// (on a shared 2-core machine another job's load moved every target's rates by up to
+/// ×2 from one run to the next, burying a 10–20% difference in an unpaired test). The
+/// value is the geometric mean of the per-run ratios; `error` its standard error
+/// (first order from the logs' spread); `p` a two-sided one-sample t-test of the mean log
+/// ratio against 0. `None` unless both sides have the same number (≥ 2) of positive
+/// samples; the caller then compares the means unpaired ([`Ratio::of`]).
+pub fn paired(a: &Summary, b: &Summary) -> Option<Ratio> {
+    let n = a.samples.len();
+    if n < 2
+        || b.samples.len() != n
+        || a.samples
+            .iter()
+            .chain(&b.samples)
+            .any(|x| !x.is_finite() || *x <= 0.0)
+    {
+        return None;
+    }
+    let logs: Vec<f64> = a
+        .samples
+        .iter()
+        .zip(&b.samples)
+        .map(|(x, y)| (x / y).ln())
+        .collect();
+    let m = crate::stats::mean(&logs);
+    let se = crate::stats::stddev(&logs) / (n as f64).sqrt();
+    let value = m.exp();
+    let p = if se > 0.0 {
+        let t = statrs::distribution::StudentsT::new(0.0, 1.0, (n - 1) as f64).ok()?;
+        use statrs::distribution::ContinuousCDF;
+        (2.0 * t.sf((m / se).abs())).min(1.0)
+    } else if m == 0.0 {
+        1.0
+    } else {
+        0.0
+    };
+    Some(Ratio {
+        value,
+        error: value * se,
+        p,
+    })
+}
+
+impl Ratio {
+    /// `a / b` paired run by run where the rows allow it ([`paired`]), else compared
+    /// unpaired ([`Ratio::of`]).
+    pub fn paired_or_of(name: &str, a: &Summary, b: &Summary) -> Ratio {
+        paired(a, b).unwrap_or_else(|| Ratio::of(name, a, b))
+    }
+}
+
 /// A metric's mean in its unit: `12.6 M/s`.
 pub fn show(name: &str, s: &Summary) -> String {
     units::format(s.mean, Unit::of(name))
@@ -287,4 +341,33 @@ pub fn against_bound(r: Ratio, bound: f64) -> Ratio {
         f64::NAN
     };
     Ratio { p, ..r }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary(samples: &[f64]) -> Summary {
+        Summary::of("ops_per_sec", samples)
+    }
+
+    #[test]
+    fn paired_runs_cancel_a_drift_both_saw() {
+        // The machine's load halves both targets' rates in runs 3 and 4; a is 10% faster
+        // in every run. Unpaired, the drift buries it; paired, it is plain.
+        let a = summary(&[11.0, 11.0, 5.5, 5.5, 11.0]);
+        let b = summary(&[10.0, 10.0, 5.0, 5.0, 10.0]);
+        assert!(Ratio::of("ops_per_sec", &a, &b).p > 0.05);
+        let r = paired(&a, &b).unwrap();
+        assert!((r.value - 1.1).abs() < 1e-9 && r.p == 0.0, "{r:?}");
+        // Noise that is not shared stays noise.
+        let r = paired(
+            &summary(&[11.0, 9.0, 10.5, 9.5]),
+            &summary(&[10.0, 10.0, 10.0, 10.0]),
+        )
+        .unwrap();
+        assert!(r.p > 0.05, "{r:?}");
+        // Different run counts: no pairing.
+        assert!(paired(&summary(&[1.0, 2.0]), &summary(&[1.0, 2.0, 3.0])).is_none());
+    }
 }

@@ -20,7 +20,9 @@
 //! directory, or in `--dir`; Linux walks the inode's whole list for every lock, so
 //! H = 100,000 takes minutes, and as long again to release), `library`
 //! ([`LockIndex::Tree`]) and `library-list` ([`LockIndex::List`], Linux's list). The
-//! locks are set up once per configuration and reused by its repetitions. OFD at H
+//! locks are set up once per configuration and reused by its repetitions, which `bench`
+//! interleaves with the other configurations' (so every set-up of the workload is kept
+//! until [`release`]: the kernel's at 100,000 held takes minutes). OFD at H
 //! needs H descriptors in the holder: the descriptor limit is raised as far as the
 //! system allows (`nr_open`), and a larger H is skipped, saying so.
 
@@ -121,42 +123,54 @@ struct LibrarySetup {
     ctx: Arc<FileLockContext>,
 }
 
-/// The last set-up, reused by the next repetition of the same configuration.
-static LIBRARY_SETUP: Mutex<Option<LibrarySetup>> = Mutex::new(None);
+/// The set-ups so far, each reused by the later repetitions of its configuration.
+static LIBRARY_SETUP: Mutex<Vec<LibrarySetup>> = Mutex::new(Vec::new());
+
+/// Drops every set-up (the library's contexts; the kernel's holder processes, and with
+/// them their locks and files): the workload is over.
+pub fn release() {
+    LIBRARY_SETUP.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    KERNEL_SETUP.lock().unwrap_or_else(|e| e.into_inner()).clear();
+}
 
 fn library(cfg: &Config, index: LockIndex) -> Result<Sample, Skip> {
     let held = cfg.size as usize;
     let ofd = cfg.mode == LockMode::Ofd;
     let key = (index, cfg.mode, held);
     let mut cache = LIBRARY_SETUP.lock().unwrap_or_else(|e| e.into_inner());
-    if cache.as_ref().is_none_or(|c| c.key != key) {
-        *cache = None;
-        let mgr = LockManager::with_settings(Settings {
-            index,
-            ..Settings::default()
-        });
-        let ctx = FileLockContext::new(&mgr, InodeKey::default());
-        let holder = Process::new(1);
-        for i in 0..held {
-            let (cmd, file) = if ofd {
-                (
-                    FcntlCmd::OfdSetLk,
-                    OpenFile::new(i as u64 + 1, AccessMode::ReadWrite),
+    let ctx = match cache.iter().find(|c| c.key == key) {
+        Some(c) => c.ctx.clone(),
+        None => {
+            let mgr = LockManager::with_settings(Settings {
+                index,
+                ..Settings::default()
+            });
+            let ctx = FileLockContext::new(&mgr, InodeKey::default());
+            let holder = Process::new(1);
+            for i in 0..held {
+                let (cmd, file) = if ofd {
+                    (
+                        FcntlCmd::OfdSetLk,
+                        OpenFile::new(i as u64 + 1, AccessMode::ReadWrite),
+                    )
+                } else {
+                    (FcntlCmd::SetLk, OpenFile::new(1, AccessMode::ReadWrite))
+                };
+                ctx.fcntl(
+                    holder,
+                    file,
+                    cmd,
+                    &mut Flock::new(LockType::Write, 2 * i as i64, 1),
                 )
-            } else {
-                (FcntlCmd::SetLk, OpenFile::new(1, AccessMode::ReadWrite))
-            };
-            ctx.fcntl(
-                holder,
-                file,
-                cmd,
-                &mut Flock::new(LockType::Write, 2 * i as i64, 1),
-            )
-            .map_err(|e| Skip(format!("lock {i} of {held}: {e}")))?;
+                .map_err(|e| Skip(format!("lock {i} of {held}: {e}")))?;
+            }
+            cache.push(LibrarySetup {
+                key,
+                ctx: ctx.clone(),
+            });
+            ctx
         }
-        *cache = Some(LibrarySetup { key, ctx });
-    }
-    let ctx = cache.as_ref().expect("set up").ctx.clone();
+    };
     drop(cache);
     let memory = ctx.memory();
     let who = Process::new(2);
@@ -216,7 +230,7 @@ impl Drop for KernelSetup {
     }
 }
 
-static KERNEL_SETUP: Mutex<Option<KernelSetup>> = Mutex::new(None);
+static KERNEL_SETUP: Mutex<Vec<KernelSetup>> = Mutex::new(Vec::new());
 
 fn errno() -> c_int {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
@@ -456,14 +470,18 @@ fn kernel(cfg: &Config) -> Result<Sample, Skip> {
     let ofd = cfg.mode == LockMode::Ofd;
     let key = (cfg.mode, held, cfg.dir.clone());
     let mut cache = KERNEL_SETUP.lock().unwrap_or_else(|e| e.into_inner());
-    if cache
-        .as_ref()
-        .is_none_or(|s| s.key != key || !kernel_setup_alive(s, ofd))
-    {
-        *cache = None;
-        *cache = Some(kernel_setup(cfg)?);
-    }
-    let fd = cache.as_ref().expect("set up").fd;
+    // A set-up whose holder died is replaced (its Drop reaps the holder).
+    cache.retain(|s| s.key != key || kernel_setup_alive(s, ofd));
+    let fd = match cache.iter().find(|s| s.key == key) {
+        Some(s) => s.fd,
+        None => {
+            let s = kernel_setup(cfg)?;
+            let fd = s.fd;
+            cache.push(s);
+            fd
+        }
+    };
+    // The guard stays held while `fd` is measured: a `release` would close it.
     let (set, get) = if ofd {
         (libc::F_OFD_SETLK, libc::F_OFD_GETLK)
     } else {
@@ -546,7 +564,7 @@ mod tests {
             let s = run(Target::Kernel, &cfg(mode, 50)).unwrap_or_else(|e| panic!("{mode:?}: {e}"));
             assert!(s["set_unset_ns"] > 0.0 && s["getlk_ns"] > 0.0, "{mode:?}: {s:?}");
         }
-        *KERNEL_SETUP.lock().unwrap() = None;
+        release();
         let left: Vec<_> = std::fs::read_dir(SHM_DIR)
             .unwrap()
             .filter_map(|e| e.ok())

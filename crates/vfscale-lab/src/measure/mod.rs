@@ -408,6 +408,14 @@ pub fn available(workload: Workload, target: Target) -> Result<(), Skip> {
     }
 }
 
+/// Releases what `workload`'s runs kept between repetitions (lockmany's set-ups): its
+/// runs are over.
+pub fn finish(workload: Workload) {
+    if workload == Workload::Lockmany {
+        lockmany::release();
+    }
+}
+
 /// Measures `cfg` once on `target`. A run that measures several modes (inodes phases)
 /// names its metrics `mode/metric`; the caller makes one row per mode of them.
 pub fn run_once(target: Target, cfg: &Config) -> Result<Sample, Skip> {
