@@ -7,7 +7,7 @@ use crate::fair::{a_quantum_after, waited_a_quantum, Clock, Stamp};
 use crate::index::{IndexLinks, PosixTree, Work};
 use crate::lock::{
     family_conflict, lock_is_unlock, posix_locks_conflict, posix_same_owner, posix_test_locks_conflict,
-    FileLock, LockKind, OwnerKey,
+    FileLock, LockKind, OwnerKey, Reported,
 };
 use crate::manager::{BlockedGuard, LockIndex, LockManager, WakeMode};
 use crate::sync::{Mutex, MutexGuard};
@@ -56,10 +56,13 @@ const _: () = assert!(std::mem::size_of::<Option<Node>>() == 64);
 /// time, so that an inode holding many locks wastes little on spare capacity. A
 /// record's wait links (boxed, present only on a blocked request and on a record that
 /// others wait on) sit in `waits`, indexed like `slots`: the rarely used part of a
-/// record stays off its cache line.
+/// record stays off its cache line. `waits` is made on the inode's first wait (until
+/// then it is empty, and a lock costs 8 bytes less: at 1,000 OFD locks 128.1 -> 119.2 B
+/// per lock); from then on it is as long as `slots`.
 #[derive(Debug, Default)]
 pub(crate) struct Arena {
     slots: Vec<Option<Node>>,
+    /// Empty, or one entry per slot.
     waits: Vec<Option<Box<WaitLinks>>>,
     free: Vec<NodeId>,
 }
@@ -74,7 +77,7 @@ impl Arena {
     }
 
     fn wait(&self, id: NodeId) -> Option<&WaitLinks> {
-        self.waits[id as usize].as_deref()
+        self.waits.get(id as usize).and_then(|w| w.as_deref())
     }
 
     /// `flc_blocker` of record `id`.
@@ -94,23 +97,32 @@ impl Arena {
 
     /// The wait links of record `id`, made on first use.
     fn wait_mut(&mut self, id: NodeId) -> &mut WaitLinks {
+        if self.waits.is_empty() {
+            self.waits.reserve_exact(self.slots.capacity());
+            self.waits.resize_with(self.slots.len(), || None);
+        }
         self.waits[id as usize].get_or_insert_with(Default::default)
     }
 
+    /// The wait links of record `id`, if it has any.
+    fn wait_links(&mut self, id: NodeId) -> Option<&mut WaitLinks> {
+        self.waits.get_mut(id as usize).and_then(|w| w.as_deref_mut())
+    }
+
     fn take_children(&mut self, id: NodeId) -> Vec<NodeId> {
-        self.waits[id as usize]
-            .as_mut()
+        self.wait_links(id)
             .map(|w| std::mem::take(&mut w.children))
             .unwrap_or_default()
     }
 
     /// Frees the wait links of record `id` once they hold nothing.
     fn shrink(&mut self, id: NodeId) {
-        let w = &mut self.waits[id as usize];
-        if w.as_ref()
-            .is_some_and(|w| w.blocker.is_none() && w.children.is_empty() && w.waiter.is_none())
-        {
-            *w = None;
+        if let Some(w) = self.waits.get_mut(id as usize) {
+            if w.as_ref()
+                .is_some_and(|w| w.blocker.is_none() && w.children.is_empty() && w.waiter.is_none())
+            {
+                *w = None;
+            }
         }
     }
 
@@ -128,14 +140,18 @@ impl Arena {
                 if self.slots.len() == self.slots.capacity() {
                     let more = (self.slots.len() / 8).max(4);
                     self.slots.reserve_exact(more);
-                    self.waits.reserve_exact(self.slots.capacity() - self.waits.len());
+                    if !self.waits.is_empty() {
+                        self.waits.reserve_exact(self.slots.capacity() - self.waits.len());
+                    }
                 }
                 let id = NodeId::try_from(self.slots.len())
                     .ok()
                     .filter(|&id| id != NIL)
                     .expect("fewer than 2^32 - 1 lock records on one inode");
                 self.slots.push(Some(n));
-                self.waits.push(None);
+                if !self.waits.is_empty() {
+                    self.waits.push(None);
+                }
                 id
             }
         }
@@ -143,7 +159,9 @@ impl Arena {
 
     fn release(&mut self, id: NodeId) {
         self.slots[id as usize] = None;
-        self.waits[id as usize] = None;
+        if let Some(w) = self.waits.get_mut(id as usize) {
+            *w = None;
+        }
         self.free.push(id);
     }
 }
@@ -182,8 +200,9 @@ pub struct ContextStats {
 ///
 /// `bytes` counts the context itself and every buffer it owns at its capacity: the
 /// record arena (granted locks and requests, each with its index links), the lists, the
-/// wait links of records in a wait tree and the wait cells of requests. It does not
-/// count the allocator's own per-block overhead.
+/// side table of wait links (8 bytes a record, from the inode's first wait on), the wait
+/// links of records in a wait tree and the wait cells of requests. It does not count the
+/// allocator's own per-block overhead.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ContextMemory {
     /// Granted POSIX and OFD locks.
@@ -274,7 +293,7 @@ impl Inner {
         Inner {
             arena: Arena {
                 slots: Vec::with_capacity(4),
-                waits: Vec::with_capacity(4),
+                waits: Vec::new(),
                 free: Vec::with_capacity(IDS),
             },
             index,
@@ -729,7 +748,7 @@ impl Inner {
 
     fn unlink_from_blocker(&mut self, wid: NodeId, bg: &mut BlockedGuard<'_>) {
         self.chain.on_unlink(wid);
-        let Some(n) = self.arena.waits[wid as usize].as_deref_mut() else {
+        let Some(n) = self.arena.wait_links(wid) else {
             return;
         };
         let b = n.blocker.take();
@@ -920,7 +939,7 @@ impl Inner {
 
     /// `posix_test_lock`: the first lock in list order that `req` conflicts with
     /// (`posix_test_locks_conflict`: for an `F_UNLCK` probe, the owner's own).
-    pub fn posix_test_lock(&mut self, req: &FileLock) -> Option<FileLock> {
+    pub fn posix_test_lock(&mut self, req: &FileLock) -> Option<Reported> {
         let found = match self.index {
             LockIndex::List => {
                 let mut found = None;
@@ -948,9 +967,22 @@ impl Inner {
                     posix_test_locks_conflict(req, &ar.node(f).fl)
                 })
             }
-            LockIndex::Tree => self.tree.first_conflict(&self.arena, req, &mut self.work),
+            LockIndex::Tree => {
+                // Reported from the by-start tree's leaf: no record is read.
+                let found = self.tree.first_conflict(&self.arena, req, &mut self.work);
+                return found.map(|e| Reported {
+                    ty: if e.write() {
+                        LockType::Write
+                    } else {
+                        LockType::Read
+                    },
+                    start: e.start(),
+                    end: e.end(),
+                    pid: e.tag().pid,
+                });
+            }
         };
-        found.map(|id| self.node(id).fl)
+        found.map(|id| self.node(id).fl.reported())
     }
 
     /// The first lock in list order that request `req` conflicts with
@@ -966,7 +998,10 @@ impl Inner {
                 }
                 None
             }
-            LockIndex::Tree => self.tree.first_conflict(&self.arena, req, &mut self.work),
+            LockIndex::Tree => self
+                .tree
+                .first_conflict(&self.arena, req, &mut self.work)
+                .map(|e| e.id()),
         }
     }
 

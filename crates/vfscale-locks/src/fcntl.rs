@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::context::{posix_unlock_all, Attempt, FileLockContext};
-use crate::lock::{FileLock, LockKind, OwnerKey};
+use crate::lock::{FileLock, LockKind, OwnerKey, Reported};
 use crate::wait::PendingLock;
 use crate::{
     AccessMode, Errno, FcntlCmd, FileId, Flock, FlockOp, LockType, OwnerId, Pid, Whence, OFFSET_MAX,
@@ -94,7 +94,7 @@ fn check_fmode_for_setlk(ty: LockType, mode: AccessMode) -> Result<(), Errno> {
 }
 
 /// `posix_lock_to_flock`: fills in what `F_GETLK` returns.
-fn posix_lock_to_flock(fl: &FileLock, out: &mut Flock) {
+fn posix_lock_to_flock(fl: &Reported, out: &mut Flock) {
     out.l_type = fl.ty;
     out.l_whence = Whence::Set;
     out.l_start = fl.start;
@@ -103,7 +103,7 @@ fn posix_lock_to_flock(fl: &FileLock, out: &mut Flock) {
     } else {
         fl.end - fl.start + 1
     };
-    out.l_pid = if fl.kind == LockKind::Ofd { -1 } else { fl.pid.0 };
+    out.l_pid = fl.pid;
 }
 
 impl FileLockContext {

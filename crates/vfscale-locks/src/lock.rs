@@ -67,6 +67,38 @@ impl FileLock {
     pub fn on_posix_list(&self) -> bool {
         matches!(self.kind, LockKind::Posix | LockKind::Ofd)
     }
+
+    /// The `l_pid` `F_GETLK` reports for this lock: `-1` for an OFD lock.
+    pub(crate) fn reported_pid(&self) -> i32 {
+        if self.kind == LockKind::Ofd {
+            -1
+        } else {
+            self.pid.0
+        }
+    }
+
+    /// What `F_GETLK` reports of this lock.
+    pub(crate) fn reported(&self) -> Reported {
+        Reported {
+            ty: self.ty,
+            start: self.start,
+            end: self.end,
+            pid: self.reported_pid(),
+        }
+    }
+}
+
+/// What `F_GETLK` reports of the lock it finds (`posix_lock_to_flock`'s part of it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Reported {
+    /// Read or write.
+    pub ty: LockType,
+    /// First byte.
+    pub start: i64,
+    /// Last byte, inclusive.
+    pub end: i64,
+    /// `l_pid`: the owner's pid, `-1` for an OFD lock.
+    pub pid: i32,
 }
 
 /// `lock_is_unlock`.

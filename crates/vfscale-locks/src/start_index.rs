@@ -3,10 +3,12 @@
 //! of every child subtree — an interval tree with wide nodes.
 //!
 //! Leaves hold up to [`CAP`] entries and branches [`BCAP`] children, in arrays of their
-//! own (a leaf's starts together, ends together, a branch's separators together, ends
-//! together), apart from the lock records: a descent over 10,000 locks touches three
-//! nodes, whose upper levels stay in cache. The arena records are read only for the
-//! locks a scan reports.
+//! own (a leaf's starts together, ends with tags together, a branch's separators
+//! together, ends together), apart from the lock records: a descent over 10,000 locks
+//! touches three nodes, whose upper levels stay in cache. A leaf entry carries what a
+//! conflict test and `F_GETLK` need of the lock (end, type, the owner's run key and the
+//! reported pid: [`Tag`]), and a scan reports it as a [`Found`] (the leaf and slot), so
+//! the arena record is read only by a caller that needs it (by [`Found::id`]).
 //!
 //! A step down a node has no data-dependent exit: it counts the starts (separators) at
 //! or below the bound over all slots, unused ones padded (start `i64::MAX`, end
@@ -23,9 +25,12 @@
 //! ranges among disjoint locks (lockmany's test at 10,000 held: 693 -> 594
 //! instructions, 5.8 -> 5.6 L1 misses, 5.75 -> 1.5 mispredicts in cachegrind's model,
 //! ~72 -> ~47 ns); the exact mask is out of line, so the usual way keeps its values in
-//! registers. The usual way reads neither a child's greatest end nor a leaf entry's
-//! end (lines of their own): a leaf reports its one candidate, and the caller, which
-//! reads the record anyway, tests the overlap.
+//! registers. The usual way reads no child's greatest end (lines of their own) and does
+//! not test a leaf entry's end: a leaf reports its one candidate, and the caller tests
+//! the overlap with the entry's end, on the line of its tag. That line is prefetched as
+//! the leaf's starts are read (the entry is known only once they are): it is not a
+//! second dependent miss, which the record read after the leaf was (lockmany's test at
+//! 10,000 held ~46 -> ~40 ns).
 //!
 //! **Interpolation.** A descent is a chain of such counts, each waiting for the one
 //! before (a vector load, compares, a mask, `popcnt`, then the child's id: ~10 ns a
@@ -64,19 +69,20 @@
 use crate::context::NodeId;
 use crate::index::Work;
 
-/// Entries per node: 15, so a leaf (starts, ends, ids, header) is exactly five cache lines
-/// and a branch eight, each aligned to a line (16 entries made a 328-byte leaf
-/// straddling lines, starts and ends in separate arrays; at 10,000 locks the test's L1
-/// misses went from 8.0 to 6.7).
+/// Entries per node: 15, so a leaf (starts, ends with tags, ids, header) is exactly seven
+/// cache lines, aligned (16 entries made a 328-byte leaf of starts, ends and ids
+/// straddling lines; at 10,000 locks the test's L1 misses went from 8.0 to 6.7).
 pub(crate) const CAP: usize = 15;
 /// Children per branch: 31, so that 10,000 locks taken in file order need two branch
-/// levels, not three (29^2 leaves of 13); a branch is sixteen lines, of which a step
+/// levels, not three (29^2 leaves of 14); a branch is sixteen lines, of which a step
 /// reads six (the children, the separators).
 pub(crate) const BCAP: usize = 31;
 /// Least entries in a node other than the root: 2, so that an ascending run (locks
-/// taken in file order, as lockmany and many databases do) leaves its nodes 13/15 full
-/// (with 3: 12/15; at 10,000 locks the leaves shrink by 8%, memory per lock 117.4 ->
-/// 113.6 B, and the test's working set with them).
+/// taken in file order, as lockmany and many databases do) leaves its branches 29/31
+/// and its leaves 14/15 full (a leaf split by an append keeps all but one entry: the
+/// new key joins that one). With 3 and 12/15: at 10,000 locks 8% more leaves, memory
+/// per lock 117.4 -> 113.6 B with 320-byte leaves at 13/15; with the tags (448-byte
+/// leaves) 14/15 instead of 13/15 saves 2.5 B per lock.
 pub(crate) const MIN: usize = 2;
 
 /// Entries a node of height `h` holds at most.
@@ -100,15 +106,15 @@ const _: () = assert!(
         && std::mem::offset_of!(Branch, spill) == 376
 );
 
-/// 15 entries and the header make exactly five cache lines, aligned: the starts (two
-/// lines, with the interpolation's slope and the spill bits), the ends (two, with the
-/// write bits), the ids with `len` (one). A step reads the starts, the slope and
-/// `len`, so the id line is on its way with the start lines; a scan's usual way reads
-/// no end and, for a write request, no write bit (the caller tests the overlap on the
-/// record it reads anyway): three lines, not the five of starts and ends side by side.
+/// 15 entries and the header make exactly seven cache lines, aligned: the starts (two
+/// lines, with the interpolation's slope and the spill bits), the ends with their tags
+/// (16 bytes an entry, four to a line; the last line with the write bits and `len`),
+/// the ids (one). A test's usual way reads the start lines, the line with `len` and the
+/// entry's own line (four lines, three when the entry shares the last), and not the
+/// ids; a caller that needs the record reads the id line too.
 #[derive(Clone, Debug)]
 #[repr(C, align(64))]
-struct Leaf {
+pub(crate) struct Leaf {
     start: [i64; CAP],
     /// The slope of [`Leaf::guess`], times 2^32 (see [`slope`]; [`LEAF_NO_GUESS`] if
     /// the starts are not evenly spaced): 32 bits, so that it shares the start lines.
@@ -117,18 +123,75 @@ struct Leaf {
     /// With none of the bits below `k` set, no entry before `k` reaches `start[k]`:
     /// a range starting at or after `start[k]` can overlap only entry `k` among them.
     spill: u32,
-    end: [i64; CAP],
+    /// Each entry's end and [`Tag`], 16 bytes: four to a line, so a test reads one.
+    ent: [Ent; CAP],
     /// Bit `k`: entry `k` is a write lock.
     wmask: u32,
-    _pad: u32,
-    id: [NodeId; CAP],
     len: u32,
+    _pad: [u32; 2],
+    id: [NodeId; CAP],
+    _pad_id: u32,
+}
+
+/// What a leaf keeps of a lock beside its start and type, so that a conflict test and
+/// `F_GETLK`'s report need no record: the run key of its owner (two granted locks have
+/// the same one exactly when they have the same owner, see `index.rs`) and the pid
+/// `F_GETLK` reports (`-1` for an OFD lock).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub(crate) struct Tag {
+    /// The owner's run key (`IndexLinks::seq`).
+    pub seq: u32,
+    /// `l_pid` as `F_GETLK` reports it.
+    pub pid: i32,
+}
+
+/// An entry a scan reports: its leaf and slot, read only as far as the caller asks (a
+/// test reads the start, end, type and tag; only a caller that needs the record reads
+/// the id, on a line of its own).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Found<'a> {
+    leaf: &'a Leaf,
+    k: usize,
+}
+
+impl Found<'_> {
+    /// The record.
+    pub fn id(self) -> NodeId {
+        self.leaf.id[self.k]
+    }
+    /// The first byte.
+    pub fn start(self) -> i64 {
+        self.leaf.start[self.k]
+    }
+    /// The last byte.
+    pub fn end(self) -> i64 {
+        self.leaf.ent[self.k].end
+    }
+    /// A write lock.
+    pub fn write(self) -> bool {
+        self.leaf.wmask & (1 << self.k) != 0
+    }
+    /// The run key and reported pid.
+    pub fn tag(self) -> Tag {
+        self.leaf.ent[self.k].tag
+    }
+}
+
+/// A leaf entry's end and tag, side by side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+struct Ent {
+    end: i64,
+    tag: Tag,
 }
 
 const _: () = assert!(
-    std::mem::size_of::<Leaf>() == 320
-        && std::mem::offset_of!(Leaf, end) == 128
-        && std::mem::offset_of!(Leaf, id) == 256
+    std::mem::size_of::<Leaf>() == 448
+        && std::mem::size_of::<Ent>() == 16
+        && std::mem::offset_of!(Leaf, ent) == 128
+        && std::mem::offset_of!(Leaf, wmask) == 368
+        && std::mem::offset_of!(Leaf, id) == 384
 );
 
 /// 31 children make exactly sixteen cache lines, aligned (the interpolation's slope
@@ -164,6 +227,7 @@ enum Item {
         end: i64,
         id: NodeId,
         write: bool,
+        tag: Tag,
     },
     Branch {
         sep: Key,
@@ -176,18 +240,24 @@ enum Item {
 const EMPTY_LEAF: Leaf = Leaf {
     len: 0,
     wmask: 0,
-    _pad: 0,
+    _pad: [0; 2],
     spill: 0,
     start: [PAD_START; CAP],
-    end: [PAD_END; CAP],
+    ent: [PAD_ENT; CAP],
     inv: 0,
     id: [0; CAP],
+    _pad_id: 0,
 };
 
 /// An unused leaf slot: a start above every key's and an end below every range's, so a
 /// pass over all [`CAP`] slots counts and reports only the live ones.
 const PAD_START: i64 = i64::MAX;
 const PAD_END: i64 = i64::MIN;
+/// An unused leaf slot's end and tag.
+const PAD_ENT: Ent = Ent {
+    end: PAD_END,
+    tag: Tag { seq: 0, pid: 0 },
+};
 
 /// Unused branch slots hold separator `i64::MAX` and ends `i64::MIN` (see [`PAD_START`]).
 const EMPTY_BRANCH: Branch = Branch {
@@ -302,9 +372,9 @@ impl Leaf {
     fn summary(&self) -> (i64, i64) {
         let (mut e, mut we) = (i64::MIN, i64::MIN);
         for k in 0..self.len as usize {
-            e = e.max(self.end[k]);
+            e = e.max(self.ent[k].end);
             if self.wmask & (1 << k) != 0 {
-                we = we.max(self.end[k]);
+                we = we.max(self.ent[k].end);
             }
         }
         (e, we)
@@ -312,9 +382,10 @@ impl Leaf {
     fn item(&self, k: usize) -> Item {
         Item::Leaf {
             start: self.start[k],
-            end: self.end[k],
+            end: self.ent[k].end,
             id: self.id[k],
             write: self.wmask & (1 << k) != 0,
+            tag: self.ent[k].tag,
         }
     }
     fn set(&mut self, k: usize, it: Item) {
@@ -323,12 +394,13 @@ impl Leaf {
             end,
             id,
             write,
+            tag,
         } = it
         else {
             unreachable!("a branch entry in a leaf")
         };
         self.start[k] = start;
-        self.end[k] = end;
+        self.ent[k] = Ent { end, tag };
         self.id[k] = id;
         self.wmask = (self.wmask & !(1 << k)) | ((write as u32) << k);
     }
@@ -337,7 +409,7 @@ impl Leaf {
         let len = self.len as usize;
         debug_assert!(len < CAP);
         self.start.copy_within(pos..len, pos + 1);
-        self.end.copy_within(pos..len, pos + 1);
+        self.ent.copy_within(pos..len, pos + 1);
         self.id.copy_within(pos..len, pos + 1);
         let low = self.wmask & ((1u32 << pos) - 1);
         self.wmask = low | ((self.wmask & !((1u32 << pos) - 1)) << 1);
@@ -354,7 +426,7 @@ impl Leaf {
     /// Recomputes bit `k` of `spill`.
     #[inline]
     fn refresh(&mut self, k: usize) {
-        let on = k + 1 < self.len as usize && self.end[k] >= self.start[k + 1];
+        let on = k + 1 < self.len as usize && self.ent[k].end >= self.start[k + 1];
         self.spill = (self.spill & !(1 << k)) | ((on as u32) << k);
     }
     /// Recomputes `spill` and the guess's slope (after a bulk change).
@@ -388,13 +460,29 @@ impl Leaf {
         (self.start[k] <= qs) & (self.spill & ((1u32 << k) - 1) == 0)
     }
     /// Reports entry `k`, the only candidate, unless the scan wants write locks and it is
-    /// not one. Not reading the entry's end (another line of the leaf): `f` reads the
-    /// record, which has it, and tests the overlap itself.
+    /// not one. Not testing the entry's end: `f` does, with its tag.
     #[inline(always)]
-    fn report(&self, k: usize, writes_only: bool, w: &mut Work, f: &mut dyn FnMut(NodeId)) {
+    fn report<'a>(&'a self, k: usize, writes_only: bool, w: &mut Work, f: &mut dyn FnMut(Found<'a>)) {
         if !writes_only || self.wmask & (1 << k) != 0 {
             w.checks += 1;
-            f(self.id[k]);
+            f(Found { leaf: self, k });
+        }
+    }
+    /// Starts fetching the entries' ends and tags (the lines of [`Leaf::ent`] before
+    /// the one with `len`, which the guess reads anyway): the entry a scan reports is
+    /// known only once the starts are read, and its line is then on its way, not a
+    /// second miss after the leaf's.
+    #[inline(always)]
+    fn prefetch_ents(&self) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let p = self.ent.as_ptr().cast::<i8>();
+            for line in 0..3 {
+                // SAFETY: a prefetch reads nothing and faults on nothing; the address
+                // is inside the leaf.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * line)) };
+            }
         }
     }
     /// The start after entry `k` (`i64::MAX` past the last slot): a guess `k` for `qe`
@@ -434,7 +522,7 @@ impl Leaf {
     fn overlaps(&self, qs: i64, qe: i64, writes_only: bool) -> u32 {
         let mut m = 0u32;
         for k in 0..CAP {
-            m |= (((self.start[k] <= qe) & (self.end[k] >= qs)) as u32) << k;
+            m |= (((self.start[k] <= qe) & (self.ent[k].end >= qs)) as u32) << k;
         }
         let kind = if writes_only { self.wmask } else { u32::MAX };
         m & kind & ((1u32 << self.len) - 1)
@@ -442,7 +530,7 @@ impl Leaf {
     /// Keeps the first `n` entries; the rest become padding.
     fn truncate(&mut self, n: usize) {
         self.start[n..].fill(PAD_START);
-        self.end[n..].fill(PAD_END);
+        self.ent[n..].fill(PAD_ENT);
         self.len = n as u32;
         self.wmask &= (1u32 << n) - 1;
         self.fix_spill();
@@ -450,14 +538,14 @@ impl Leaf {
     fn remove(&mut self, pos: usize) {
         let len = self.len as usize;
         self.start.copy_within(pos + 1..len, pos);
-        self.end.copy_within(pos + 1..len, pos);
+        self.ent.copy_within(pos + 1..len, pos);
         self.id.copy_within(pos + 1..len, pos);
         let low = self.wmask & ((1u32 << pos) - 1);
         self.wmask = low | ((self.wmask >> 1) & !((1u32 << pos) - 1));
         let low = self.spill & ((1u32 << pos) - 1);
         self.spill = low | ((self.spill >> 1) & !((1u32 << pos) - 1));
         self.start[len - 1] = PAD_START;
-        self.end[len - 1] = PAD_END;
+        self.ent[len - 1] = PAD_ENT;
         self.len -= 1;
         self.wmask &= (1u32 << self.len) - 1;
         self.spill &= (1u32 << self.len) - 1;
@@ -719,8 +807,9 @@ impl StartTree {
     }
 
     /// Splits full child `i` of branch `p` (child height `h`) in two: in the middle, or,
-    /// if `key` goes after all of it, leaving [`MIN`] entries on the right (so an
-    /// ascending run fills its nodes to `CAP - MIN`).
+    /// if `key` goes after all of it, leaving [`MIN`] entries on the right, for a leaf
+    /// one and the key, which the insert puts there next (so an ascending run fills its
+    /// branches to `BCAP - MIN` and its leaves to `CAP - 1`).
     fn split_child(&mut self, p: BId, i: usize, h: u32, key: Key) {
         let c = self.branches[p as usize].child[i];
         let cap = cap(h);
@@ -729,7 +818,11 @@ impl StartTree {
         } else {
             self.branches[c as usize].key(cap - 1) <= key
         };
-        let mid = if appending { cap - MIN } else { cap / 2 };
+        let mid = match (appending, h) {
+            (true, 0) => cap - MIN + 1,
+            (true, _) => cap - MIN,
+            (false, _) => cap / 2,
+        };
         let mut items = [EMPTY_ITEM; BCAP];
         for (k, it) in items.iter_mut().enumerate().take(cap).skip(mid) {
             *it = self.item_of(c, h, k);
@@ -763,13 +856,14 @@ impl StartTree {
     }
 
     /// Adds an entry.
-    pub fn insert(&mut self, start: i64, end: i64, id: NodeId, write: bool, w: &mut Work) {
+    pub fn insert(&mut self, start: i64, end: i64, id: NodeId, write: bool, tag: Tag, w: &mut Work) {
         let key = (start, id);
         let item = Item::Leaf {
             start,
             end,
             id,
             write,
+            tag,
         };
         if self.root == NONE {
             self.root = self.new_leaf();
@@ -845,7 +939,7 @@ impl StartTree {
                 "record {} is not in the index",
                 key.1
             );
-            let gone = (l.end[pos], l.wmask & (1 << pos) != 0);
+            let gone = (l.ent[pos].end, l.wmask & (1 << pos) != 0);
             l.remove(pos);
             return gone;
         }
@@ -915,8 +1009,15 @@ impl StartTree {
     /// Calls `f` with every entry overlapping `[qs, qe]` (write locks only if
     /// `writes_only`), in (start, id) order — and perhaps with one entry that starts at
     /// or before `qs` and ends before it (the one candidate of a leaf's usual way, whose
-    /// end is not read): `f` tests the overlap with the record.
-    pub fn scan(&self, qs: i64, qe: i64, writes_only: bool, w: &mut Work, f: &mut dyn FnMut(NodeId)) {
+    /// end the scan does not test): `f` tests the overlap ([`Found::end`]).
+    pub fn scan<'a>(
+        &'a self,
+        qs: i64,
+        qe: i64,
+        writes_only: bool,
+        w: &mut Work,
+        f: &mut dyn FnMut(Found<'a>),
+    ) {
         if self.root != NONE {
             let q = Query { qs, qe, writes_only };
             self.scan_in(self.root, self.height, q, w, f);
@@ -926,7 +1027,7 @@ impl StartTree {
     /// Scans below node `b` (height `h`): [`StartTree::scan_body`], with the AVX2
     /// counts of [`avx2`] where the CPU has AVX2 and POPCNT (detected once).
     #[inline]
-    fn scan_in(&self, b: BId, h: u32, q: Query, w: &mut Work, f: &mut dyn FnMut(NodeId)) {
+    fn scan_in<'a>(&'a self, b: BId, h: u32, q: Query, w: &mut Work, f: &mut dyn FnMut(Found<'a>)) {
         if avx2::detected() {
             // SAFETY: the CPU has AVX2 and POPCNT, as detected.
             return unsafe { self.scan_avx2(b, h, q, w, f) };
@@ -942,7 +1043,7 @@ impl StartTree {
     ///
     /// None needed (`unsafe` only to share [`StartTree::scan_body`]'s signature).
     #[inline(never)]
-    unsafe fn scan_base(&self, b: BId, h: u32, q: Query, w: &mut Work, f: &mut dyn FnMut(NodeId)) {
+    unsafe fn scan_base<'a>(&'a self, b: BId, h: u32, q: Query, w: &mut Work, f: &mut dyn FnMut(Found<'a>)) {
         // SAFETY: without AVX2 the body uses only portable code.
         unsafe { self.scan_body::<false>(b, h, q, w, f) }
     }
@@ -953,7 +1054,7 @@ impl StartTree {
     ///
     /// The CPU must have AVX2 and POPCNT.
     #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,popcnt"))]
-    unsafe fn scan_avx2(&self, b: BId, h: u32, q: Query, w: &mut Work, f: &mut dyn FnMut(NodeId)) {
+    unsafe fn scan_avx2<'a>(&'a self, b: BId, h: u32, q: Query, w: &mut Work, f: &mut dyn FnMut(Found<'a>)) {
         // SAFETY: the caller's: the CPU has AVX2 and POPCNT.
         unsafe { self.scan_body::<true>(b, h, q, w, f) }
     }
@@ -966,13 +1067,13 @@ impl StartTree {
     ///
     /// With `AVX2`, the CPU must have AVX2 and POPCNT.
     #[inline(always)]
-    unsafe fn scan_body<const AVX2: bool>(
-        &self,
+    unsafe fn scan_body<'a, const AVX2: bool>(
+        &'a self,
         b: BId,
         h: u32,
         q: Query,
         w: &mut Work,
-        f: &mut dyn FnMut(NodeId),
+        f: &mut dyn FnMut(Found<'a>),
     ) {
         let Query { qs, qe, writes_only } = q;
         let (mut b, mut h) = (b, h);
@@ -1018,6 +1119,7 @@ impl StartTree {
         }
         w.nodes += 1;
         let l = &self.leaves[b as usize];
+        l.prefetch_ents();
         if l.inv != LEAF_NO_GUESS {
             let k = l.guess(qe);
             if (qe < l.start_after(k)) & l.sole_from(k, qs) {
@@ -1044,7 +1146,18 @@ impl StartTree {
             let k = m.trailing_zeros() as usize;
             m &= m - 1;
             w.checks += 1;
-            f(l.id[k]);
+            f(Found { leaf: l, k });
+        }
+    }
+
+    /// Replaces every entry's run key `s` by `f(s)` (when the run keys are renumbered:
+    /// once per 2^32 runs started). Goes over every leaf, those on the free list too
+    /// (their entries are cleared before reuse).
+    pub fn renumber(&mut self, f: impl Fn(u32) -> u32) {
+        for l in &mut self.leaves {
+            for e in &mut l.ent[..l.len as usize] {
+                e.tag.seq = f(e.tag.seq);
+            }
         }
     }
 
@@ -1057,9 +1170,9 @@ impl StartTree {
     }
 
     /// Checks the invariants in the module docs; returns every entry as (start, end,
-    /// id, write), in key order (tests).
+    /// id, write, tag), in key order (tests).
     #[cfg(test)]
-    pub fn check(&self) -> Vec<(i64, i64, NodeId, bool)> {
+    pub fn check(&self) -> Vec<(i64, i64, NodeId, bool, Tag)> {
         let mut out = Vec::new();
         if self.root != NONE {
             self.check_in(self.root, self.height, true, (i64::MIN, 0), None, &mut out);
@@ -1079,7 +1192,7 @@ impl StartTree {
         root: bool,
         lo: Key,
         hi: Option<Key>,
-        out: &mut Vec<(i64, i64, NodeId, bool)>,
+        out: &mut Vec<(i64, i64, NodeId, bool, Tag)>,
     ) -> (i64, i64) {
         let n = self.len_of(b, h);
         assert!(
@@ -1091,7 +1204,7 @@ impl StartTree {
             let l = &self.leaves[b as usize];
             assert_eq!(l.wmask >> n, 0, "write bits past the end of leaf {b}");
             assert!(
-                l.start[n..].iter().all(|&s| s == PAD_START) && l.end[n..].iter().all(|&e| e == PAD_END),
+                l.start[n..].iter().all(|&s| s == PAD_START) && l.ent[n..].iter().all(|&e| e == PAD_ENT),
                 "padding of leaf {b}"
             );
             let mut fixed = l.clone();
@@ -1104,7 +1217,13 @@ impl StartTree {
                     key >= lo && hi.is_none_or(|hi| key < hi),
                     "leaf key {key:?} out of range"
                 );
-                out.push((l.start[k], l.end[k], l.id[k], l.wmask & (1 << k) != 0));
+                out.push((
+                    l.start[k],
+                    l.ent[k].end,
+                    l.id[k],
+                    l.wmask & (1 << k) != 0,
+                    l.ent[k].tag,
+                ));
             }
             return l.summary();
         }
@@ -1294,6 +1413,7 @@ const EMPTY_ITEM: Item = Item::Leaf {
     end: 0,
     id: 0,
     write: false,
+    tag: Tag { seq: 0, pid: 0 },
 };
 
 #[cfg(test)]
@@ -1306,11 +1426,22 @@ mod tests {
 
     use super::*;
 
+    /// The tag the tests give entry `id` (checked wherever an entry is reported).
+    fn tag(id: NodeId) -> Tag {
+        Tag {
+            seq: id ^ 0x5a5a,
+            pid: !(id as i32),
+        }
+    }
+
     /// The entries a scan reports, candidates included. The portable scan reports
     /// exactly what the one `scan` dispatched to does (the AVX2 one, on a CPU with it).
     fn scan_raw(t: &StartTree, qs: i64, qe: i64, wo: bool) -> Vec<NodeId> {
         let mut got = Vec::new();
-        t.scan(qs, qe, wo, &mut Work::default(), &mut |id| got.push(id));
+        t.scan(qs, qe, wo, &mut Work::default(), &mut |e| {
+            assert_eq!(e.tag(), tag(e.id()), "the tag of {}", e.id());
+            got.push(e.id())
+        });
         let mut portable = Vec::new();
         if t.root != NONE {
             let q = Query {
@@ -1320,8 +1451,8 @@ mod tests {
             };
             // SAFETY: the portable body needs nothing of the CPU.
             unsafe {
-                t.scan_base(t.root, t.height, q, &mut Work::default(), &mut |id| {
-                    portable.push(id)
+                t.scan_base(t.root, t.height, q, &mut Work::default(), &mut |e| {
+                    portable.push(e.id())
                 })
             };
         }
@@ -1369,7 +1500,7 @@ mod tests {
                         start.saturating_add((rnd() % 4) as i64 * if rnd() % 50 == 0 { 1000 } else { 1 })
                     };
                     let write = rnd() % 3 != 0;
-                    t.insert(start, end, next_id, write, w);
+                    t.insert(start, end, next_id, write, tag(next_id), w);
                     model.insert((start, next_id), (end, write));
                     next_id += 1;
                 } else {
@@ -1380,7 +1511,10 @@ mod tests {
                 }
                 if steps % 97 == 0 || model.len() == target {
                     let all = t.check();
-                    let want: Vec<_> = model.iter().map(|(&(s, id), &(e, wr))| (s, e, id, wr)).collect();
+                    let want: Vec<_> = model
+                        .iter()
+                        .map(|(&(s, id), &(e, wr))| (s, e, id, wr, tag(id)))
+                        .collect();
                     assert_eq!(all, want, "phase {phase} step {steps}");
                     for _ in 0..4 {
                         let qs = (rnd() % 6000) as i64;
@@ -1414,12 +1548,15 @@ mod tests {
         let mut t = StartTree::default();
         let w = &mut Work::default();
         for i in 0..10_000u32 {
-            t.insert(2 * i as i64, 2 * i as i64, i, true, w);
+            t.insert(2 * i as i64, 2 * i as i64, i, true, tag(i), w);
         }
         t.check();
         let per = t.memory() as f64 / 10_000.0;
-        assert!(per < 40.0, "{per} bytes per entry");
-        assert_eq!(t.height, 2, "three levels: 29^2 leaves of 13 > 10,000");
+        // 448-byte leaves 14/15 full, an eighth of spare capacity, the branches: 37.8.
+        assert!(per < 39.0, "{per} bytes per entry");
+        let live = t.leaves.len() - t.free_leaves.len();
+        assert_eq!(live, 10_000usize.div_ceil(14), "leaves of 14");
+        assert_eq!(t.height, 2, "three levels: 29^2 leaves of 14 > 10,000");
     }
 
     /// Evenly spaced starts (lockmany's, a table of fixed-size records) are guessed
@@ -1427,12 +1564,12 @@ mod tests {
     #[test]
     fn evenly_spaced_starts_are_guessed_exactly() {
         // Up to 16,000 bytes apart (a leaf guesses below 2^14): the root's separators
-        // are then 377 steps (29 leaves of 13) apart, below 2^24.
+        // are then 406 steps (29 leaves of 14) apart, below 2^24.
         for step in [2i64, 3, 4096, 16_000] {
             let mut t = StartTree::default();
             let w = &mut Work::default();
             for i in 0..10_000u32 {
-                t.insert(step * i as i64, step * i as i64, i, true, w);
+                t.insert(step * i as i64, step * i as i64, i, true, tag(i), w);
             }
             for q in (0..10_000 * step)
                 .step_by(step as usize / 2 + 1)
@@ -1464,6 +1601,7 @@ mod tests {
                         end: s,
                         id,
                         write: true,
+                        tag: tag(id),
                     },
                 );
             }
@@ -1551,7 +1689,10 @@ mod tests {
     /// write, guessed against counted, against the model.
     fn check_scans(t: &StartTree, model: &Model, probes: &[(i64, i64)]) {
         let all = t.check();
-        let want: Vec<_> = model.iter().map(|(&(s, id), &(e, wr))| (s, e, id, wr)).collect();
+        let want: Vec<_> = model
+            .iter()
+            .map(|(&(s, id), &(e, wr))| (s, e, id, wr, tag(id)))
+            .collect();
         assert_eq!(all, want);
         for &(_, qe) in probes {
             guesses_exact(t, qe);
@@ -1672,7 +1813,7 @@ mod tests {
                     l => start.saturating_add(l - 1),
                 };
                 let write = next_id % 3 != 1;
-                t.insert(start, end, next_id, write, w);
+                t.insert(start, end, next_id, write, tag(next_id), w);
                 model.insert((start, next_id), (end, write));
                 next_id += 1;
             };
@@ -1720,7 +1861,7 @@ mod tests {
             for i in 0..n {
                 let s = base + i * step;
                 let end = if i % 7 == 3 { s.saturating_add(step) } else { s };
-                t.insert(s, end, i as NodeId, i % 2 == 0, w);
+                t.insert(s, end, i as NodeId, i % 2 == 0, tag(i as NodeId), w);
             }
             let c = counted(&t);
             let mut f = counted(&t);
