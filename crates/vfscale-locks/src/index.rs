@@ -148,8 +148,9 @@ pub(crate) struct PosixTree {
 }
 
 /// The greatest run key handed out before the runs are renumbered (small in unit tests,
-/// so that the proptests renumber often).
-const SEQ_LIMIT: u32 = if cfg!(test) { 40 } else { u32::MAX - 1 };
+/// so that the proptests renumber often: with 40, their churn of ~10 live runs
+/// renumbered once per ~1,000 calls; with 16, once per ~150).
+const SEQ_LIMIT: u32 = if cfg!(test) { 16 } else { u32::MAX - 1 };
 
 /// A lock owner as two words: its kind (0 a process, 1 an open file) and number.
 fn owner_bits(owner: OwnerKey) -> (u64, u64) {
@@ -681,6 +682,10 @@ mod tests {
             ty: LockType,
             start: i64,
             len: i64,
+            /// The calling thread of the file's process: its pid is the process's plus
+            /// 100 per thread (tasks sharing one file table: one POSIX owner, several
+            /// pids, each lock reporting its own).
+            thread: u8,
         },
         Close(u64),
         LastClose(u64),
@@ -688,16 +693,22 @@ mod tests {
     }
 
     fn call() -> impl Strategy<Value = Call> {
-        let cmd = prop::sample::select(vec![
-            FcntlCmd::SetLk,
-            FcntlCmd::SetLk,
-            FcntlCmd::SetLkW,
-            FcntlCmd::GetLk,
-            FcntlCmd::OfdSetLk,
-            FcntlCmd::OfdSetLk,
-            FcntlCmd::OfdSetLkW,
-            FcntlCmd::OfdGetLk,
-        ]);
+        call_over(FILES, 48, 1, 4)
+    }
+
+    /// A call by one of `files` open files on bytes below `bytes` (ranges may run past
+    /// them); `closes` weighs closes and interrupts against 12 for `fcntl`, and `waits`
+    /// the blocking commands against 8 for a set and 4 for a test.
+    fn call_over(files: u64, bytes: i64, closes: u32, waits: u32) -> impl Strategy<Value = Call> {
+        use FcntlCmd::*;
+        let cmd = prop_oneof![
+            8 => Just(SetLk),
+            waits => Just(SetLkW),
+            4 => Just(GetLk),
+            8 => Just(OfdSetLk),
+            waits => Just(OfdSetLkW),
+            4 => Just(OfdGetLk),
+        ];
         let ty = prop::sample::select(vec![
             LockType::Read,
             LockType::Write,
@@ -706,16 +717,19 @@ mod tests {
         ]);
         let len = prop_oneof![3 => 1i64..6, 1 => Just(0i64), 1 => -3i64..0, 1 => 6i64..30];
         prop_oneof![
-            12 => (1..=FILES, cmd, ty, 0i64..48, len).prop_map(|(file, cmd, ty, start, len)| Call::Fcntl {
-                file,
-                cmd,
-                ty,
-                start,
-                len
+            12 => (1..=files, cmd, ty, 0i64..bytes, len, 0u8..3).prop_map(|(file, cmd, ty, start, len, thread)| {
+                Call::Fcntl {
+                    file,
+                    cmd,
+                    ty,
+                    start,
+                    len,
+                    thread,
+                }
             }),
-            1 => (1..=FILES).prop_map(Call::Close),
-            1 => (1..=FILES).prop_map(Call::LastClose),
-            1 => (1..=FILES).prop_map(Call::Interrupt),
+            closes => (1..=files).prop_map(Call::Close),
+            closes => (1..=files).prop_map(Call::LastClose),
+            closes => (1..=files).prop_map(Call::Interrupt),
         ]
     }
 
@@ -764,15 +778,17 @@ mod tests {
                     ty,
                     start,
                     len,
+                    thread,
                 } => {
                     if cmd.waits() && self.pending.contains_key(&file) {
                         return "skip".into();
                     }
                     // A process blocked in one call makes no other.
-                    let (p, f) = who(file);
+                    let (mut p, f) = who(file);
                     if !cmd.is_ofd() && self.pending.keys().any(|&g| who(g).0 == p) {
                         return "skip".into();
                     }
+                    p.pid = Pid(p.pid.0 + 100 * thread as i32);
                     let mut fl = Flock::new(ty, start, len);
                     match self.ctx.fcntl_lock(p, f, cmd, &mut fl) {
                         Ok(Some(pl)) => {
@@ -831,27 +847,72 @@ mod tests {
         }
     }
 
+    /// Replays `calls` with both settings: the same results, listing and counters, and
+    /// the trees (leaf tags and the owner cache included) checked after every call.
+    /// Returns how many times the run keys were renumbered.
+    fn same_as_the_list(calls: &[Call]) -> Result<u32, TestCaseError> {
+        let mut tree = Side::new(LockIndex::Tree);
+        let mut list = Side::new(LockIndex::List);
+        let next_seq = |s: &Side| s.ctx.inner.lock().tree.next_seq;
+        let mut renumbered = 0;
+        for (i, c) in calls.iter().enumerate() {
+            let before = next_seq(&tree);
+            let a = tree.apply(c);
+            let b = list.apply(c);
+            prop_assert_eq!(&a, &b, "call {} {:?}", i, c);
+            tree.check();
+            renumbered += u32::from(next_seq(&tree) < before);
+            prop_assert_eq!(
+                tree.mgr.proc_locks(),
+                list.mgr.proc_locks(),
+                "listing after call {} {:?}",
+                i,
+                c
+            );
+            let (st, sl) = (tree.ctx.stats(), list.ctx.stats());
+            prop_assert_eq!(
+                (st.grants, st.wakeups, st.blocks),
+                (sl.grants, sl.wakeups, sl.blocks),
+                "counters after call {} {:?}",
+                i,
+                c
+            );
+        }
+        Ok(renumbered)
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() })]
 
         #[test]
         fn the_index_gives_linuxs_list_results(calls in prop::collection::vec(call(), 1..120)) {
-            let mut tree = Side::new(LockIndex::Tree);
-            let mut list = Side::new(LockIndex::List);
-            for (i, c) in calls.iter().enumerate() {
-                let a = tree.apply(c);
-                let b = list.apply(c);
-                prop_assert_eq!(&a, &b, "call {} {:?}", i, c);
-                tree.check();
-                prop_assert_eq!(tree.mgr.proc_locks(), list.mgr.proc_locks(), "listing after call {} {:?}", i, c);
-                let (st, sl) = (tree.ctx.stats(), list.ctx.stats());
-                prop_assert_eq!(
-                    (st.grants, st.wakeups, st.blocks),
-                    (sl.grants, sl.wakeups, sl.blocks),
-                    "counters after call {} {:?}", i, c
-                );
-            }
+            same_as_the_list(&calls)?;
         }
+
+        /// Many owners (40 open files; 5 processes, each calling from three pids) on 24
+        /// bytes, closing often: runs start and end all the time, so the run keys are
+        /// renumbered (every 40 runs in tests) several times a case, records, leaf tags
+        /// and the cached owner's key alike; an owner's locks are upgraded, downgraded,
+        /// split and merged, each keeping the pid Linux keeps.
+        #[test]
+        fn many_owners_coming_and_going_give_linuxs_list_results(
+            calls in prop::collection::vec(call_over(40, 64, 3, 1), 1..400)
+        ) {
+            same_as_the_list(&calls)?;
+        }
+    }
+
+    /// The churn above renumbers the run keys often (so that the proptest exercises it).
+    #[test]
+    fn churning_owners_renumber_the_run_keys() {
+        use proptest::strategy::ValueTree;
+        let mut runner = proptest::test_runner::TestRunner::deterministic();
+        let calls = prop::collection::vec(call_over(40, 64, 3, 1), 3000)
+            .new_tree(&mut runner)
+            .unwrap()
+            .current();
+        let renumbered = same_as_the_list(&calls).unwrap();
+        assert!(renumbered >= 15, "renumbered {renumbered} times");
     }
 
     /// Locks evenly spaced (the by-start tree's nodes step by interpolation), from 0 or
@@ -885,6 +946,7 @@ mod tests {
                     },
                     start: base + i * step,
                     len: [1, step / 2, step - 1][fill as usize],
+                    thread: (i % 3) as u8,
                 })
                 .collect::<Vec<_>>();
             let cmd = prop::sample::select(vec![
@@ -907,6 +969,7 @@ mod tests {
                     ty,
                     start: (base + i * step).saturating_add(off).max(0),
                     len,
+                    thread: (i % 2) as u8,
                 }
             });
             let calls = prop_oneof![
@@ -937,19 +1000,30 @@ mod tests {
         }
     }
 
+    /// Runs `f` on a context with each setting (then checks the trees); both must see
+    /// the same. Returns what they saw.
+    fn on_tree_and_list<T: PartialEq + std::fmt::Debug>(f: impl Fn(&Side) -> T) -> T {
+        let [tree, list] = [LockIndex::Tree, LockIndex::List].map(|index| {
+            let side = Side::new(index);
+            let seen = f(&side);
+            side.check();
+            seen
+        });
+        assert_eq!(tree, list, "Tree against List");
+        tree
+    }
+
     /// `F_GETLK` is answered from the by-start tree's leaves: each lock's own pid (one
     /// owner, two pids: processes sharing a file table), `-1` for an OFD lock, the
     /// type and range, and nothing of the requester's own locks; as the list says.
     #[test]
     fn getlk_reports_each_locks_own_pid() {
-        let sides = [LockIndex::Tree, LockIndex::List].map(Side::new);
         let f = |n| OpenFile::new(n, AccessMode::ReadWrite);
         let p = |owner, pid| Process {
             owner: OwnerId(owner),
             pid: Pid(pid),
         };
-        let mut got = Vec::new();
-        for s in &sides {
+        let got = on_tree_and_list(|s| {
             let set = |who, file, cmd, ty, start, len| {
                 let mut fl = Flock::new(ty, start, len);
                 s.ctx.fcntl(who, f(file), cmd, &mut fl).unwrap();
@@ -974,12 +1048,11 @@ mod tests {
                 s.ctx.fcntl(who, f(file), cmd, &mut fl).unwrap();
                 out.push((fl.l_type, fl.l_start, fl.l_len, fl.l_pid));
             }
-            got.push(out);
-        }
-        assert_eq!(got[0], got[1]);
+            out
+        });
         use LockType::*;
         assert_eq!(
-            got[0],
+            got,
             [
                 (Write, 0, 10, 7),
                 (Read, 20, 10, 9),
@@ -993,6 +1066,105 @@ mod tests {
                 (Write, 40, 10, -1),
             ]
         );
+    }
+
+    /// A POSIX owner's locks set from several pids (tasks sharing a file table) each
+    /// report their own pid, as Linux keeps it: a lock extended by a merge keeps the pid
+    /// of the lock it extends (`request = fl`), even over a lock of the other type, and
+    /// the pieces of a split keep the split lock's; as the list says.
+    #[test]
+    fn merged_and_split_locks_report_the_pid_linux_keeps() {
+        let f = OpenFile::new(1, AccessMode::ReadWrite);
+        let p = |owner, pid| Process {
+            owner: OwnerId(owner),
+            pid: Pid(pid),
+        };
+        let seen = on_tree_and_list(|s| {
+            let call = |pid, cmd, ty, start, len| {
+                let mut fl = Flock::new(ty, start, len);
+                let who = if cmd == FcntlCmd::GetLk {
+                    p(2, 70)
+                } else {
+                    p(1, pid)
+                };
+                s.ctx.fcntl(who, f, cmd, &mut fl).unwrap();
+                (fl.l_type, fl.l_start, fl.l_len, fl.l_pid)
+            };
+            use FcntlCmd::{GetLk, SetLk};
+            use LockType::*;
+            call(7, SetLk, Write, 0, 10);
+            // Merged into [0, 19]: still pid 7's.
+            call(9, SetLk, Write, 5, 15);
+            // Split: [0, 4] W 7, [5, 9] R 11, [10, 19] W 7.
+            call(11, SetLk, Read, 5, 5);
+            // Extends pid 11's read lock: [5, 10] R 11, [11, 19] W 7.
+            call(13, SetLk, Read, 10, 1);
+            // Extends pid 7's [0, 4]: [0, 6] W 7, [7, 10] R 11.
+            call(15, SetLk, Write, 3, 4);
+            // Another process's F_GETLK of (type, start, len) and what it must find.
+            let mut seen = Vec::new();
+            let mut test = |q: (LockType, i64, i64), want| seen.push((call(0, GetLk, q.0, q.1, q.2), want));
+            test((Write, 0, 30), (Write, 0, 7, 7));
+            test((Write, 7, 2), (Read, 7, 4, 11));
+            test((Read, 7, 4), (Unlock, 7, 4, 0));
+            test((Read, 8, 5), (Write, 11, 9, 7));
+            test((Write, 19, 5), (Write, 11, 9, 7));
+            // Extends pid 11's [7, 10] R over [11, 19] W, which goes: [7, 26] R 11.
+            call(17, SetLk, Read, 7, 20);
+            test((Write, 0, 30), (Write, 0, 7, 7));
+            test((Write, 12, 1), (Read, 7, 20, 11));
+            seen
+        });
+        for (i, (got, want)) in seen.iter().enumerate() {
+            assert_eq!(got, want, "test {i}");
+        }
+    }
+
+    /// The owner cache follows a renumbering of its own run: the last owner to search
+    /// holds locks when the keys are renumbered (the calls never leave it so — the owner
+    /// starting a run has just searched, and holds none — but the cache must not depend
+    /// on that), and its next test must still skip its own lock.
+    #[test]
+    fn the_cached_owner_follows_its_renumbered_run() {
+        let mut side = Side::new(LockIndex::Tree);
+        let ofd = |file, ty, start| Call::Fcntl {
+            file,
+            cmd: FcntlCmd::OfdSetLk,
+            ty,
+            start,
+            len: 1,
+            thread: 0,
+        };
+        let getlk = |file, start, len| Call::Fcntl {
+            file,
+            cmd: FcntlCmd::OfdGetLk,
+            ty: LockType::Write,
+            start,
+            len,
+            thread: 0,
+        };
+        // Runs 1..=30, one lock each at byte 2 * file; the first 20 end.
+        for file in 1..=30 {
+            side.apply(&ofd(file, LockType::Write, 2 * file as i64));
+        }
+        for file in 1..=20 {
+            side.apply(&Call::LastClose(file));
+        }
+        // File 30 searches (the cache holds its key, 30), then the keys are renumbered:
+        // its run is now the tenth.
+        assert!(side.apply(&getlk(30, 60, 1)).contains("Unlock"));
+        {
+            let mut inner = side.ctx.inner.lock();
+            let inner = &mut *inner;
+            inner.tree.next_seq = super::SEQ_LIMIT;
+            inner.tree.new_seq(&mut inner.arena);
+            assert_eq!(inner.tree.last.get(), (1, 30, 10), "the cached owner's key");
+            inner.tree.check(&inner.arena);
+        }
+        // Its own lock is still not a conflict, and file 21's (now key 1) is the first.
+        assert!(side.apply(&getlk(30, 60, 1)).contains("Unlock"));
+        assert!(side.apply(&getlk(30, 0, 0)).contains("l_start: 42"));
+        side.check();
     }
 
     #[test]
@@ -1024,6 +1196,7 @@ mod tests {
                 ty,
                 start: ((x >> 16) % 200) as i64,
                 len: 1 + ((x >> 24) % 12) as i64,
+                thread: ((x >> 40) % 3) as u8,
             };
             let (a, b) = (tree.apply(&c), list.apply(&c));
             assert_eq!(a, b, "call {i} {c:?}");
