@@ -5,7 +5,11 @@
 //! loaded its pointer has unpinned.
 //!
 //! * Normal builds: `crossbeam-epoch`; pinning writes only the calling thread's own
-//!   epoch record, never a shared cache line.
+//!   epoch record, never a shared cache line. Retired boxes go to crossbeam in per-thread
+//!   batches, and a batch whose grace period is over comes back to the thread that retired
+//!   it, which frees it and fills the empty batch again ([`crate::ready`]): crossbeam runs
+//!   deferred functions on whichever thread collects, and a free there went into the
+//!   retiring thread's glibc arena, under that arena's lock.
 //! * `--cfg vfscale_loom`/`vfscale_shuttle`: a model the schedulers can see (a reader
 //!   count per cache and a garbage list run when a collector observes no reader). It writes
 //!   a shared counter on every pin, so it is for the models only.
@@ -28,63 +32,162 @@ mod imp {
         }
     }
 
+    use std::mem::MaybeUninit;
+    use std::sync::Arc;
+
+    use crate::ready::{Link, Ready};
+
     /// A box to free: its address and the function that frees it as its type.
     type Retired = (*mut (), unsafe fn(*mut ()));
 
+    /// Boxes retired per thread before they are handed to crossbeam as one deferred
+    /// function (what RCU's per-CPU callback lists are to `call_rcu`). Every 64 deferred
+    /// functions crossbeam allocates a ~2 KB bag node, and a request that large (1 KB or
+    /// more: glibc's large bins) makes glibc consolidate every fastbin chunk of the
+    /// process inside the eviction that allocates it; at 60 a batch (976 bytes with its
+    /// link) is still a small-bin request, which never consolidates, and the bag node
+    /// comes once per 3,840 evictions instead of 2,048 at 32.
+    const BATCH: usize = 60;
+
     /// Retired boxes, freed together once every thread pinned when they were handed to
-    /// crossbeam has unpinned.
-    struct Batch(Vec<Retired>);
+    /// crossbeam has unpinned, by the thread that retired them (see [`deliver`]).
+    struct Batch {
+        len: usize,
+        items: [MaybeUninit<Retired>; BATCH],
+    }
 
     // SAFETY: each pointee is `Send` (`defer_free_box`'s bound); the batch only carries the
     // boxes to the thread that frees them.
     unsafe impl Send for Batch {}
 
     impl Batch {
-        fn free(self) {
-            for (p, f) in self.0 {
-                // SAFETY: `f` is `free_box::<T>` for the `T` that `p` was leaked as, and the
-                // grace period has passed (the only caller is the deferred function).
+        fn new() -> Box<Link<Batch>> {
+            Link::new(Batch {
+                len: 0,
+                items: [MaybeUninit::uninit(); BATCH],
+            })
+        }
+
+        fn push(&mut self, r: Retired) {
+            self.items[self.len].write(r);
+            self.len += 1;
+        }
+
+        fn free(&mut self) {
+            let n = std::mem::take(&mut self.len);
+            for r in &self.items[..n] {
+                // SAFETY: the first `len` items were written by `push`, and `len` is reset
+                // before any is freed, so none is freed twice.
+                let (p, f) = unsafe { r.assume_init_read() };
+                // SAFETY: `f` is `free_box::<T>` for the `T` that `p` was leaked as, and
+                // the grace period has passed (callers: `deliver` and the ready list's
+                // owner).
                 unsafe { f(p) };
             }
         }
     }
 
-    /// Boxes retired per thread before they are handed to crossbeam as one deferred
-    /// function (what RCU's per-CPU callback lists are to `call_rcu`). Every 64 deferred
-    /// functions crossbeam allocates a ~2 KB bag node, and a request that large (1 KB or
-    /// more: glibc's large bins) makes glibc consolidate every fastbin chunk of the
-    /// process inside the eviction that allocates it; at 60 a batch's own buffer (960
-    /// bytes) is still a small-bin request, which never consolidates, and the bag node
-    /// comes once per 3,840 evictions instead of 2,048 at 32.
-    const BATCH: usize = 60;
+    /// This thread's finished batches (pushed by whichever thread ran their deferred
+    /// function, freed here); closed at thread exit.
+    struct Owner(Arc<Ready<Batch>>);
 
-    /// This thread's retired boxes not yet handed to crossbeam. On thread exit they are
-    /// handed over (crossbeam registers a temporary participant if its own thread-local
-    /// handle is already gone).
-    struct Pending(std::cell::RefCell<Vec<Retired>>);
+    impl Drop for Owner {
+        fn drop(&mut self) {
+            for mut b in self.0.close() {
+                b.val.free();
+            }
+        }
+    }
+
+    /// This thread's retired boxes not yet handed to crossbeam (`cur`), and empty batches
+    /// to fill next (`spare`: batches come back to their thread, so a thread that keeps
+    /// evicting allocates none). On thread exit `cur` is handed over (crossbeam registers
+    /// a temporary participant if its own thread-local handle is already gone).
+    struct Pending {
+        cur: Option<Box<Link<Batch>>>,
+        // Boxed: a batch moves between this list, crossbeam and the ready list as one
+        // pointer, never as a kilobyte copied.
+        #[allow(clippy::vec_box)]
+        spare: Vec<Box<Link<Batch>>>,
+    }
 
     impl Drop for Pending {
         fn drop(&mut self) {
-            let v = std::mem::take(self.0.get_mut());
-            submit(&crossbeam_epoch::pin(), v);
+            if let Some(b) = self.cur.take() {
+                submit(&crossbeam_epoch::pin(), b);
+            }
         }
     }
 
-    thread_local!(static PENDING: Pending = const { Pending(std::cell::RefCell::new(Vec::new())) });
+    /// Empty batches a thread keeps (under 1 KB each): a crossbeam bag's worth (64
+    /// batches) comes back at once when the bag is collected.
+    const SPARE: usize = 64;
 
-    /// Hands `v` to crossbeam: freed once every thread pinned now has unpinned.
-    fn submit(g: &crossbeam_epoch::Guard, v: Vec<Retired>) {
-        if v.is_empty() {
+    /// Batches a thread's ready list holds before deliverers free them themselves: a
+    /// thread that stopped retiring (and so does not look) keeps no more than this.
+    const MAX_READY: usize = 64;
+
+    thread_local! {
+        static PENDING: std::cell::RefCell<Pending> =
+            const { std::cell::RefCell::new(Pending { cur: None, spare: Vec::new() }) };
+        static READY: Owner = Owner(Arc::new(Ready::new()));
+    }
+
+    /// Hands `b` to crossbeam: freed once every thread pinned now has unpinned, by this
+    /// thread (or by the thread that runs the deferred function, when this one is gone).
+    fn submit(g: &crossbeam_epoch::Guard, b: Box<Link<Batch>>) {
+        if b.val.len == 0 {
             return;
         }
-        let b = Batch(v);
+        let home = READY.try_with(|o| o.0.clone()).ok();
         // SAFETY: every box in `b` was retired (unreachable for new readers) before this
         // call, so a grace period from now is a grace period from each retirement.
-        unsafe { g.defer_unchecked(move || b.free()) };
+        unsafe { g.defer_unchecked(move || deliver(home, b)) };
+    }
+
+    /// A batch's grace period is over: free it if this is the thread that retired it (or
+    /// that thread is gone), else put it on that thread's ready list. crossbeam runs
+    /// deferred functions on whichever thread collects; freed there, half of a thread's
+    /// batches went into the other thread's glibc arena, under its lock.
+    fn deliver(home: Option<Arc<Ready<Batch>>>, mut b: Box<Link<Batch>>) {
+        if let Some(r) = home {
+            if READY.try_with(|o| Arc::ptr_eq(&o.0, &r)).unwrap_or(false) {
+                return recycle(b);
+            }
+            match r.push(b, MAX_READY) {
+                Ok(()) => return,
+                Err(back) => b = back,
+            }
+        }
+        b.val.free();
+    }
+
+    /// Frees this thread's batches that other threads delivered, and keeps them to fill
+    /// again. No borrow of `PENDING` is held while freeing: a box's `Drop` may retire more.
+    fn free_ready() {
+        let _ = READY.try_with(|o| {
+            if o.0.is_empty() {
+                return;
+            }
+            for b in o.0.take() {
+                recycle(b);
+            }
+        });
+    }
+
+    /// Frees `b`'s boxes and keeps the empty batch to fill again (this thread's).
+    fn recycle(mut b: Box<Link<Batch>>) {
+        b.val.free();
+        let _ = PENDING.try_with(|q| {
+            let mut q = q.borrow_mut();
+            if q.spare.len() < SPARE {
+                q.spare.push(b);
+            }
+        });
     }
 
     /// # Safety
-    /// `p` came from `Box::<T>::into_raw`/`Box::leak` and nobody else frees it.
+    /// `p` came from `Box::into_raw`/`Box::leak` and nobody else frees it.
     unsafe fn free_box<T>(p: *mut ()) {
         // SAFETY: by the contract.
         drop(unsafe { Box::from_raw(p.cast::<T>()) });
@@ -97,39 +200,56 @@ mod imp {
         /// own (a deferred function per inode cost ~170 instructions, and every 64 of them
         /// a bag allocated and pushed onto crossbeam's global queue). Freeing a box later
         /// than its grace period is always safe: it was unreachable for new readers when
-        /// retired, and a batch is handed over after its last box was retired.
+        /// retired, and a batch is handed over after its last box was retired. When a
+        /// batch fills, the batches other threads delivered back to this one are freed.
         ///
         /// # Safety
         /// `p` came from `Box::into_raw`/`Box::leak`, nobody frees it otherwise, and it is
         /// sound to drop the box on another thread after this returns.
         pub(crate) unsafe fn defer_free_box<T: Send>(&self, p: *mut T) {
             let r: Retired = (p.cast::<()>(), free_box::<T>);
-            // The batch is taken out of the cell before crossbeam gets it: a collection
-            // run by `defer` may free inodes whose data's `Drop` retires more.
+            // The batch is taken out of the cell before crossbeam gets it, and before the
+            // ready batches are freed: a collection run by `defer`, or a free, may drop
+            // inodes whose data's `Drop` retires more.
             let full = PENDING.try_with(|q| {
-                let mut q = q.0.borrow_mut();
-                if q.capacity() == 0 {
-                    q.reserve_exact(BATCH);
+                let q = &mut *q.borrow_mut();
+                let b = q
+                    .cur
+                    .get_or_insert_with(|| q.spare.pop().unwrap_or_else(Batch::new));
+                b.val.push(r);
+                if b.val.len == BATCH {
+                    q.cur.take()
+                } else {
+                    None
                 }
-                q.push(r);
-                (q.len() >= BATCH).then(|| std::mem::replace(&mut *q, Vec::with_capacity(BATCH)))
             });
             match full {
-                Ok(Some(v)) => submit(&self.0, v),
+                Ok(Some(b)) => hand_over(&self.0, b),
                 Ok(None) => {}
                 // This thread's batch is being destroyed (thread exit): defer alone.
-                Err(_) => submit(&self.0, vec![r]),
+                Err(_) => {
+                    let mut b = Batch::new();
+                    b.val.push(r);
+                    submit(&self.0, b);
+                }
             }
         }
     }
 
+    /// A full batch: free what came back to this thread, then hand `b` to crossbeam. Once
+    /// per [`BATCH`] evictions, so out of line (the eviction that inlines
+    /// `defer_free_box` stays small).
+    #[cold]
+    #[inline(never)]
+    fn hand_over(g: &crossbeam_epoch::Guard, b: Box<Link<Batch>>) {
+        free_ready();
+        submit(g, b);
+    }
+
     /// Hands this thread's pending batch to crossbeam.
     fn submit_pending() {
-        if let Ok(Some(v)) = PENDING.try_with(|q| {
-            let mut q = q.0.borrow_mut();
-            (!q.is_empty()).then(|| std::mem::take(&mut *q))
-        }) {
-            submit(&crossbeam_epoch::pin(), v);
+        if let Ok(Some(b)) = PENDING.try_with(|q| q.borrow_mut().cur.take()) {
+            submit(&crossbeam_epoch::pin(), b);
         }
     }
 
@@ -139,6 +259,7 @@ mod imp {
         for _ in 0..256 {
             crossbeam_epoch::pin().flush();
         }
+        free_ready();
     }
 }
 

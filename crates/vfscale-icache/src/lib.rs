@@ -99,6 +99,7 @@
 //! | an LRU shard (`s_inode_lru`: `list_lru_one`'s head, tail, length), the `i_lru` links (`lru_prev`, `lru_next`) of every inode on it, an inode's `lru_shard` | that shard's lock (`list_lru` lock) | `count_objects` (a length mirror); `lru_shard` by the inode's evictor (`I_FREEING`: it cannot move) |
 //! | `SB_ACTIVE` | atomic; read by `iput_final` under `i_lock` (and again under the LRU lock and `i_lock` before it adds to the LRU); `evict_inodes` reads `i_count` under each `i_lock` after clearing it | |
 //! | a wait-table bucket | its lock | |
+//! | a thread's ready list (retired batches past their grace period) | none: a lock-free stack, pushed by any thread, emptied by its thread (which alone frees them, unless it exited or stopped taking them) | |
 //! | counters | per CPU, atomic; an operation looks up its thread's slot once and passes it down (`CpuCounters`: counters, live-inode slot, shard) | `stats` sums them |
 //!
 //! # Lock order
@@ -205,7 +206,14 @@
 //!   consolidate its fastbins) but crossbeam's bag node every 64 batches. A batch is
 //!   handed over after its last inode was retired, so its grace period covers every
 //!   inode in it (freeing later than needed is always safe); a thread's partial batch is
-//!   handed over when it fills, at thread exit, and by [`flush_deferred`].
+//!   handed over when it fills, at thread exit, and by [`flush_deferred`]. A batch whose
+//!   grace period is over goes back to the thread that retired it (a lock-free list per
+//!   thread), which frees its inodes the next time a batch of its own fills and fills
+//!   the empty batch again, as Linux runs RCU callbacks on the CPU that queued them:
+//!   crossbeam runs deferred functions on whichever thread collects, and a free there
+//!   went into the retiring thread's glibc arena, under that arena's lock (in the lab's
+//!   unlink at 2 tasks, most of the threads' sleeps). The thread frees them itself when
+//!   the retiring thread has exited or holds 64 unfreed batches (it stopped evicting).
 //! * A superblock (`i_sb`, as in Linux: a plain pointer in every inode): counted handles
 //!   are only [`SuperBlock`] and a waiting lookup ([`InodeWait`]). Each inode is counted
 //!   in a live count per counter slot (`+1` at allocation on the allocating thread's
@@ -246,6 +254,7 @@
 mod cache;
 mod epoch;
 mod inode;
+mod ready;
 mod sync;
 mod wait;
 
