@@ -16,6 +16,7 @@
 //! file, removed in unlink, in the map's order).
 //!
 //! `PROBE_THREADS=1|2`: only those rounds; `PROBE_VERBOSE=1`: each thread's times;
+//! `PROBE_SHARDS=N`: the cache's shard count (`Settings::shards`);
 //! `PROBE_PERF_CTL=FIFO`: a profile of the unlink phases alone, with
 //! `perf record -D -1 --control=fifo:FIFO ...`.
 
@@ -57,6 +58,9 @@ struct Round {
 fn round(threads: usize, files: u64, load: &str, names: bool) -> Round {
     let cache = InodeCache::new(Settings {
         hash_bits: (64 - (threads as u64 * files).leading_zeros()).clamp(10, 22),
+        // PROBE_SHARDS=1: one superblock-list and LRU shard, whose lock lines every unlink
+        // of either thread takes (what the lockstep cold walk does to half of them).
+        shards: std::env::var("PROBE_SHARDS").map_or(0, |v| v.parse().expect("PROBE_SHARDS")),
         ..Settings::default()
     });
     let sb = Arc::new(cache.mount(Fs));
