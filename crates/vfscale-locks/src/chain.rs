@@ -20,7 +20,9 @@
 //! its waiters) shortens it from the top; any other change to a member's links drops
 //! the run (the next plain walk builds it again). `flc_lock` protects it, like the tree.
 
-use std::collections::HashMap;
+// foldhash (hashbrown's default): SipHash on these integer keys was 13% of a herd's
+// samples in `perf record` (the wait-chain tracker's lookups on every block and wake).
+use hashbrown::HashMap;
 
 use crate::context::{Arena, NodeId};
 use crate::lock::{FileLock, LockKind, OwnerKey};
