@@ -212,8 +212,13 @@
 //!   the empty batch again, as Linux runs RCU callbacks on the CPU that queued them:
 //!   crossbeam runs deferred functions on whichever thread collects, and a free there
 //!   went into the retiring thread's glibc arena, under that arena's lock (in the lab's
-//!   unlink at 2 tasks, most of the threads' sleeps). The thread frees them itself when
-//!   the retiring thread has exited or holds 64 unfreed batches (it stopped evicting).
+//!   unlink at 2 tasks, most of the threads' sleeps). The thread that ran the deferred
+//!   function frees them itself when the retiring thread has exited (its list is closed
+//!   at exit) or holds 64 unfreed batches. So a thread that stops evicting but lives on
+//!   (a pooled thread) keeps up to 64 batches (3,840 inodes, and the superblock if its
+//!   last free was among them) until it evicts again or exits, besides its partial batch
+//!   and crossbeam's own per-thread bag of up to 64 deferred batches, which only it or
+//!   its exit hands on (test `an_idle_thread_holds_a_bounded_number_and_frees_all_at_exit`).
 //! * A superblock (`i_sb`, as in Linux: a plain pointer in every inode): counted handles
 //!   are only [`SuperBlock`] and a waiting lookup ([`InodeWait`]). Each inode is counted
 //!   in a live count per counter slot (`+1` at allocation on the allocating thread's
@@ -267,6 +272,8 @@ pub use inode::{Iget, Inode, InodeFlags, InodeRef, InodeState, NewInode};
 
 /// Hurries the deferred freeing of evicted inodes' memory (best effort; for tests that
 /// count drops of the filesystem's data). `->destroy_inode` itself runs at eviction.
+/// It frees the batches that came back to the calling thread; those of another live
+/// thread wait for that thread to evict again, call this, or exit (the crate docs, "Lifetimes").
 pub fn flush_deferred() {
     epoch::flush();
 }

@@ -165,6 +165,7 @@ impl<T> Drop for Taken<T> {
 #[cfg(all(test, vfscale_loom))]
 mod loom_ready {
     use super::*;
+    use loom::cell::UnsafeCell;
     use loom::sync::Arc;
 
     /// Counts its drops: each batch must end exactly once, taken by the owner or given
@@ -176,19 +177,39 @@ mod loom_ready {
         }
     }
 
+    /// A batch's contents: a plain field the pusher writes just before its push and the
+    /// taker reads, as the retired pointers of a real batch. loom reports a causality
+    /// violation unless the push's Release and the take's Acquire order the two (a plain
+    /// `usize` in the link is not tracked: weakening either ordering to Relaxed passed
+    /// `pushes_race_take_and_close` before this cell was added).
+    struct Contents(Batch, UnsafeCell<usize>);
+
+    fn contents(d: Arc<AtomicUsize>, v: usize) -> Box<Link<Contents>> {
+        let l = Link::new(Contents(Batch(d), UnsafeCell::new(0)));
+        // SAFETY: the link is ours until pushed.
+        l.val.1.with_mut(|p| unsafe { *p = v });
+        l
+    }
+
+    fn read(l: &Link<Contents>) -> usize {
+        // SAFETY: a taken link is the taker's alone (its pusher's write is ordered before
+        // by the Release/Acquire pair the model checks).
+        l.val.1.with(|p| unsafe { *p })
+    }
+
     /// Two threads push (as deferred functions run on other threads do) while the owner
     /// takes and then closes (its exit): every batch is taken, or refused and dropped by
     /// its pusher, exactly once, and a taken batch's contents are seen complete.
     #[test]
     fn pushes_race_take_and_close() {
         loom::model(|| {
-            let ready = Arc::new(Ready::<(Batch, usize)>::new());
+            let ready = Arc::new(Ready::<Contents>::new());
             let dropped = Arc::new(AtomicUsize::new(0));
             let pushers: Vec<_> = (0..2)
                 .map(|i| {
                     let (r, d) = (ready.clone(), dropped.clone());
                     loom::thread::spawn(move || {
-                        if let Err(l) = r.push(Link::new((Batch(d), 10 + i)), 2) {
+                        if let Err(l) = r.push(contents(d, 10 + i), 2) {
                             drop(l);
                         }
                     })
@@ -196,11 +217,11 @@ mod loom_ready {
                 .collect();
             let mut seen = 0;
             for l in ready.take() {
-                assert!(l.val.1 == 10 || l.val.1 == 11);
+                assert!(read(&l) == 10 || read(&l) == 11);
                 seen += 1;
             }
             for l in ready.close() {
-                assert!(l.val.1 == 10 || l.val.1 == 11);
+                assert!(read(&l) == 10 || read(&l) == 11);
                 seen += 1;
             }
             for p in pushers {
@@ -210,6 +231,39 @@ mod loom_ready {
             assert_eq!(dropped.load(Ordering::Relaxed), 2);
             assert!(ready.is_empty());
             assert_eq!(ready.len.load(Ordering::Relaxed), 0);
+        });
+    }
+
+    /// A thread exits (closes its list) while another pushes to it and the list is then
+    /// dropped by whoever holds it last (the pusher's `Arc`, as a deferred function's
+    /// `home`): the batch is dropped exactly once, by the closer or by its pusher, and a
+    /// push after the close is refused (the list stays closed and empty).
+    #[test]
+    fn close_races_a_push_and_the_last_drop() {
+        loom::model(|| {
+            let ready = Arc::new(Ready::<Contents>::new());
+            let dropped = Arc::new(AtomicUsize::new(0));
+            let (r, d, d2) = (ready.clone(), dropped.clone(), dropped.clone());
+            let pusher = loom::thread::spawn(move || {
+                let ok = r.push(contents(d, 7), 64).is_ok();
+                // After the owner closed, nothing can be added any more.
+                let late = r.push(contents(d2, 8), 64);
+                (ok, late.is_ok(), r)
+            });
+            let mut closed = 0;
+            for l in ready.close() {
+                assert!(read(&l) == 7 || read(&l) == 8);
+                closed += 1;
+            }
+            drop(ready);
+            let (ok, late, r) = pusher.join().unwrap();
+            assert_eq!(closed, usize::from(ok) + usize::from(late));
+            // The second push follows the first in program order: it cannot be taken
+            // unless the first was.
+            assert!(ok || !late);
+            assert!(r.is_empty());
+            drop(r);
+            assert_eq!(dropped.load(Ordering::Relaxed), 2);
         });
     }
 
