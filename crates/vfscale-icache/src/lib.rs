@@ -283,6 +283,14 @@ pub fn flush_deferred() {
 pub trait SuperOperations: Send + Sync + Sized + 'static {
     /// The filesystem's in-memory inode (`container_of` the VFS inode in Linux). Filled
     /// while the inode is `I_NEW`, through interior mutability.
+    ///
+    /// Its `Drop` runs when the inode's memory is freed, a grace period after
+    /// `->destroy_inode`, on whichever thread the epoch runs it: possibly inside another
+    /// operation of the cache with one of its locks held (a last `iput` pins the epoch
+    /// under an `i_lock`, and a pin may collect garbage). So it must not call into the
+    /// cache (no `iget`, `iput` or lookup of any inode) or take a lock that a caller of the
+    /// cache may hold; release what needs the cache in `->evict_inode` or `->destroy_inode`
+    /// instead, as Linux's `->free_inode` (an RCU callback) may only free memory.
     type Data: Send + Sync + 'static;
 
     /// `->alloc_inode`: the data of a new inode numbered `ino` (`iget_locked`, `new_inode`).
