@@ -1010,6 +1010,11 @@ fn find_inode<F: SuperOperations>(
             if inode.sb != sb.this || inode.hashval != hashval || !test.matches(inode, hashval) {
                 continue;
             }
+            if !skip_freeing && inode.state.load(Ordering::Relaxed) & (I_FREEING | I_WILL_FREE) != 0 {
+                // Likely to wait (a racy look): make the waiter before `i_lock` is taken,
+                // so that no allocation runs under the spinlock.
+                waiter.get_or_insert_with(Waiter::new);
+            }
             let g = inode.lock();
             let s = inode.state.load(Ordering::Relaxed);
             if s & (I_FREEING | I_WILL_FREE) != 0 {
@@ -1340,9 +1345,11 @@ fn settle_found<F: SuperOperations>(
         Seen::Woken => false,
     };
     if !settled {
+        // The waiter is made before `i_lock` is taken, so that no allocation runs under
+        // the spinlock; if the inode settled meanwhile it is kept for a later wait.
+        let w = waiter.get_or_insert_with(Waiter::new);
         let _g = r.lock();
         if r.state.load(Ordering::Relaxed) & I_NEW != 0 {
-            let w = waiter.get_or_insert_with(Waiter::new);
             w.rearm();
             r.set_bits(WAITERS);
             sb.cache.waits.register(r.addr(), w);
