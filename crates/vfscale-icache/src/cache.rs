@@ -1010,11 +1010,6 @@ fn find_inode<F: SuperOperations>(
             if inode.sb != sb.this || inode.hashval != hashval || !test.matches(inode, hashval) {
                 continue;
             }
-            if !skip_freeing && inode.state.load(Ordering::Relaxed) & (I_FREEING | I_WILL_FREE) != 0 {
-                // Likely to wait (a racy look): make the waiter before `i_lock` is taken,
-                // so that no allocation runs under the spinlock.
-                waiter.get_or_insert_with(Waiter::new);
-            }
             let g = inode.lock();
             let s = inode.state.load(Ordering::Relaxed);
             if s & (I_FREEING | I_WILL_FREE) != 0 {
@@ -1024,6 +1019,13 @@ fn find_inode<F: SuperOperations>(
                 if s & HASHED == 0 {
                     // evict() already unhashed it: nothing to wait for, look again.
                     drop(g);
+                    continue 'repeat;
+                }
+                if waiter.is_none() {
+                    // The waiter is made without `i_lock` held (no allocation under the
+                    // spinlock); then look again.
+                    drop(g);
+                    *waiter = Some(Waiter::new());
                     continue 'repeat;
                 }
                 // __wait_on_freeing_inode: sleep until evict() unhashes it.
