@@ -254,9 +254,10 @@ enum Ctr {
     Loads,
     NewWaitsSpun,
     NewWaitsSlept,
+    OutboxLocks,
 }
 
-const NR_CTRS: usize = 9;
+const NR_CTRS: usize = 10;
 
 /// One thread's (or, under the models, one shard's) counters, on their own cache lines.
 #[derive(Default)]
@@ -634,6 +635,41 @@ struct LruSlot<F: SuperOperations> {
 /// One shard of a superblock's inode list and its lock (`s_inode_list_lock`).
 type SbListShard<F> = ShardMutex<SbSlots<F>>;
 
+/// Evictions whose inodes wait in an outbox before they are taken off another CPU's
+/// superblock list and LRU shards in one hold of each shard's lock (the crate docs,
+/// "Batched removal"). A flush takes a remote shard's lock line to this CPU once per
+/// this many evictions instead of once (or, with the LRU, twice) per eviction: at 32 the
+/// two line transfers of an eviction whose inode another CPU listed cost about 1/16 of
+/// what they did, while a flush holds a shard lock for at most 32 unlinks (a few
+/// microseconds of a waiter's spin), the outbox's 256 bytes of pointers stay in L1, and
+/// each thread holds back at most 32 evicted inodes' memory per superblock. Under the
+/// models: 2 (a second remote eviction, or [`SuperBlock::flush_evictions`], flushes; one
+/// stays parked, so umount's drain and a prune meeting a parked inode are explored).
+#[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
+const OUTBOX: usize = 32;
+#[cfg(any(vfscale_loom, vfscale_shuttle))]
+const OUTBOX: usize = 2;
+
+/// A counter slot's evicted inodes whose list removal waits (at most [`OUTBOX`]): each is
+/// `I_FREEING | I_CLEAR | PARKED`, unhashed, through `->evict_inode` and `->destroy_inode`,
+/// still on its superblock list shard and maybe on an LRU shard. Its buffer is allocated
+/// at the first park (under its lock, which only a drain ever contends).
+struct Outbox<F: SuperOperations> {
+    items: Vec<InodePtr<F>>,
+}
+
+/// What a superblock keeps per counter slot, on one line that the slot's thread writes:
+/// its live-inode count (inodes allocated and not yet through `destroy_inode`: `+1` on
+/// the allocating thread's slot, a plain load and store when the thread owns the slot;
+/// `-1` on the destroying one's, a slot alone may wrap below 0, the wrapping sum is exact,
+/// summed at teardown only) and its outbox, under a lock of its own: taken by the slot's
+/// thread to park and flush (uncontended: its line stays on that CPU), and by a drain
+/// (umount, the list observers) of every slot.
+struct SbSlot<F: SuperOperations> {
+    live: AtomicUsize,
+    outbox: ShardMutex<Outbox<F>>,
+}
+
 /// A superblock: its operations, `SB_ACTIVE`, its inode lists and its LRU.
 pub(crate) struct SbInner<F: SuperOperations> {
     pub(crate) cache: Arc<CacheInner<F>>,
@@ -648,12 +684,9 @@ pub(crate) struct SbInner<F: SuperOperations> {
     /// Where the superblock lives (the pointer from `Box::into_raw`): what inodes hold as
     /// `i_sb`, and what the last one out frees.
     pub(crate) this: NonNull<SbInner<F>>,
-    /// Inodes allocated and not yet through `destroy_inode`, per counter slot (as
-    /// [`CacheInner::counters`]: one per thread in normal builds, so the allocation's `+1`
-    /// is a plain load and store, not a locked add; per shard under the models): `+1` on
-    /// the allocating thread's slot, `-1` on the destroying one's (a slot alone may wrap
-    /// below 0; the wrapping sum is exact). Only summed at teardown.
-    live: Box<[CachePadded<AtomicUsize>]>,
+    /// Per counter slot (as [`CacheInner::counters`]: one per thread in normal builds,
+    /// per shard under the models): its live-inode count and its outbox ([`SbSlot`]).
+    slots: Box<[CachePadded<SbSlot<F>>]>,
     /// No handle ([`SuperBlock`], a waiting lookup) is left: the superblock is freed when
     /// its last inode is destroyed.
     detached: AtomicBool,
@@ -671,9 +704,9 @@ unsafe impl<F: SuperOperations> Sync for SbInner<F> {}
 impl<F: SuperOperations> Drop for SbInner<F> {
     fn drop(&mut self) {
         let n = self
-            .live
+            .slots
             .iter()
-            .fold(0usize, |a, c| a.wrapping_add(c.load(Ordering::Relaxed)));
+            .fold(0usize, |a, c| a.wrapping_add(c.live.load(Ordering::Relaxed)));
         // Checked in the models too (their builds are release builds).
         if cfg!(any(debug_assertions, vfscale_loom, vfscale_shuttle)) {
             assert_eq!(n, 0, "superblock {} freed with live inodes", self.dev);
@@ -745,9 +778,9 @@ fn sb_try_free<F: SuperOperations>(sb: &SbInner<F>, pin: &Guard) {
     // handle's drop happens before the last one's), so every increment is visible here and
     // the sum can only overstate what is live: 0 means none.
     let n = sb
-        .live
+        .slots
         .iter()
-        .fold(0usize, |a, c| a.wrapping_add(c.load(Ordering::SeqCst)));
+        .fold(0usize, |a, c| a.wrapping_add(c.live.load(Ordering::SeqCst)));
     if n == 0 && !sb.freed.swap(true, Ordering::AcqRel) {
         // SAFETY: `this` came from `Box::into_raw` in `mount` and only this claim frees
         // it. Everyone that may still touch `sb` is pinned since before the decrement or
@@ -791,7 +824,7 @@ impl<F: SuperOperations> SbInner<F> {
     /// whether it owns it (no other thread writes it).
     #[inline]
     fn live_slot_of(&self, c: &CpuCounters<'_>) -> (&AtomicUsize, bool) {
-        (&self.live[c.slot], c.own)
+        (&self.slots[c.slot].live, c.own)
     }
 
     /// The LRU shard a last `iput` on `c`'s CPU adds to.
@@ -805,6 +838,36 @@ impl<F: SuperOperations> SbInner<F> {
 
     fn is_active(&self) -> bool {
         self.active.load(Ordering::Acquire)
+    }
+
+    /// Whether the eviction of `inode` (on an LRU if `on_lru`) by the thread of `c` parks
+    /// it: it is listed on another CPU's superblock list shard or LRU shard. Never with
+    /// one shard, [`SbList::Global`] and [`Lru::Single`] (those lists have one shard).
+    #[inline]
+    fn evict_parks(&self, inode: &Inode<F>, on_lru: bool, c: &CpuCounters<'_>) -> bool {
+        // One load of both shards; the common case (this CPU's) decides on it alone.
+        let (sb_shard, lru_shard) = inode.shards();
+        (sb_shard != c.shard && self.lists.len() > 1)
+            || (on_lru && lru_shard != c.shard && self.lru.len() > 1)
+    }
+
+    /// Flushes every slot's outbox (each under its lock): afterwards no inode parked
+    /// before this call is on the superblock's lists. Counted on the caller's counters.
+    fn drain_outboxes(&self) {
+        let c = self.cache.counters();
+        let pin = self.cache.domain.pin();
+        for s in self.slots.iter() {
+            c.add(Ctr::OutboxLocks, 1);
+            let mut o = s.outbox.lock();
+            if !o.items.is_empty() {
+                flush_parked(self, &mut o.items, &pin, &c);
+            }
+        }
+    }
+
+    /// The LRU shards' lengths, summed without a lock.
+    fn lru_len(&self) -> usize {
+        self.lru.iter().map(|l| l.len.load(Ordering::Relaxed)).sum()
     }
 }
 
@@ -1542,8 +1605,9 @@ pub(crate) fn iput<F: SuperOperations>(p: NonNull<Inode<F>>) {
     // `i_lock` and taking both again. A racy guess: `iput_final` decides under `i_lock`
     // as always and only uses the lock if it keeps the inode.
     // Likewise an inode that will most likely be evicted (unlinked, unhashed, ...) while
-    // it is on an LRU: take the lock of its LRU shard first (`lru_shard`, read racily and
-    // checked under both locks), so the eviction takes it off under the same hold.
+    // it is on this CPU's LRU shard: take that lock first (`lru_shard`, read racily and
+    // checked under both locks), so the eviction takes it off under the same hold. One on
+    // another CPU's shard stays there until a batch takes it off (`evict_with`).
     // This CPU's counters are looked up only when an LRU lock is taken (a cached hit's
     // last `iput`, already on an LRU, needs none).
     let sb = inode.sb();
@@ -1552,7 +1616,13 @@ pub(crate) fn iput<F: SuperOperations>(p: NonNull<Inode<F>>) {
             let c = sb.cache.counters();
             Some((sb.lru_shard_of(&c), c))
         }
-        LruGuess::Del => Some((inode.lru_shard(), sb.cache.counters())),
+        LruGuess::Del => {
+            // Only this CPU's LRU shard: an inode on another's is evicted without that
+            // lock, and parked (`evict_with`).
+            let c = sb.cache.counters();
+            let shard = inode.lru_shard();
+            (shard == sb.lru_shard_of(&c)).then_some((shard, c))
+        }
         LruGuess::None => None,
     }
     .map(|(shard, c)| (shard, sb.lru_lock_with(&c, shard), c));
@@ -1666,11 +1736,8 @@ fn iput_evict<F: SuperOperations>(inode: &Inode<F>, g: ILockGuard<'_>, drop_it: 
         inode.clear_bits(I_WILL_FREE);
     }
     inode.set_bits(I_FREEING);
-    let on_lru = inode.state.load(Ordering::Relaxed) & ON_LRU != 0;
     drop(g);
-    if on_lru {
-        inode_lru_list_del(inode);
-    }
+    // `evict` takes it off the LRU (now, or in a batch).
     evict(inode);
 }
 
@@ -1718,38 +1785,91 @@ fn lru_add_locked<F: SuperOperations>(
     c.add(Ctr::NrUnused, 1);
 }
 
-/// `inode_lru_list_del` of an inode the caller is evicting (`I_FREEING`).
-fn inode_lru_list_del<F: SuperOperations>(inode: &Inode<F>) {
+/// `inode_lru_list_del` of an inode the caller is evicting (`I_FREEING`), counted on `c`:
+/// if it is still on its LRU (a prune may have taken it off), under that shard's lock
+/// and `i_lock`. Out of line: an unlink's last `iput` takes the inode off this CPU's LRU
+/// itself, before `i_lock` (`iput_final`).
+#[inline(never)]
+fn inode_lru_list_del<F: SuperOperations>(inode: &Inode<F>, c: &CpuCounters<'_>) {
     let sb = inode.sb();
     let shard = inode.lru_shard();
-    let mut l = sb.lru_lock(shard);
+    let mut l = sb.lru_lock_with(c, shard);
+    lru_del_evicting(&mut l, inode, c);
+    sb.lru[shard].len.store(l.len, Ordering::Relaxed);
+}
+
+/// Takes an inode being evicted off its LRU shard (whose lock the caller holds: `l`)
+/// if it is still on it, under its `i_lock`; `nr_unused` drops unless the inode was
+/// counted out when it was parked. The caller updates the shard's length mirror.
+fn lru_del_evicting<F: SuperOperations>(l: &mut LruShard<F>, inode: &Inode<F>, c: &CpuCounters<'_>) {
     let _g = inode.lock();
-    if inode.state.load(Ordering::Relaxed) & ON_LRU != 0 {
+    let s = inode.state.load(Ordering::Relaxed);
+    debug_assert!(s & I_FREEING != 0);
+    if s & ON_LRU != 0 {
         l.del(inode);
-        sb.lru[shard].len.store(l.len, Ordering::Relaxed);
         inode.clear_bits(ON_LRU);
-        sb.cache.counters().add(Ctr::NrUnused, -1);
+        if s & PARKED == 0 {
+            c.add(Ctr::NrUnused, -1);
+        }
     }
 }
 
-/// `evict`: the inode is `I_FREEING`, off the LRU, and the caller owns it.
+/// `evict`: the inode is `I_FREEING` and the caller owns it (maybe still on an LRU).
 fn evict<F: SuperOperations>(inode: &Inode<F>) {
     evict_with(inode, &inode.sb().cache.counters());
 }
 
 /// [`evict`], counted on this CPU's counters `c`.
+///
+/// An inode listed on this CPU's shards (superblock list, and LRU if it is on one) is
+/// taken off them first, as Linux's `evict` does. One on another CPU's is not: see
+/// [`evict_parked`].
 fn evict_with<F: SuperOperations>(inode: &Inode<F>, c: &CpuCounters<'_>) {
+    // Racy but exact enough: this thread set I_FREEING (and read ON_LRU) under `i_lock`
+    // before, and ON_LRU is never set again; a prune may clear it meanwhile, which each
+    // taker checks again under the LRU lock and `i_lock`.
+    let on_lru = inode.state.load(Ordering::Relaxed) & ON_LRU != 0;
     debug_assert!(inode.state.load(Ordering::Relaxed) & I_FREEING != 0);
-    debug_assert!(inode.state.load(Ordering::Relaxed) & ON_LRU == 0);
     let sb = inode.sb();
+    if sb.evict_parks(inode, on_lru, c) {
+        evict_parked(inode, c);
+        return;
+    }
+    if on_lru {
+        inode_lru_list_del(inode, c);
+    }
     inode_sb_list_del(inode, c);
+    evict_clear::<F, false>(inode, c);
+    destroy_inode(inode, c);
+}
+
+/// The eviction of an inode listed on another CPU's superblock list shard or LRU shard
+/// (out of line: the path of an inode on this CPU's keeps its size). It does at once all
+/// that anyone can observe (`->evict_inode`; `I_CLEAR`, unhashed and the waiters woken;
+/// `->destroy_inode`; `nr_inodes` and `nr_unused`), and then parks the inode in this
+/// slot's outbox, still linked but `I_FREEING`, which every walker of those lists passes
+/// over; a batch takes it off them later and frees it ([`park`]; the crate docs,
+/// "Batched removal").
+#[inline(never)]
+fn evict_parked<F: SuperOperations>(inode: &Inode<F>, c: &CpuCounters<'_>) {
+    evict_clear::<F, true>(inode, c);
+    inode.sb().ops.destroy_inode(inode);
+    c.add(Ctr::NrInodes, -1);
+    park(inode.sb(), inode, c);
+}
+
+/// `evict`'s middle: `->evict_inode`, then `clear_inode` (I_CLEAR), `remove_inode_hash`
+/// and the wake-up of the lookups waiting for the eviction (`__wait_on_freeing_inode`).
+/// Linux takes `i_lock` for each of the three; here one hold under the chain lock does
+/// all three (nobody can tell them apart: the inode is I_FREEING throughout, and a
+/// waiter registers under `i_lock` only while it sees the inode hashed, so it is either
+/// in the waiters taken here or sees it unhashed and looks again). `PARKS`: the inode
+/// will be parked; the same hold marks it `PARKED` and counts it out of `nr_unused` if
+/// it is still on an LRU.
+#[inline(always)]
+fn evict_clear<F: SuperOperations, const PARKS: bool>(inode: &Inode<F>, c: &CpuCounters<'_>) {
+    let sb = inode.sb();
     sb.ops.evict_inode(inode);
-    // clear_inode (I_CLEAR), remove_inode_hash, then wake the lookups waiting for the
-    // eviction (`__wait_on_freeing_inode`): Linux takes `i_lock` for each of the three;
-    // here one hold under the chain lock does all three (nobody can tell them apart: the
-    // inode is I_FREEING throughout, and a waiter registers under `i_lock` only while it
-    // sees the inode hashed, so it is either in the waiters taken here or sees it
-    // unhashed and looks again).
     let w = {
         let cache = &*sb.cache;
         let b = cache.bucket(sb, inode.hashval);
@@ -1757,28 +1877,121 @@ fn evict_with<F: SuperOperations>(inode: &Inode<F>, c: &CpuCounters<'_>) {
         let _g = inode.lock();
         inode.set_bits(I_CLEAR);
         hash_unlink_locked(cache, b, inode);
+        if PARKS {
+            if inode.state.load(Ordering::Relaxed) & ON_LRU != 0 {
+                c.add(Ctr::NrUnused, -1);
+            }
+            inode.set_bits(PARKED);
+        }
         inode.take_waiters()
     };
     if w {
         sb.cache.waits.wake_all(inode.addr());
     }
-    destroy_inode(inode, c);
 }
 
-/// `destroy_inode`: `->destroy_inode` now, the memory after a grace period; `c` is this
+/// `destroy_inode` of an inode off every list: `->destroy_inode` and `nr_inodes` (Linux's
+/// `__destroy_inode`) now, the memory a grace period later ([`free_inode`]); `c` is this
 /// CPU's counters.
 fn destroy_inode<F: SuperOperations>(inode: &Inode<F>, c: &CpuCounters<'_>) {
-    let sb = inode.sb();
-    sb.ops.destroy_inode(inode);
+    inode.sb().ops.destroy_inode(inode);
     c.add(Ctr::NrInodes, -1);
+    let pin = inode.sb().cache.domain.pin();
+    free_inode(inode, &pin, c);
+}
+
+/// `destroy_inode`'s end, once the inode is off every list: its memory a grace period
+/// later, and its superblock's live count (`pin` is held since before this call).
+#[inline(always)]
+fn free_inode<F: SuperOperations>(inode: &Inode<F>, pin: &Guard, c: &CpuCounters<'_>) {
+    let sb = inode.sb();
     let p = NonNull::from(inode).as_ptr();
-    let pin = sb.cache.domain.pin();
     // SAFETY: the inode is off every list and chain, nobody holds a reference, and
     // walkers that may still see its pointer are pinned: the box (from `alloc_inode`'s
     // `Box::leak`) is freed after them.
     unsafe { pin.defer_free_box(p) };
     // The inode's last use of its superblock (which may be freed a grace period later).
-    sb_inode_gone(sb, &pin, c);
+    sb_inode_gone(sb, pin, c);
+}
+
+/// Parks an evicted inode (see [`evict_with`]) in the outbox of `c`'s slot; a full outbox
+/// is flushed at once. On an inactive superblock nothing is parked: the inode is taken
+/// off its lists and freed now. `SB_ACTIVE` is read under the outbox lock, and `umount`
+/// clears it before it drains every outbox under its lock, so either the drain finds the
+/// inode or this sees `SB_ACTIVE` clear (loom model `umount_races_remote_park`): no
+/// inode is parked after an umount's drain, and none keeps an unmounted superblock.
+fn park<F: SuperOperations>(sb: &SbInner<F>, inode: &Inode<F>, c: &CpuCounters<'_>) {
+    // Pinned across the flush, and dropped after the outbox guard (declared first): the
+    // flush frees inodes and may end the superblock's live count.
+    let pin = sb.cache.domain.pin();
+    c.add(Ctr::OutboxLocks, 1);
+    let mut o = sb.slots[c.slot].outbox.lock();
+    let mut p = InodePtr(NonNull::from(inode));
+    if !sb.is_active() {
+        drop(o);
+        unlist_parked(sb, std::slice::from_mut(&mut p), c);
+        free_inode(inode, &pin, c);
+        return;
+    }
+    if o.items.capacity() == 0 {
+        o.items.reserve_exact(OUTBOX);
+    }
+    o.items.push(p);
+    if o.items.len() >= OUTBOX {
+        flush_parked(sb, &mut o.items, &pin, c);
+    }
+}
+
+/// Takes parked inodes off their superblock list shards and LRU shards: one hold of each
+/// shard's lock for all of its inodes. An inode a prune took off its LRU meanwhile (it
+/// met it `I_FREEING`) is left alone there; `nr_unused` is not touched (it was counted
+/// out at the park). Lock order: (the caller's outbox lock →) superblock list shard;
+/// then LRU shard → `i_lock`.
+fn unlist_parked<F: SuperOperations>(sb: &SbInner<F>, items: &mut [InodePtr<F>], c: &CpuCounters<'_>) {
+    // SAFETY (every `get` below): a parked inode is alive until `free_inode`, which runs
+    // after this, and it is ours (its evictor's, or a drain's under the outbox lock).
+    let get = |p: &InodePtr<F>| unsafe { p.get() };
+    items.sort_unstable_by_key(|p| get(p).sb_shard());
+    for run in items.chunk_by(|a, b| get(a).sb_shard() == get(b).sb_shard()) {
+        let mut l = sb.list_lock_with(c, get(&run[0]).sb_shard());
+        for p in run {
+            let inode = get(p);
+            l.del(inode.sb_index.load(Ordering::Relaxed) as usize, inode);
+        }
+    }
+    items.sort_unstable_by_key(|p| get(p).lru_shard());
+    for run in items.chunk_by(|a, b| get(a).lru_shard() == get(b).lru_shard()) {
+        // Acquire: an ON_LRU seen clear was cleared by a prune under the LRU lock after it
+        // unlinked the inode (`clear_bits` is a Release store): its writes to the inode
+        // come before the free. ON_LRU is never set again on an inode being freed.
+        if !run
+            .iter()
+            .any(|p| get(p).state.load(Ordering::Acquire) & ON_LRU != 0)
+        {
+            continue;
+        }
+        let shard = get(&run[0]).lru_shard();
+        let mut l = sb.lru_lock_with(c, shard);
+        for p in run {
+            lru_del_evicting(&mut l, get(p), c);
+        }
+        sb.lru[shard].len.store(l.len, Ordering::Relaxed);
+    }
+}
+
+/// Flushes an outbox (the caller holds its lock; `pin` is held since before): takes its
+/// inodes off their lists and frees them.
+fn flush_parked<F: SuperOperations>(
+    sb: &SbInner<F>,
+    items: &mut Vec<InodePtr<F>>,
+    pin: &Guard,
+    c: &CpuCounters<'_>,
+) {
+    unlist_parked(sb, items, c);
+    for p in items.drain(..) {
+        // SAFETY: parked, now off every list: ours to free.
+        free_inode(unsafe { p.get() }, pin, c);
+    }
 }
 
 /// `list_lru_walk_one` with `inode_lru_isolate` over one LRU shard.
@@ -1804,10 +2017,13 @@ fn prune_shard<F: SuperOperations>(
         let _g = inode.lock();
         let s = inode.state.load(Ordering::Relaxed);
         if inode.count.load(Ordering::Relaxed) != 0 || s & LINUX_STATE & !I_REFERENCED != 0 {
-            // In use, or busy: leave the LRU (lazy removal), not evicted.
+            // In use, or busy: leave the LRU (lazy removal), not evicted. A parked inode
+            // (evicted, its removal batched) was counted out of nr_unused at the park.
             l.del(inode);
             inode.clear_bits(ON_LRU);
-            sb.cache.counters().add(Ctr::NrUnused, -1);
+            if s & PARKED == 0 {
+                sb.cache.counters().add(Ctr::NrUnused, -1);
+            }
             freed += 1;
         } else if s & I_REFERENCED != 0 {
             // Second chance: rotate to the tail.
@@ -1917,8 +2133,13 @@ impl<F: SuperOperations> InodeCache<F> {
                 .collect(),
             prune_cursor: StdAtomicUsize::new(0),
             this: NonNull::dangling(),
-            live: (0..counter_slots(shards))
-                .map(|_| CachePadded::new(AtomicUsize::new(0)))
+            slots: (0..counter_slots(shards))
+                .map(|_| {
+                    CachePadded::new(SbSlot {
+                        live: AtomicUsize::new(0),
+                        outbox: ShardMutex::new(Outbox { items: Vec::new() }),
+                    })
+                })
                 .collect(),
             detached: AtomicBool::new(false),
             freed: AtomicBool::new(false),
@@ -1950,6 +2171,7 @@ impl<F: SuperOperations> InodeCache<F> {
         s.loads = sum(Ctr::Loads) as u64;
         s.new_waits_spun = sum(Ctr::NewWaitsSpun) as u64;
         s.new_waits_slept = sum(Ctr::NewWaitsSlept) as u64;
+        s.outbox_lock_acquisitions = sum(Ctr::OutboxLocks) as u64;
         s.nr_inodes = nr.max(0) as u64;
         s.nr_unused = unused.max(0) as u64;
         s
@@ -2237,9 +2459,33 @@ impl<F: SuperOperations> SuperBlock<F> {
         }
     }
 
-    /// The shrinker's `count_objects`: inodes on the LRU.
+    /// The shrinker's `count_objects`: inodes on the LRU. The outboxes are flushed first
+    /// (see [`SuperBlock::nr_inodes`]), so an evicted inode is not counted.
     pub fn count_objects(&self) -> usize {
-        self.inner.lru.iter().map(|l| l.len.load(Ordering::Relaxed)).sum()
+        self.inner.drain_outboxes();
+        self.inner.lru_len()
+    }
+
+    /// Finishes the calling thread's parked evictions on this superblock: takes the
+    /// inodes it evicted but left on another CPU's lists off them and frees them (the
+    /// crate docs, "Batched removal"). Optional: a thread's outbox is flushed when it
+    /// fills, and every observer of the lists and `umount` flush all outboxes; a thread
+    /// that stops evicting for good can call it to give the memory back sooner.
+    pub fn flush_evictions(&self) {
+        let sb: &SbInner<F> = &self.inner;
+        let c = sb.cache.counters();
+        let pin = sb.cache.domain.pin();
+        c.add(Ctr::OutboxLocks, 1);
+        let mut o = sb.slots[c.slot].outbox.lock();
+        if !o.items.is_empty() {
+            flush_parked(sb, &mut o.items, &pin, &c);
+        }
+    }
+
+    /// Evicted inodes parked in outboxes (not yet off the lists), for tests.
+    #[doc(hidden)]
+    pub fn nr_parked(&self) -> usize {
+        self.inner.slots.iter().map(|s| s.outbox.lock().items.len()).sum()
     }
 
     /// `prune_icache_sb` (the shrinker's `scan_objects`): walks up to `nr_to_scan` LRU
@@ -2248,7 +2494,7 @@ impl<F: SuperOperations> SuperBlock<F> {
     pub fn prune_icache_sb(&self, nr_to_scan: usize) -> usize {
         let sb: &SbInner<F> = &self.inner;
         let n = sb.lru.len();
-        let total = self.count_objects();
+        let total = sb.lru_len();
         let mut dispose = Vec::new();
         let mut freed = 0;
         if n == 1 {
@@ -2276,12 +2522,13 @@ impl<F: SuperOperations> SuperBlock<F> {
     }
 
     /// `evict_inodes`: evicts every unused inode of the superblock that is not `I_NEW` or
-    /// already being evicted. Returns how many it evicted.
+    /// already being evicted, then flushes every outbox (parked evictions). Returns how
+    /// many it evicted.
     pub fn evict_inodes(&self) -> usize {
         let mut n = 0;
         sb_walk(
             &self.inner,
-            |p, inode, dispose: &mut Vec<(InodePtr<F>, bool)>| {
+            |p, inode, dispose: &mut Vec<InodePtr<F>>| {
                 // i_count is read under i_lock only (as invalidate_inodes does; Linux's
                 // evict_inodes skips on an unlocked read first): the SB_ACTIVE clear
                 // before this walk and a last iput's 1 -> 0 and SB_ACTIVE read (under
@@ -2292,27 +2539,30 @@ impl<F: SuperOperations> SuperBlock<F> {
                 let s = inode.state.load(Ordering::Relaxed);
                 if inode.count.load(Ordering::Relaxed) == 0 && s & (I_NEW | I_FREEING | I_WILL_FREE) == 0 {
                     inode.set_bits(I_FREEING);
-                    dispose.push((p, s & ON_LRU != 0));
+                    dispose.push(p);
                 }
             },
             |dispose| {
                 n += dispose.len();
-                for (p, on_lru) in dispose.drain(..) {
-                    // SAFETY: we set I_FREEING on it: it is ours to evict.
-                    let inode = unsafe { p.get() };
-                    if on_lru {
-                        inode_lru_list_del(inode);
-                    }
-                    evict(inode);
+                for p in dispose.drain(..) {
+                    // SAFETY: we set I_FREEING on it: it is ours to evict (`evict` takes
+                    // it off the LRU too).
+                    evict(unsafe { p.get() });
                 }
             },
         );
+        // Inodes other threads evicted but left on this superblock's lists (their
+        // outboxes). After `umount` cleared SB_ACTIVE nobody parks any more (`park`).
+        self.inner.drain_outboxes();
         n
     }
 
     /// `generic_shutdown_super`'s part: clears `SB_ACTIVE` (from now on the last `iput`
-    /// evicts), then `evict_inodes`. Returns the busy inodes left ("Busy inodes after
-    /// unmount"); they are evicted at their last `iput`.
+    /// evicts, and no eviction is parked), then `evict_inodes` (which flushes every
+    /// outbox after its walk). Returns the busy inodes left ("Busy inodes after
+    /// unmount"); they are evicted at their last `iput`. Evicted inodes that waited in an
+    /// outbox are not among them (an eviction still running in another thread is, as
+    /// before).
     pub fn umount(&self) -> usize {
         self.inner.active.store(false, Ordering::Release);
         self.evict_inodes();
@@ -2340,9 +2590,11 @@ impl<F: SuperOperations> SuperBlock<F> {
         );
     }
 
-    /// The inode numbers on the LRU, oldest first (shard by shard with per-CPU LRUs).
+    /// The inode numbers on the LRU, oldest first (shard by shard with per-CPU LRUs). The
+    /// outboxes are flushed first (see [`SuperBlock::nr_inodes`]).
     pub fn lru_inos(&self) -> Vec<u64> {
         let sb: &SbInner<F> = &self.inner;
+        sb.drain_outboxes();
         let mut v = Vec::new();
         for s in 0..sb.lru.len() {
             let l = sb.lru_lock(s);
@@ -2357,8 +2609,13 @@ impl<F: SuperOperations> SuperBlock<F> {
         v
     }
 
-    /// Inodes on the superblock's lists (allocated, not yet evicted).
+    /// Inodes on the superblock's lists (allocated, not yet evicted). Every outbox is
+    /// flushed first, so that, as in Linux, an inode whose eviction started in another
+    /// call is not on them (in Linux it is off them before `->evict_inode`; here an
+    /// eviction may leave it on another CPU's list, `I_FREEING`, until a batch takes it
+    /// off: the crate docs, "Batched removal"). It takes every slot's outbox lock.
     pub fn nr_inodes(&self) -> usize {
+        self.inner.drain_outboxes();
         self.inner.lists.iter().map(|l| l.lock().len()).sum()
     }
 }

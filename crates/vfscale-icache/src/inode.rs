@@ -35,6 +35,11 @@ pub(crate) const WAITERS: u32 = 1 << 10;
 pub(crate) const WAS_HASHED: u32 = 1 << 11;
 /// `make_bad_inode` (`iget_failed`).
 pub(crate) const BAD: u32 = 1 << 12;
+/// Evicted (`I_FREEING | I_CLEAR`, unhashed, `->destroy_inode` done) and parked in an
+/// outbox: its removal from another CPU's superblock list or LRU shard waits for a batch
+/// (crate docs, "Batched removal"). Already counted out of `nr_unused`, even while it is
+/// still linked on an LRU (`ON_LRU`): whoever unlinks it then leaves the counter alone.
+pub(crate) const PARKED: u32 = 1 << 13;
 
 /// `i_state` flags as Linux names them.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -296,6 +301,13 @@ impl<F: SuperOperations> Inode<F> {
         let w = self.shards.load(Ordering::Relaxed);
         self.shards
             .store((w & !0xffff) | (shard & 0xffff), Ordering::Relaxed);
+    }
+
+    /// Its superblock list shard and its LRU shard (as [`Self::sb_shard`] and
+    /// [`Self::lru_shard`]), from one load.
+    pub(crate) fn shards(&self) -> (usize, usize) {
+        let w = self.shards.load(Ordering::Relaxed);
+        ((w >> 16) as usize, (w & 0xffff) as usize)
     }
 
     /// The superblock list shard it is on.

@@ -62,6 +62,8 @@
 //!   I_FREEING: off the LRU, off the sb list, ->evict_inode, then under the chain lock
 //!   and one i_lock hold: I_CLEAR, unhashed, waiters taken (woken after both locks
 //!   drop); ->destroy_inode; the memory is freed a grace period later (epoch).
+//!   Listed on another CPU's LRU or sb list shard: the same, but still linked there
+//!   (PARKED, set in the unhash hold) until a batch takes it off; then freed.
 //! ```
 //!
 //! * **`I_NEW`**: set by a lookup that misses (`iget_locked`, `iget5_locked`) or by
@@ -86,6 +88,11 @@
 //! * **LRU**: removal is lazy, as in Linux: an inode taken again stays on the LRU (and in
 //!   `nr_unused`) until a prune meets it; a last `iput` of an inode still on the LRU sets
 //!   `I_REFERENCED` (second chance: the prune rotates it once instead of evicting it).
+//! * **`PARKED`** (bookkeeping, not a Linux bit): evicted (`I_FREEING | I_CLEAR`,
+//!   unhashed, `->evict_inode` and `->destroy_inode` done) but still linked on another
+//!   CPU's superblock list shard and maybe LRU shard, in an outbox ("Batched removal"
+//!   below). Every walker of those lists passes over it as over any `I_FREEING` inode; it
+//!   is already counted out of `nr_unused` and `nr_inodes`.
 //!
 //! # What protects what
 //!
@@ -99,20 +106,26 @@
 //! | an LRU shard (`s_inode_lru`: `list_lru_one`'s head, tail, length), the `i_lru` links (`lru_prev`, `lru_next`) of every inode on it, an inode's `lru_shard` | that shard's lock (`list_lru` lock) | `count_objects` (a length mirror); `lru_shard` by the inode's evictor (`I_FREEING`: it cannot move) |
 //! | `SB_ACTIVE` | atomic; read by `iput_final` under `i_lock` (and again under the LRU lock and `i_lock` before it adds to the LRU); `evict_inodes` reads `i_count` under each `i_lock` after clearing it | |
 //! | a wait-table bucket | its lock | |
+//! | a superblock's outbox of a counter slot (the parked inodes, their count) | the outbox's lock (a spinlock with its data): its slot's thread to park and flush, a drain (`evict_inodes`, `umount`, `nr_inodes`, `lru_inos`, `count_objects`) for every slot | |
+//! | a parked inode's list links, `sb_index` | its lists' shard locks, as for any inode; it is the outbox's (whoever flushes it) until freed | |
 //! | a thread's ready list (retired batches past their grace period) | none: a lock-free stack, pushed by any thread, emptied by its thread (which alone frees them, unless it exited or stopped taking them) | |
 //! | counters | per CPU, atomic; an operation looks up its thread's slot once and passes it down (`CpuCounters`: counters, live-inode slot, shard) | `stats` sums them |
 //!
 //! # Lock order
 //!
 //! hash chain lock (or `inode_hash_lock`) → superblock list shard → LRU shard → `i_lock` →
-//! wait-table bucket. Unlike Linux (which takes the `list_lru` lock under `i_lock` and
+//! wait-table bucket; an outbox lock is taken with no other lock held (one at a time),
+//! and under it a flush takes superblock list shards, then LRU shards → `i_lock`, one
+//! shard at a time: outbox → superblock list shard → LRU shard → `i_lock`. Unlike Linux (which takes the `list_lru` lock under `i_lock` and
 //! `spin_trylock`s the other way in `inode_lru_isolate`), the LRU lock is always taken
 //! first. A last `iput` guesses (racily, from `i_state`, `i_nlink` and `SB_ACTIVE`)
 //! what `iput_final` will do with an LRU and takes that LRU shard's lock before `i_lock`:
 //! this CPU's shard for an inode it will keep and that is on no LRU (it is added under the
-//! one `i_lock` hold that decides), or the inode's `lru_shard` for an inode on an LRU
-//! that it will evict (`I_FREEING` and off the LRU under one hold; checked under both
-//! locks: loom model `unlink_last_iput_races_prune`). Otherwise, or when the guess was
+//! one `i_lock` hold that decides), or the inode's `lru_shard` for an inode on this CPU's
+//! LRU shard that it will evict (`I_FREEING` and off the LRU under one hold; checked
+//! under both locks: loom model `unlink_own_shard_races_prune`); an inode on
+//! another CPU's LRU shard is evicted without that lock and parked ("Batched removal"
+//! below; loom model `unlink_last_iput_races_prune`). Otherwise, or when the guess was
 //! wrong, `iput_final` drops `i_lock`, takes the LRU shard's lock and `i_lock` again and
 //! checks again (staying pinned so the inode cannot be freed meanwhile); if `SB_ACTIVE`
 //! went meanwhile it evicts the inode there (as `iput_final` would have). No lock is held
@@ -172,6 +185,36 @@
 //!   proportion to their lengths, as `shrink_slab` splits it over nodes. The order within
 //!   a shard is exact; [`Lru::Single`] (one list, Linux on one node, what the scenario
 //!   replay uses) keeps the spec's single-list order exactly.
+//! * **Batched removal** (session 8, issue 9): after a lockstep walk half of each
+//!   thread's inodes were listed by the other (superblock list shard: the loader's; LRU
+//!   shard: the last `iput`'s), so each eviction took two locks whose lines were on the
+//!   other CPU. An eviction whose inode is listed on another CPU's shard (by the evicting
+//!   thread's shard: `CpuCounters::shard`) does at once all that can be observed:
+//!   `->evict_inode`; under the chain lock and `i_lock`, `I_CLEAR`, the unhash, the
+//!   waiters taken (woken right after) and `PARKED`, which counts it out of `nr_unused`
+//!   if it is on an LRU; `->destroy_inode` and `nr_inodes`. Then it parks the inode in its
+//!   slot's outbox for the superblock (per superblock and counter slot, beside the slot's
+//!   live count, under a spinlock of its own). When the outbox holds 32 (`OUTBOX` in
+//!   `cache.rs`, why 32 there) it takes each shard's lock once for all of its inodes:
+//!   off the superblock lists, off the LRU where still on it (a prune may have taken it
+//!   off: it met it `I_FREEING`; checked under the LRU lock and `i_lock`; `nr_unused` is
+//!   not counted twice: `PARKED`), and only then frees them (memory a grace period
+//!   later, the superblock's live count). Inodes on this CPU's shards keep the direct
+//!   path (their lines are local); with one shard, [`SbList::Global`] or [`Lru::Single`]
+//!   nothing is parked on that list (the replay's LRU order is untouched). The
+//!   observers of the lists, [`SuperBlock::nr_inodes`], [`SuperBlock::lru_inos`] and
+//!   [`SuperBlock::count_objects`], and [`SuperBlock::evict_inodes`] and
+//!   [`SuperBlock::umount`] drain every outbox first (or last, after the walk), so they
+//!   never show an evicted inode, as Linux's lists do not (there it is off them before
+//!   `->evict_inode`); [`CacheStats`] counts it out when it is parked; a prune passes
+//!   over it (taking it off its LRU lazily, as any busy inode). A thread's outbox is
+//!   also flushed by [`SuperBlock::flush_evictions`]. `umount` against a park: the park
+//!   reads `SB_ACTIVE` under its outbox lock, and `umount` clears it before it drains
+//!   every outbox under its lock, so either the drain finds the inode or the park sees
+//!   the superblock inactive and takes the inode off the lists itself (loom model
+//!   `umount_races_remote_park`; `flush_races_prune`, `flush_races_lookup`). Threads
+//!   beyond 64 share one slot and so one outbox: the lock makes that correct (any
+//!   holder may flush any entry), at the price of a shared lock line for them.
 //! * **Counters** (`nr_inodes`, `nr_unused`, lock acquisitions, loads, waits): per
 //!   thread, on their own cache lines; [`InodeCache::stats`] sums them. A thread claims
 //!   the lowest free slot the first time it counts and gives it back at exit (up to 64
@@ -232,6 +275,17 @@
 //!   Every use of `i_sb` after an inode's decrement is pinned since before it. So an
 //!   [`InodeRef`] may outlive its [`SuperBlock`]: its last `iput` evicts it (the
 //!   superblock is no longer active) and, being the last, frees the superblock.
+//! * A parked inode (batched removal): `->destroy_inode` has run, but it is still on the
+//!   superblock's lists and counted live, so it keeps the superblock until it is
+//!   flushed. Nothing is parked on an inactive superblock, and `umount` (also the one a
+//!   dropped [`SuperBlock`] runs) drains every outbox after clearing `SB_ACTIVE`, so no
+//!   parked inode outlives the umount, and a detached superblock has none. A thread
+//!   that stops evicting (idle, or exited: its slot and the outbox go to the next thread
+//!   that claims the slot) leaves at most 32 parked inodes per superblock, whose memory
+//!   comes back when that slot's outbox next fills, at [`SuperBlock::flush_evictions`],
+//!   at a drain by an observer, or at the umount at the latest. Threads do not flush at
+//!   exit: a thread-local would have to name the superblocks, which a drain and a free
+//!   may end meanwhile, and every parked inode is already through `->destroy_inode`.
 //!
 //! # Experiment settings
 //!
@@ -306,12 +360,17 @@ pub trait SuperOperations: Send + Sync + Sized + 'static {
     /// superblock, `I_DONTCACHE`); the inode is `I_WILL_FREE` meanwhile.
     fn write_inode(&self, _inode: &Inode<Self>) {}
 
-    /// `->evict_inode`: the inode is `I_FREEING`, off the LRU and the superblock list,
-    /// still hashed (lookups of its key wait). No lock is held.
+    /// `->evict_inode`: the inode is `I_FREEING`, off the LRU and the superblock list as
+    /// far as any walker can see (a prune, `evict_inodes`, [`SuperBlock::for_each_inode`]
+    /// pass over it; an inode that another CPU listed may still be linked there until a
+    /// batch takes it off: the crate docs, "Batched removal"), still hashed (lookups of
+    /// its key wait). No lock is held.
     fn evict_inode(&self, _inode: &Inode<Self>) {}
 
-    /// `->destroy_inode`: the inode is unhashed and about to be freed (its data is dropped
-    /// a grace period later).
+    /// `->destroy_inode`: right after `->evict_inode` and the unhash, on the evicting
+    /// thread: the inode is unhashed and off the lists as far as any walker can see (as
+    /// for `->evict_inode`); its data is dropped a grace period after it is off them
+    /// all. No lock is held.
     fn destroy_inode(&self, _inode: &Inode<Self>) {}
 }
 
@@ -445,4 +504,8 @@ pub struct CacheStats {
     /// Lookups that found an inode `I_NEW` and registered in the wait table (the load
     /// outlasted the spin): each blocks unless the wake-up comes first.
     pub new_waits_slept: u64,
+    /// Acquisitions of outbox locks (per superblock and thread: an eviction that parks
+    /// its inode, a flush, a drain of every outbox; see "Batched removal"). The thread's
+    /// own lock, which only a drain shares.
+    pub outbox_lock_acquisitions: u64,
 }

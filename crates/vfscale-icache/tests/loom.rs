@@ -1,9 +1,11 @@
 //! loom models of the two lock-free hand-offs: the `I_NEW` hand-off (a loader fills the
 //! inode and unlocks it or fails, racing a second lookup of the same key) and a lock-free
 //! lookup racing the eviction of the inode it finds; and of the cached hit (`iget_hit`)
-//! racing a last `iput` that keeps the inode on the LRU and the shrinker. Under the models
-//! each thread has its own shard (the main thread 0, the first spawned 1, the next 0), so
-//! the LRU and counters are used across shards. Run with
+//! racing a last `iput` that keeps the inode on the LRU and the shrinker; and of batched
+//! removal (an eviction of an inode listed on another thread's shards parks it in an
+//! outbox, 2 under the models) racing umount, the shrinker and a lookup of its key. Under
+//! the models each thread has its own shard (the main thread 0, the first spawned 1, the
+//! next 0), so the LRU and counters are used across shards. Run with
 //! `RUSTFLAGS="--cfg vfscale_loom" CARGO_TARGET_DIR=target/loom cargo test -p vfscale-icache --release --test loom`.
 #![cfg(vfscale_loom)]
 
@@ -28,10 +30,25 @@ struct Counts {
     allocs: AtomicUsize,
     evicts: AtomicUsize,
     destroys: AtomicUsize,
+    /// `->evict_inode` does not yield. A yield is a slow eviction: loom then runs the
+    /// other threads as far as they go before the evictor goes on, which lets lookups
+    /// meet the `I_FREEING` inode, but also puts everything after `->evict_inode` (the
+    /// park of a remote eviction) after them, always.
+    quiet: bool,
 }
 
 #[derive(Clone, Default)]
 struct Fs(Arc<Counts>);
+
+impl Fs {
+    /// A filesystem whose `->evict_inode` does not yield.
+    fn quiet() -> Fs {
+        Fs(Arc::new(Counts {
+            quiet: true,
+            ..Counts::default()
+        }))
+    }
+}
 
 impl SuperOperations for Fs {
     type Data = Data;
@@ -43,7 +60,9 @@ impl SuperOperations for Fs {
     }
     fn evict_inode(&self, _inode: &Inode<Self>) {
         self.0.evicts.fetch_add(1, Ordering::SeqCst);
-        thread::yield_now();
+        if !self.0.quiet {
+            thread::yield_now();
+        }
     }
     fn destroy_inode(&self, _inode: &Inode<Self>) {
         self.0.destroys.fetch_add(1, Ordering::SeqCst);
@@ -106,7 +125,11 @@ fn mount_with_new_inode() -> (Fs, InodeCache<Fs>, Arc<SuperBlock<Fs>>, NewInode<
 
 /// A mounted filesystem with inode 1 loaded with `v` and held.
 fn mount_with_inode(v: u64) -> (Fs, InodeCache<Fs>, Arc<SuperBlock<Fs>>, InodeRef<Fs>) {
-    let fs = Fs::default();
+    mount_fs_with_inode(Fs::default(), v)
+}
+
+/// [`mount_with_inode`] with the filesystem given.
+fn mount_fs_with_inode(fs: Fs, v: u64) -> (Fs, InodeCache<Fs>, Arc<SuperBlock<Fs>>, InodeRef<Fs>) {
     let cache = InodeCache::new(Settings::default());
     let sb = Arc::new(cache.mount(fs.clone()));
     let r = load(new_inode(&sb, 1), v);
@@ -442,16 +465,20 @@ fn iget_hit_races_last_iput_and_prune() {
 }
 
 /// The last `iput` of an unlinked inode that is still on an LRU (taken again after it was
-/// cached: lazy LRU removal) races the shrinker. The `iput` takes the inode's LRU shard
-/// lock before `i_lock` and takes it off the LRU under one hold with `I_FREEING`; the
-/// prune meets it busy (in use, lazily removed) or evicting, or first. Whatever the
-/// interleaving: one eviction, one destroy, nothing left on the LRU or counted unused.
-/// The inode was cached by the main thread (shard 0), which prunes; the unlinker is the
-/// first spawned thread (shard 1), so the LRU lock it takes first is another CPU's.
+/// cached: lazy LRU removal) races the shrinker. The inode was cached by the main thread
+/// (shard 0), which prunes; the unlinker is the first spawned thread (shard 1), so the
+/// inode is on another CPU's LRU and superblock list shards: the eviction leaves it on
+/// them (`I_FREEING`) and parks it, counted out of `nr_unused`. The main thread's
+/// `lru_inos` drains the outboxes (a flush racing the park) and the prune meets the inode
+/// in use (lazily removed), evicting or parked, or finds it gone. Whatever the
+/// interleaving: one eviction, one destroy, nothing left on the LRU, the lists or the
+/// outboxes, `nr_unused` exact. (Before batched removal the unlinker took that LRU lock
+/// before `i_lock` and the inode off the LRU under one hold with `I_FREEING`; it still
+/// does on its own shard: `iget_hit_races_last_iput_and_prune`'s prune on shard 0.)
 #[test]
 fn unlink_last_iput_races_prune() {
     model_both_endings("the prune took it off the LRU", || {
-        let (fs, cache, sb, r) = mount_with_inode(3);
+        let (fs, cache, sb, r) = mount_fs_with_inode(Fs::quiet(), 3);
         drop(r); // unused, on the main thread's LRU shard
         let r = sb.ilookup(1).expect("cached");
         let a = thread::spawn(move || {
@@ -459,7 +486,8 @@ fn unlink_last_iput_races_prune() {
             drop(r);
         });
         // The prune first reads the LRU lengths, plain counters loom does not see; a
-        // look at the LRU under its locks first makes the race visible to the model.
+        // look at the LRU under its locks first makes the race visible to the model (and
+        // flushes the outboxes: a drain racing the park).
         let _ = sb.lru_inos();
         let pruned = sb.prune_icache_sb(1) == 1;
         a.join().unwrap();
@@ -470,6 +498,182 @@ fn unlink_last_iput_races_prune() {
         assert!(sb.ilookup(1).is_none());
         let s = cache.stats();
         assert_eq!((s.nr_inodes, s.nr_unused), (0, 0), "{s:?}");
+        pruned
+    });
+}
+
+/// Batched removal against umount: the spawned thread (shard 1) puts the last reference of
+/// an unlinked inode that the main thread (shard 0) loaded, so the inode is on shard 0's
+/// superblock list: its eviction parks it in the thread's outbox (2 under the models: it
+/// stays parked). Meanwhile the main thread unmounts, holding a second inode. Whatever the
+/// interleaving: either the park saw `SB_ACTIVE` set under its outbox lock and the
+/// umount's drain (after clearing it) found the inode, or the park saw it clear and took
+/// the inode off the lists itself; so once both returned no inode is parked, the umount
+/// counted the held inode busy and the parked one never (it may count the evicted one
+/// only while its eviction still ran), each inode is evicted and destroyed once, and
+/// the superblock is freed after its last inode (nothing parked keeps it). Both endings
+/// (the thread saw its inode still parked after its `iput`, and not) are explored.
+/// Without the `SB_ACTIVE` check under the outbox lock, an inode stays parked on an
+/// unmounted superblock.
+#[test]
+fn umount_races_remote_park() {
+    model_both_endings("parked before the drain", || {
+        let fs = Fs::quiet();
+        let counts = fs.0.clone();
+        let cache = InodeCache::new(Settings::default());
+        let sb = Arc::new(cache.mount(fs));
+        let r1 = load(new_inode(&sb, 1), 3);
+        let r2 = load(new_inode(&sb, 2), 4);
+        let sb2 = sb.clone();
+        let t = thread::spawn(move || {
+            r1.clear_nlink();
+            drop(r1);
+            sb2.nr_parked() == 1
+        });
+        let busy = sb.umount();
+        let parked = t.join().unwrap();
+        assert!(busy == 1 || busy == 2, "busy {busy}");
+        assert_eq!(sb.nr_parked(), 0, "an inode left parked after the umount");
+        assert_eq!(counts.evicts.load(Ordering::SeqCst), 1);
+        assert_eq!(counts.destroys.load(Ordering::SeqCst), 1);
+        assert_eq!(sb.nr_inodes(), 1, "only the held inode is left");
+        let sb = Arc::try_unwrap(sb).expect("the thread's handle is gone");
+        drop(sb);
+        assert_eq!(read(&r2), 4);
+        drop(r2);
+        assert_eq!(counts.evicts.load(Ordering::SeqCst), 2);
+        assert_eq!(counts.destroys.load(Ordering::SeqCst), 2);
+        let st = cache.stats();
+        assert_eq!((st.nr_inodes, st.nr_unused), (0, 0), "{st:?}");
+        assert_eq!(
+            Arc::strong_count(&counts),
+            1,
+            "the superblock is freed once no handle and no inode is left"
+        );
+        parked
+    });
+}
+
+/// Batched removal against the shrinker, on the inode's LRU: the inode is unused on the
+/// main thread's LRU shard (0) when the main thread takes it again and hands it to the
+/// spawned thread (shard 1), which unlinks it and puts it; the eviction parks it (still on shard 0's LRU, `I_FREEING`, counted
+/// out of `nr_unused`), and the thread then flushes its outbox. Meanwhile the main thread
+/// prunes: the prune may meet the inode in use, evicting or parked and take it off the
+/// LRU (lazily, as a busy inode), and the flush then leaves the LRU alone; or the flush
+/// takes it off first. Whatever the interleaving: one eviction and one destroy,
+/// `nr_unused` exact (never counted out twice: a second unused inode stays counted),
+/// nothing else left on the LRU or the lists.
+#[test]
+fn flush_races_prune() {
+    model_both_endings("the prune took it off the LRU", || {
+        let (fs, cache, sb, r) = mount_fs_with_inode(Fs::quiet(), 3);
+        // Inode 1 unused, on the main thread's LRU shard; a second unused inode behind it
+        // on that LRU (newer: the prune of one entry scans inode 1, or rotates this one
+        // once inode 1 is gone: it is I_REFERENCED), so that `nr_unused` counted out
+        // twice shows (it is clamped at 0).
+        drop(r);
+        drop(load(new_inode(&sb, 2), 3));
+        drop(sb.ilookup(2));
+        let r = sb.ilookup(1).expect("cached");
+        let sb2 = sb.clone();
+        let a = thread::spawn(move || {
+            r.clear_nlink();
+            drop(r);
+            sb2.flush_evictions();
+        });
+        // A look at the outboxes under their locks (without flushing them): the prune
+        // first reads the LRU lengths, plain counters loom does not interleave.
+        let _ = sb.nr_parked();
+        let pruned = sb.prune_icache_sb(1) == 1;
+        a.join().unwrap();
+        assert_eq!(fs.0.evicts.load(Ordering::SeqCst), 1);
+        assert_eq!(fs.0.destroys.load(Ordering::SeqCst), 1);
+        assert_eq!(sb.nr_parked(), 0, "flushed by the thread");
+        let s = cache.stats();
+        assert_eq!((s.nr_inodes, s.nr_unused), (1, 1), "{s:?}");
+        assert_eq!(sb.lru_inos(), vec![2]);
+        assert_eq!(sb.count_objects(), 1);
+        assert_eq!(sb.nr_inodes(), 1);
+        assert!(sb.ilookup(1).is_none());
+        assert_eq!(sb.umount(), 0);
+        assert_eq!(fs.0.destroys.load(Ordering::SeqCst), 2);
+        let s = cache.stats();
+        assert_eq!((s.nr_inodes, s.nr_unused), (0, 0), "{s:?}");
+        pruned
+    });
+}
+
+/// Batched removal against a lookup of the same key: the spawned thread (shard 1) puts the
+/// last reference of an unlinked inode the main thread loaded (shard 0): the eviction
+/// unhashes it and wakes the waiters at once, parks it, and the thread flushes. The main
+/// thread's `iget_locked` of the key gets the live inode before the eviction started, or
+/// waits for the eviction (woken at the unhash, not at the flush) and loads a new one;
+/// never the inode being evicted, never two live inodes with one key; every inode evicted
+/// and destroyed once. Both endings (found it live, loaded a new one) are explored.
+#[test]
+fn flush_races_lookup() {
+    model_both_endings("loaded a new inode", || {
+        let (fs, cache, sb, r) = mount_with_inode(3);
+        let sb2 = sb.clone();
+        let t = thread::spawn(move || {
+            r.clear_nlink();
+            drop(r);
+            sb2.flush_evictions();
+        });
+        let new = match sb.iget_locked(1).unwrap() {
+            Iget::New(n) => {
+                let r = load(n, 4);
+                r.clear_nlink();
+                true
+            }
+            Iget::Cached(r) => {
+                assert!(
+                    !r.state().flags.contains(InodeFlags::FREEING),
+                    "returned an inode being evicted"
+                );
+                assert_eq!(read(&r), 3);
+                false
+            }
+        };
+        t.join().unwrap();
+        let c = &fs.0;
+        assert_eq!(c.evicts.load(Ordering::SeqCst), c.allocs.load(Ordering::SeqCst));
+        assert_eq!(c.destroys.load(Ordering::SeqCst), c.allocs.load(Ordering::SeqCst));
+        assert_eq!(sb.nr_inodes(), 0);
+        assert_eq!(cache.stats().nr_inodes, 0);
+        new
+    });
+}
+
+/// `unlink_last_iput_races_prune` with the unlinker on the inode's own shards (the main
+/// thread, shard 0, cached it and unlinks it; the spawned thread prunes): the last `iput`
+/// takes the inode's LRU shard lock before `i_lock` and takes it off the LRU under one
+/// hold with `I_FREEING`, then the superblock list, with no outbox; the prune meets it
+/// busy or evicting, or first, or not at all. Whatever the interleaving: one eviction,
+/// one destroy, nothing left, nothing parked, `nr_unused` exact.
+#[test]
+fn unlink_own_shard_races_prune() {
+    model_both_endings("the prune took it off the LRU", || {
+        let (fs, cache, sb, r) = mount_with_inode(3);
+        drop(r); // unused, on the main thread's LRU shard
+        let r = sb.ilookup(1).expect("cached");
+        let sb2 = sb.clone();
+        let p = thread::spawn(move || {
+            // The prune first reads the LRU lengths, plain counters loom does not see; a
+            // look at the LRU under its locks first makes the race visible to the model.
+            let _ = sb2.lru_inos();
+            sb2.prune_icache_sb(1) == 1
+        });
+        r.clear_nlink();
+        drop(r);
+        assert_eq!(sb.nr_parked(), 0, "an eviction on its own shards parked");
+        let pruned = p.join().unwrap();
+        assert_eq!(fs.0.evicts.load(Ordering::SeqCst), 1);
+        assert_eq!(fs.0.destroys.load(Ordering::SeqCst), 1);
+        let s = cache.stats();
+        assert_eq!((s.nr_inodes, s.nr_unused), (0, 0), "{s:?}");
+        assert_eq!(sb.count_objects(), 0);
+        assert_eq!(sb.nr_inodes(), 0);
         pruned
     });
 }

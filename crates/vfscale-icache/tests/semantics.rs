@@ -493,3 +493,78 @@ fn insert_inode_locked4_by_hash_value_and_test() {
     assert_eq!(sb.ilookup5(7, |i| i.data().obj == 2).unwrap(), b);
     assert_eq!(sb.ilookup5(7, |i| i.data().obj == 1).unwrap(), a);
 }
+
+/// Batched removal (the crate docs): evictions of inodes that another thread listed (its
+/// superblock list shard, and its LRU shard when they are unused there) do
+/// `->evict_inode` and `->destroy_inode` at once, count the inodes out of `nr_inodes` and
+/// `nr_unused` at once, and take the other thread's shard locks once per 32 evictions; the
+/// rest waits in the evicting thread's outbox until a list observer drains it. With 128
+/// shards two live threads (distinct slots) never share one.
+#[test]
+fn remote_evictions_are_batched() {
+    const N: u64 = 100;
+    for on_lru in [false, true] {
+        let (cache, sb, fs) = setup(Settings {
+            shards: 128,
+            ..Settings::default()
+        });
+        let sb = Arc::new(sb);
+        // This thread takes its slot before the loader exists, so theirs differ.
+        let mine = load(&sb, 1000);
+        let sb2 = sb.clone();
+        let held = thread::spawn(move || {
+            let v: Vec<_> = (1..=N).map(|i| load(&sb2, i)).collect();
+            if on_lru {
+                drop(v);
+                Vec::new()
+            } else {
+                v
+            }
+        })
+        .join()
+        .unwrap();
+        let held = if on_lru {
+            assert_eq!(cache.stats().nr_unused, N);
+            (1..=N).map(|i| sb.ilookup(i).expect("cached")).collect()
+        } else {
+            held
+        };
+        let before = cache.stats();
+        for r in held {
+            r.clear_nlink();
+        }
+        let after = cache.stats();
+        let c = &fs.counts;
+        assert_eq!(c.evicts.load(Ordering::SeqCst), N as usize);
+        assert_eq!(c.destroys.load(Ordering::SeqCst), N as usize);
+        assert_eq!((after.nr_inodes, after.nr_unused), (1, 0), "{after:?}");
+        let flushes = N / 32;
+        assert_eq!(
+            after.sb_shard_lock_acquisitions - before.sb_shard_lock_acquisitions,
+            flushes
+        );
+        assert_eq!(
+            after.lru_shard_lock_acquisitions - before.lru_shard_lock_acquisitions,
+            if on_lru { flushes } else { 0 }
+        );
+        assert_eq!(after.chain_lock_acquisitions - before.chain_lock_acquisitions, N);
+        assert_eq!(
+            after.outbox_lock_acquisitions - before.outbox_lock_acquisitions,
+            N
+        );
+        assert_eq!(sb.nr_parked(), (N % 32) as usize);
+        for i in 1..=N {
+            assert!(sb.ilookup(i).is_none(), "inode {i} found after its eviction");
+        }
+        // An observer drains the outboxes first: only the held inode is left.
+        assert_eq!(sb.nr_inodes(), 1);
+        assert_eq!(sb.nr_parked(), 0);
+        assert!(sb.lru_inos().is_empty());
+        assert_eq!(sb.count_objects(), 0);
+        drop(mine);
+        assert_eq!(sb.count_objects(), 1);
+        drop(sb);
+        fs.counts.check_once();
+        assert_eq!(cache.stats().nr_inodes, 0);
+    }
+}

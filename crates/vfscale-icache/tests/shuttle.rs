@@ -1,8 +1,11 @@
 //! Shuttle: many tasks loading, failing loads, dropping, unlinking, pruning, walking and
-//! unmounting one superblock at once, under randomized schedules. Checked: no lost wake-up
-//! (every task finishes), no inode returned after its eviction started, no double load of
-//! one key, every inode evicted at most once and destroyed exactly once (counted), and
-//! nothing left at the end.
+//! unmounting one superblock at once, under randomized schedules. Tasks alternate between
+//! two shards, so evictions of inodes another task listed are parked in outboxes (2 under
+//! the models) and flushed when one fills, by `flush_evictions`, by a drain (`nr_inodes`)
+//! or by the umount. Checked: no lost wake-up (every task finishes), no inode returned
+//! after its eviction started, no double load of one key, every inode evicted at most
+//! once and destroyed exactly once (counted), and nothing left at the end (nothing
+//! parked after an umount).
 //! Run: `RUSTFLAGS="--cfg vfscale_shuttle" CARGO_TARGET_DIR=target/shuttle cargo test -p vfscale-icache --release --test shuttle`
 #![cfg(vfscale_shuttle)]
 
@@ -15,6 +18,10 @@ use shuttle::thread;
 use vfscale_icache::*;
 
 const KEYS: u64 = 3;
+
+/// Runs of [`scenario`] whose tasks left an eviction parked at the end (the last umount
+/// flushes it): a test checks that parking happens at all.
+static PARKED_AT_END: AtomicUsize = AtomicUsize::new(0);
 
 #[derive(Default)]
 struct Counts {
@@ -113,6 +120,12 @@ fn scenario(settings: Settings, umount_midway: bool) {
                         }
                         (2, 1) if umount_midway => {
                             sb.umount();
+                            assert_eq!(sb.nr_parked(), 0, "parked after an umount");
+                        }
+                        (3, 2) => sb.flush_evictions(),
+                        (1, 3) => {
+                            // A drain of every outbox racing the parks and flushes.
+                            sb.nr_inodes();
                         }
                         _ => {}
                     }
@@ -124,7 +137,11 @@ fn scenario(settings: Settings, umount_midway: bool) {
         h.join().unwrap();
     }
     let sb = Arc::try_unwrap(sb).unwrap();
+    if sb.nr_parked() > 0 {
+        PARKED_AT_END.fetch_add(1, Ordering::Relaxed);
+    }
     assert_eq!(sb.umount(), 0, "no busy inode once every task is done");
+    assert_eq!(sb.nr_parked(), 0);
     drop(sb);
     let st = cache.stats();
     assert_eq!(st.nr_inodes, 0);
@@ -145,7 +162,12 @@ fn scenario(settings: Settings, umount_midway: bool) {
 
 #[test]
 fn load_drop_prune_umount_scalable() {
+    let before = PARKED_AT_END.load(Ordering::Relaxed);
     shuttle::check_random(|| scenario(Settings::default(), false), 300);
+    assert!(
+        PARKED_AT_END.load(Ordering::Relaxed) > before,
+        "no run left an eviction parked for the umount"
+    );
 }
 
 #[test]
@@ -185,6 +207,11 @@ fn umount_races_last_iputs() {
         let sb = sb.clone();
         hs.push(thread::spawn(move || {
             let k = r.ino();
+            if k != 1 {
+                // Unlinked: its eviction (the main thread listed it, on shard 0) parks
+                // on the tasks of shard 1 (keys 0 and 2), racing the umount's drain.
+                r.clear_nlink();
+            }
             drop(r);
             // Maybe taken again (from the LRU, or nothing once evicted) and put again.
             drop(sb.ilookup(k));
@@ -198,6 +225,7 @@ fn umount_races_last_iputs() {
         h.join().unwrap();
     }
     assert!(!sb.is_active());
+    assert_eq!(sb.nr_parked(), 0, "an eviction parked after the umount");
     assert_eq!(sb.nr_inodes(), 0, "an unused inode survived the umount");
     assert_eq!(sb.count_objects(), 0);
     drop(sb);

@@ -155,9 +155,15 @@ impl Table for Icache {
 
     fn own_counts(&self) -> Option<(u64, u64, u64)> {
         let s = self.cache.stats();
+        // Every lock that is not shared by all tasks: hash chains, superblock list and LRU
+        // shards, and each thread's outbox of evictions whose removal from another CPU's
+        // shards is batched (taken once per such eviction; only a drain shares it).
         Some((
             s.global_lock_acquisitions,
-            s.chain_lock_acquisitions + s.sb_shard_lock_acquisitions + s.lru_shard_lock_acquisitions,
+            s.chain_lock_acquisitions
+                + s.sb_shard_lock_acquisitions
+                + s.lru_shard_lock_acquisitions
+                + s.outbox_lock_acquisitions,
             s.loads,
         ))
     }
