@@ -548,12 +548,20 @@ impl<F: SuperOperations> SbSlots<F> {
         self.free = i;
         self.len -= 1;
         if self.len == 0 {
-            // Empty: forget the free list, and the memory of a large one.
+            // Empty: forget the free list. The memory stays (the shrinker gives a large
+            // one back, `shrink_if_empty`): freeing a large block inside an eviction made
+            // glibc consolidate every fastbin chunk of the process there (a mass unlink's
+            // last eviction paid for all the frees before it).
             self.slots.clear();
             self.free = SB_SLOT_NONE;
-            if self.slots.capacity() > 4096 {
-                self.slots.shrink_to_fit();
-            }
+        }
+    }
+
+    /// Gives the memory of an empty list back if it is large (the caller holds the
+    /// shard's lock; `prune_icache_sb`, under memory pressure).
+    fn shrink_if_empty(&mut self) {
+        if self.len == 0 && self.slots.capacity() > 4096 {
+            self.slots = Vec::new();
         }
     }
 
@@ -2517,6 +2525,10 @@ impl<F: SuperOperations> SuperBlock<F> {
         for p in dispose {
             // SAFETY: we set I_FREEING on it: it is ours to evict.
             evict(unsafe { p.get() });
+        }
+        // Memory pressure: the superblock list shards left empty give their memory back.
+        for l in sb.lists.iter() {
+            l.lock().shrink_if_empty();
         }
         freed
     }

@@ -2,56 +2,97 @@
 //!
 //! A lock-free lookup walks a hash chain while an evictor may unlink and destroy the inodes
 //! on it; the memory of a destroyed inode is freed only once every walker that could have
-//! loaded its pointer has unpinned.
+//! loaded its pointer has left its read-side section.
 //!
-//! * Normal builds: `crossbeam-epoch`; pinning writes only the calling thread's own
-//!   epoch record, never a shared cache line. Retired boxes go to crossbeam in per-thread
-//!   batches, and a batch whose grace period is over comes back to the thread that retired
-//!   it, which frees it and fills the empty batch again ([`crate::ready`]): crossbeam runs
-//!   deferred functions on whichever thread collects, and a free there went into the
-//!   retiring thread's glibc arena, under that arena's lock.
+//! * Normal builds: the epoch scheme of [`crate::rcu`]. A pin writes only the calling
+//!   thread's own record (and reads the global epoch). Retired boxes are kept per thread in
+//!   batches, as RCU keeps per-CPU callback lists: a full batch is stamped and queued on its
+//!   thread, and the thread frees its own expired batches when its next batch fills (and
+//!   every 128 pins), then fills the empty batch again. So memory goes back to the glibc
+//!   arena of the thread that evicted it, nothing is allocated per eviction, and nothing
+//!   of 1 KB or more is allocated at all (such a request makes glibc consolidate every
+//!   fastbin chunk of the process).
 //! * `--cfg vfscale_loom`/`vfscale_shuttle`: a model the schedulers can see (a reader
 //!   count per cache and a garbage list run when a collector observes no reader). It writes
-//!   a shared counter on every pin, so it is for the models only.
+//!   a shared counter on every pin, so it is for the models only. The epoch scheme has
+//!   loom models of its own (`rcu.rs`).
 
 #[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
 mod imp {
-    /// The reclamation domain (crossbeam's global collector: nothing per cache).
+    use std::cell::{Cell, RefCell};
+    use std::collections::VecDeque;
+    use std::marker::PhantomData;
+    use std::mem::MaybeUninit;
+
+    use std::sync::atomic::Ordering;
+
+    use crate::rcu::{self, Global, Record};
+    use crate::ready::{Link, Ready};
+
+    /// The reclamation domain. One per process (as RCU is one per kernel): a pin is a
+    /// thread's, whichever cache it reads.
     #[derive(Debug, Default)]
     pub(crate) struct Domain;
 
-    /// A pinned section (`rcu_read_lock`).
-    pub(crate) struct Guard(crossbeam_epoch::Guard);
+    /// The epoch, the threads' records, and the batches of threads that exited (or that
+    /// held more than [`MAX_QUEUED`]) before their grace period ended: freed by whichever
+    /// thread next reclaims.
+    struct Shared {
+        global: Global,
+        orphans: Ready<Batch>,
+    }
+
+    static SHARED: Shared = Shared {
+        global: Global::new(),
+        orphans: Ready::new(),
+    };
+
+    /// A read-side section (`rcu_read_lock`): not `Send`, ends when dropped.
+    pub(crate) struct Guard {
+        /// The record the section is on: the thread's (its depth counted on [`Local`]), or
+        /// a temporary one (`temp`: the thread's bookkeeping is gone, at thread exit).
+        rec: &'static Record,
+        temp: bool,
+        _not_send: PhantomData<*mut ()>,
+    }
 
     impl Domain {
         pub(crate) fn new() -> Self {
             Domain
         }
         pub(crate) fn pin(&self) -> Guard {
-            Guard(crossbeam_epoch::pin())
+            pin()
         }
     }
-
-    use std::mem::MaybeUninit;
-    use std::sync::Arc;
-
-    use crate::ready::{Link, Ready};
 
     /// A box to free: its address and the function that frees it as its type.
     type Retired = (*mut (), unsafe fn(*mut ()));
 
-    /// Boxes retired per thread before they are handed to crossbeam as one deferred
-    /// function (what RCU's per-CPU callback lists are to `call_rcu`). Every 64 deferred
-    /// functions crossbeam allocates a ~2 KB bag node, and a request that large (1 KB or
-    /// more: glibc's large bins) makes glibc consolidate every fastbin chunk of the
-    /// process inside the eviction that allocates it; at 60 a batch (976 bytes with its
-    /// link) is still a small-bin request, which never consolidates, and the bag node
-    /// comes once per 3,840 evictions instead of 2,048 at 32.
+    /// Boxes retired per thread before the batch is stamped and queued (what RCU's per-CPU
+    /// callback lists are to `call_rcu`): 60 keep a batch (976 bytes with its link and
+    /// stamp) a small-bin request, should one ever be allocated after the first few.
     const BATCH: usize = 60;
 
-    /// Retired boxes, freed together once every thread pinned when they were handed to
-    /// crossbeam has unpinned, by the thread that retired them (see [`deliver`]).
+    /// Queued batches a thread keeps; older ones go to the shared orphan list, where any
+    /// thread frees them. A thread that stops evicting (a pooled thread) then holds at most
+    /// this many batches until it pins or evicts again, flushes, or exits.
+    const MAX_QUEUED: usize = 64;
+
+    /// Empty batches a thread keeps to fill again.
+    const SPARE: usize = 64;
+
+    /// Pins between two reclaims of a thread's queue (when it has one).
+    const PINS_BETWEEN_RECLAIM: usize = 128;
+
+    /// Batches one reclaim frees at most: from a pin ([`PIN_RECLAIM`]) or a full batch
+    /// ([`QUEUE_RECLAIM`]; more than one, so a thread that evicts steadily keeps up with
+    /// its own batches and the orphans).
+    const PIN_RECLAIM: usize = 4;
+    const QUEUE_RECLAIM: usize = 8;
+
+    /// Retired boxes, freed together once the epoch is two past `stamp`.
     struct Batch {
+        stamp: usize,
         len: usize,
         items: [MaybeUninit<Retired>; BATCH],
     }
@@ -63,6 +104,7 @@ mod imp {
     impl Batch {
         fn new() -> Box<Link<Batch>> {
             Link::new(Batch {
+                stamp: 0,
                 len: 0,
                 items: [MaybeUninit::uninit(); BATCH],
             })
@@ -80,110 +122,180 @@ mod imp {
                 // before any is freed, so none is freed twice.
                 let (p, f) = unsafe { r.assume_init_read() };
                 // SAFETY: `f` is `free_box::<T>` for the `T` that `p` was leaked as, and
-                // the grace period has passed (callers: `deliver` and the ready list's
-                // owner).
+                // the batch expired (callers: `reclaim`, `Drop for Batch` of an orphan).
                 unsafe { f(p) };
             }
         }
     }
 
-    /// This thread's finished batches (pushed by whichever thread ran their deferred
-    /// function, freed here); closed at thread exit.
-    struct Owner(Arc<Ready<Batch>>);
-
-    impl Drop for Owner {
-        fn drop(&mut self) {
-            for mut b in self.0.close() {
-                b.val.free();
-            }
-        }
+    /// The thread's record, its section depth and pin count, and its batches.
+    struct Local {
+        rec: &'static Record,
+        depth: Cell<usize>,
+        pins: Cell<usize>,
+        q: RefCell<Queue>,
     }
 
-    /// This thread's retired boxes not yet handed to crossbeam (`cur`), and empty batches
-    /// to fill next (`spare`: batches come back to their thread, so a thread that keeps
-    /// evicting allocates none). On thread exit `cur` is handed over (crossbeam registers
-    /// a temporary participant if its own thread-local handle is already gone).
-    struct Pending {
+    /// The batch being filled, the stamped ones oldest first, and empty ones. Boxed: a
+    /// batch moves between these and the orphan list as one pointer.
+    #[allow(clippy::vec_box)]
+    struct Queue {
         cur: Option<Box<Link<Batch>>>,
-        // Boxed: a batch moves between this list, crossbeam and the ready list as one
-        // pointer, never as a kilobyte copied.
-        #[allow(clippy::vec_box)]
+        queued: VecDeque<Box<Link<Batch>>>,
         spare: Vec<Box<Link<Batch>>>,
     }
 
-    impl Drop for Pending {
+    impl Drop for Local {
         fn drop(&mut self) {
-            if let Some(b) = self.cur.take() {
-                submit(&crossbeam_epoch::pin(), b);
+            // Thread exit: what is not expired yet goes to the orphans (any thread frees it
+            // later); the record is released for a later thread.
+            let q = self.q.get_mut();
+            if let Some(mut b) = q.cur.take() {
+                if b.val.len > 0 {
+                    b.val.stamp = rcu::stamp(&SHARED.global);
+                    q.queued.push_back(b);
+                }
             }
-        }
-    }
-
-    /// Empty batches a thread keeps (under 1 KB each): a crossbeam bag's worth (64
-    /// batches) comes back at once when the bag is collected.
-    const SPARE: usize = 64;
-
-    /// Batches a thread's ready list holds before deliverers free them themselves: a
-    /// thread that stopped retiring (and so does not look) keeps no more than this.
-    const MAX_READY: usize = 64;
-
-    thread_local! {
-        static PENDING: std::cell::RefCell<Pending> =
-            const { std::cell::RefCell::new(Pending { cur: None, spare: Vec::new() }) };
-        static READY: Owner = Owner(Arc::new(Ready::new()));
-    }
-
-    /// Hands `b` to crossbeam: freed once every thread pinned now has unpinned, by this
-    /// thread (or by the thread that runs the deferred function, when this one is gone).
-    fn submit(g: &crossbeam_epoch::Guard, b: Box<Link<Batch>>) {
-        if b.val.len == 0 {
-            return;
-        }
-        let home = READY.try_with(|o| o.0.clone()).ok();
-        // SAFETY: every box in `b` was retired (unreachable for new readers) before this
-        // call, so a grace period from now is a grace period from each retirement.
-        unsafe { g.defer_unchecked(move || deliver(home, b)) };
-    }
-
-    /// A batch's grace period is over: free it if this is the thread that retired it (or
-    /// that thread is gone), else put it on that thread's ready list. crossbeam runs
-    /// deferred functions on whichever thread collects; freed there, half of a thread's
-    /// batches went into the other thread's glibc arena, under its lock.
-    fn deliver(home: Option<Arc<Ready<Batch>>>, mut b: Box<Link<Batch>>) {
-        if let Some(r) = home {
-            if READY.try_with(|o| Arc::ptr_eq(&o.0, &r)).unwrap_or(false) {
-                return recycle(b);
+            let now = rcu::try_advance(&SHARED.global);
+            for mut b in q.queued.drain(..) {
+                if rcu::expired(b.val.stamp, now) {
+                    b.val.free();
+                } else {
+                    orphan(b);
+                }
             }
-            match r.push(b, MAX_READY) {
-                Ok(()) => return,
-                Err(back) => b = back,
-            }
-        }
-        b.val.free();
-    }
-
-    /// Frees this thread's batches that other threads delivered, and keeps them to fill
-    /// again. No borrow of `PENDING` is held while freeing: a box's `Drop` may retire more.
-    fn free_ready() {
-        let _ = READY.try_with(|o| {
-            if o.0.is_empty() {
+            let d = self.depth.get();
+            if d > 0 {
+                // Guards outlive this (a thread-local destructor holds one): the last of
+                // them leaves the section and releases the record (`Guard`'s drop).
+                self.rec.orphaned_depth.store(d, Ordering::Relaxed);
                 return;
             }
-            for b in o.0.take() {
-                recycle(b);
-            }
-        });
+            rcu::release(self.rec);
+        }
     }
 
-    /// Frees `b`'s boxes and keeps the empty batch to fill again (this thread's).
-    fn recycle(mut b: Box<Link<Batch>>) {
-        b.val.free();
-        let _ = PENDING.try_with(|q| {
-            let mut q = q.borrow_mut();
-            if q.spare.len() < SPARE {
-                q.spare.push(b);
+    thread_local! {
+        static LOCAL: Local = Local {
+            rec: SHARED.global.register(),
+            depth: Cell::new(0),
+            pins: Cell::new(0),
+            q: RefCell::new(Queue { cur: None, queued: VecDeque::new(), spare: Vec::new() }),
+        };
+    }
+
+    /// Puts `b` on the shared orphan list (never refused: the list has no bound).
+    fn orphan(b: Box<Link<Batch>>) {
+        if let Err(mut b) = SHARED.orphans.push(b, usize::MAX) {
+            // Unreachable (the orphan list is never closed); freeing late is the safe way
+            // out: wait for the epoch to pass the stamp.
+            while !rcu::expired(b.val.stamp, rcu::try_advance(&SHARED.global)) {
+                std::thread::yield_now();
             }
+            b.val.free();
+        }
+    }
+
+    fn pin() -> Guard {
+        let on_local = LOCAL.try_with(|l| {
+            let d = l.depth.get();
+            l.depth.set(d + 1);
+            let mut reclaim_now = false;
+            if d == 0 {
+                rcu::read_lock(&SHARED.global, l.rec);
+                let n = l.pins.get().wrapping_add(1);
+                l.pins.set(n);
+                // A thread with nothing queued leaves the advancing to those that have.
+                reclaim_now = n % PINS_BETWEEN_RECLAIM == 0
+                    && (!l.q.borrow().queued.is_empty() || !SHARED.orphans.is_empty());
+            }
+            (l.rec, reclaim_now)
         });
+        match on_local {
+            Ok((rec, reclaim_now)) => {
+                let g = Guard {
+                    rec,
+                    temp: false,
+                    _not_send: PhantomData,
+                };
+                if reclaim_now {
+                    reclaim(PIN_RECLAIM);
+                }
+                g
+            }
+            Err(_) => {
+                // The thread's bookkeeping is gone (thread exit): a temporary record.
+                let rec = SHARED.global.register();
+                rcu::read_lock(&SHARED.global, rec);
+                Guard {
+                    rec,
+                    temp: true,
+                    _not_send: PhantomData,
+                }
+            }
+        }
+    }
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            if self.temp {
+                rcu::read_unlock(self.rec);
+                rcu::release(self.rec);
+                return;
+            }
+            let counted = LOCAL.try_with(|l| {
+                let d = l.depth.get() - 1;
+                l.depth.set(d);
+                if d == 0 {
+                    rcu::read_unlock(l.rec);
+                }
+            });
+            if counted.is_err() && self.rec.orphaned_depth.fetch_sub(1, Ordering::Relaxed) == 1 {
+                // The thread's bookkeeping went while this section was open (see
+                // `Local`'s drop): the last section to end leaves and releases the record.
+                rcu::read_unlock(self.rec);
+                rcu::release(self.rec);
+            }
+        }
+    }
+
+    /// Advances the epoch if it can, and frees up to `limit` expired batches: this
+    /// thread's (oldest first), then orphans. Bounded because it may run inside a pin
+    /// taken under a spinlock (`i_lock`), as crossbeam's collection does. No borrow of the
+    /// queue is held while a box is freed: its `Drop` may retire more.
+    #[cold]
+    #[inline(never)]
+    fn reclaim(limit: usize) {
+        let now = rcu::try_advance(&SHARED.global);
+        let mut freed = 0;
+        while freed < limit {
+            let b = LOCAL.try_with(|l| {
+                let mut q = l.q.borrow_mut();
+                match q.queued.front() {
+                    Some(b) if rcu::expired(b.val.stamp, now) => q.queued.pop_front(),
+                    _ => None,
+                }
+            });
+            let Ok(Some(mut b)) = b else { break };
+            b.val.free();
+            freed += 1;
+            let _ = LOCAL.try_with(|l| {
+                let mut q = l.q.borrow_mut();
+                if q.spare.len() < SPARE {
+                    q.spare.push(b);
+                }
+            });
+        }
+        if freed < limit && !SHARED.orphans.is_empty() {
+            for mut b in SHARED.orphans.take() {
+                if freed < limit && rcu::expired(b.val.stamp, now) {
+                    b.val.free();
+                    freed += 1;
+                } else {
+                    orphan(b);
+                }
+            }
+        }
     }
 
     /// # Safety
@@ -194,25 +306,19 @@ mod imp {
     }
 
     impl Guard {
-        /// Frees the box `p` once every thread pinned now has unpinned. Boxes are
-        /// batched per thread ([`BATCH`] at a time, one crossbeam deferred function per
-        /// batch): an eviction costs neither an allocation nor a crossbeam `defer` of its
-        /// own (a deferred function per inode cost ~170 instructions, and every 64 of them
-        /// a bag allocated and pushed onto crossbeam's global queue). Freeing a box later
-        /// than its grace period is always safe: it was unreachable for new readers when
-        /// retired, and a batch is handed over after its last box was retired. When a
-        /// batch fills, the batches other threads delivered back to this one are freed.
+        /// Frees the box `p` once every thread now inside a read-side section has left it.
+        /// Boxes are batched per thread ([`BATCH`] at a time): an eviction costs neither an
+        /// allocation nor a synchronization of its own. Freeing a box later than its grace
+        /// period is always safe: it was unreachable for new readers when retired, and a
+        /// batch is stamped after its last box was retired.
         ///
         /// # Safety
         /// `p` came from `Box::into_raw`/`Box::leak`, nobody frees it otherwise, and it is
         /// sound to drop the box on another thread after this returns.
         pub(crate) unsafe fn defer_free_box<T: Send>(&self, p: *mut T) {
             let r: Retired = (p.cast::<()>(), free_box::<T>);
-            // The batch is taken out of the cell before crossbeam gets it, and before the
-            // ready batches are freed: a collection run by `defer`, or a free, may drop
-            // inodes whose data's `Drop` retires more.
-            let full = PENDING.try_with(|q| {
-                let q = &mut *q.borrow_mut();
+            let full = LOCAL.try_with(|l| {
+                let q = &mut *l.q.borrow_mut();
                 let b = q
                     .cur
                     .get_or_insert_with(|| q.spare.pop().unwrap_or_else(Batch::new));
@@ -224,42 +330,58 @@ mod imp {
                 }
             });
             match full {
-                Ok(Some(b)) => hand_over(&self.0, b),
+                Ok(Some(b)) => queue(b),
                 Ok(None) => {}
-                // This thread's batch is being destroyed (thread exit): defer alone.
+                // The thread's batches are gone (thread exit): an orphan of its own.
                 Err(_) => {
                     let mut b = Batch::new();
                     b.val.push(r);
-                    submit(&self.0, b);
+                    b.val.stamp = rcu::stamp(&SHARED.global);
+                    orphan(b);
                 }
             }
         }
     }
 
-    /// A full batch: free what came back to this thread, then hand `b` to crossbeam. Once
-    /// per [`BATCH`] evictions, so out of line (the eviction that inlines
-    /// `defer_free_box` stays small).
+    /// A full batch: stamp it, queue it on this thread (the oldest beyond [`MAX_QUEUED`]
+    /// go to the orphans), and reclaim. Once per [`BATCH`] evictions, so out of line.
     #[cold]
     #[inline(never)]
-    fn hand_over(g: &crossbeam_epoch::Guard, b: Box<Link<Batch>>) {
-        free_ready();
-        submit(g, b);
-    }
-
-    /// Hands this thread's pending batch to crossbeam.
-    fn submit_pending() {
-        if let Ok(Some(b)) = PENDING.try_with(|q| q.borrow_mut().cur.take()) {
-            submit(&crossbeam_epoch::pin(), b);
+    fn queue(mut b: Box<Link<Batch>>) {
+        b.val.stamp = rcu::stamp(&SHARED.global);
+        let extra = LOCAL.try_with(|l| {
+            let mut q = l.q.borrow_mut();
+            q.queued.push_back(b);
+            if q.queued.len() > MAX_QUEUED {
+                q.queued.pop_front()
+            } else {
+                None
+            }
+        });
+        if let Ok(Some(old)) = extra {
+            orphan(old);
         }
+        reclaim(QUEUE_RECLAIM);
     }
 
-    /// Hurries deferred frees (best effort, for tests that count drops).
+    /// Hurries deferred frees (best effort, for tests that count drops): stamps this
+    /// thread's partial batch and reclaims until nothing of this thread's is left or other
+    /// threads' sections hold the epoch back.
     pub(crate) fn flush() {
-        submit_pending();
-        for _ in 0..256 {
-            crossbeam_epoch::pin().flush();
+        let cur = LOCAL.try_with(|l| l.q.borrow_mut().cur.take());
+        if let Ok(Some(mut b)) = cur {
+            if b.val.len > 0 {
+                b.val.stamp = rcu::stamp(&SHARED.global);
+                let _ = LOCAL.try_with(|l| l.q.borrow_mut().queued.push_back(b));
+            }
         }
-        free_ready();
+        for _ in 0..4 {
+            reclaim(usize::MAX);
+            let left = LOCAL.try_with(|l| l.q.borrow().queued.len()).unwrap_or(0);
+            if left == 0 && SHARED.orphans.is_empty() {
+                break;
+            }
+        }
     }
 }
 

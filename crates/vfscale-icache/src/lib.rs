@@ -108,7 +108,9 @@
 //! | a wait-table bucket | its lock | |
 //! | a superblock's outbox of a counter slot (the parked inodes, their count) | the outbox's lock (a spinlock with its data): its slot's thread to park and flush, a drain (`evict_inodes`, `umount`, `nr_inodes`, `lru_inos`, `count_objects`) for every slot | |
 //! | a parked inode's list links, `sb_index` | its lists' shard locks, as for any inode; it is the outbox's (whoever flushes it) until freed | |
-//! | a thread's ready list (retired batches past their grace period) | none: a lock-free stack, pushed by any thread, emptied by its thread (which alone frees them, unless it exited or stopped taking them) | |
+//! | a thread's batches of retired inodes (the one filling, the stamped ones) | thread-local | |
+//! | the orphan list (stamped batches of exited threads, and a thread's beyond its 64 newest) | none: a lock-free stack, pushed by any thread, emptied whole by whichever thread reclaims | |
+//! | the epoch; a thread's record (its section's epoch) | atomic: the epoch moves on by compare-exchange, a record is written only by its thread | advancers read every record |
 //! | counters | per CPU, atomic; an operation looks up its thread's slot once and passes it down (`CpuCounters`: counters, live-inode slot, shard) | `stats` sums them |
 //!
 //! # Lock order
@@ -161,7 +163,7 @@
 //!   the chain-lock acquisition counter counts takes), so the table costs 8 bytes
 //!   per chain. The chain-lock holder may take an `i_lock` or a superblock list lock
 //!   (never sleeps otherwise); lookups take no lock
-//!   at all: they pin the epoch (crossbeam-epoch writes only the thread's own record),
+//!   at all: they pin the epoch (a read-side section writes only the thread's own record),
 //!   walk the chain, and take the found inode's own `i_lock` to check its state and take
 //!   a reference. Inodes are freed a grace period after eviction. An iget hit writes
 //!   only the inode's own cache lines.
@@ -241,27 +243,29 @@
 //!
 //! # Lifetimes
 //!
-//! * An inode's memory: freed a grace period (epoch) after `->destroy_inode`, so a
-//!   lock-free walker that reached it from a chain may still read it. Retired inodes are
-//!   handed to crossbeam-epoch in per-thread batches of 60 (what RCU's per-CPU callback
-//!   lists do for `call_rcu`): one deferred function per batch instead of one per inode,
-//!   no allocation per eviction, and no allocation of 1 KB or more (which makes glibc
-//!   consolidate its fastbins) but crossbeam's bag node every 64 batches. A batch is
-//!   handed over after its last inode was retired, so its grace period covers every
-//!   inode in it (freeing later than needed is always safe); a thread's partial batch is
-//!   handed over when it fills, at thread exit, and by [`flush_deferred`]. A batch whose
-//!   grace period is over goes back to the thread that retired it (a lock-free list per
-//!   thread), which frees its inodes the next time a batch of its own fills and fills
-//!   the empty batch again, as Linux runs RCU callbacks on the CPU that queued them:
-//!   crossbeam runs deferred functions on whichever thread collects, and a free there
-//!   went into the retiring thread's glibc arena, under that arena's lock (in the lab's
-//!   unlink at 2 tasks, most of the threads' sleeps). The thread that ran the deferred
-//!   function frees them itself when the retiring thread has exited (its list is closed
-//!   at exit) or holds 64 unfreed batches. So a thread that stops evicting but lives on
-//!   (a pooled thread) keeps up to 64 batches (3,840 inodes, and the superblock if its
-//!   last free was among them) until it evicts again or exits, besides its partial batch
-//!   and crossbeam's own per-thread bag of up to 64 deferred batches, which only it or
-//!   its exit hands on (test `an_idle_thread_holds_a_bounded_number_and_frees_all_at_exit`).
+//! * An inode's memory: freed a grace period after `->destroy_inode`, so a lock-free
+//!   walker that reached it from a chain may still read it. The grace periods are the
+//!   crate's own (`rcu.rs`: Fraser's epochs, as crossbeam-epoch, with loom models): a
+//!   read-side section publishes the epoch in the thread's own record; the epoch moves on
+//!   when every thread inside a section has seen it; what was unlinked before a stamp is
+//!   freed two epochs later. Retired inodes are kept per thread, in batches of 60, as
+//!   RCU keeps per-CPU callback lists for `call_rcu`: a full batch is stamped and queued
+//!   on its thread, which frees its expired batches itself when its next batch fills
+//!   (and every 128 pins while it has some) and fills the empty batch again. So an
+//!   eviction allocates nothing and synchronizes with nobody, memory goes back to the
+//!   glibc arena of the thread that evicted it (a free into another thread's arena takes
+//!   that arena's lock), and nothing of 1 KB or more is ever allocated (crossbeam-epoch,
+//!   used before, allocated a ~2 KB node every 64 deferred functions, and a request that
+//!   large makes glibc consolidate every fastbin chunk of the process: with the shrink of
+//!   an emptied superblock list inside an eviction, 23% of an unlink's instructions in
+//!   the lab). A batch is stamped after its last inode was retired, so its grace period
+//!   covers every inode in it (freeing later than needed is always safe). A thread keeps
+//!   its 64 newest stamped batches; older ones, and those of a thread that exits, go to
+//!   a shared orphan list (a lock-free stack, `ready.rs`) that any thread frees from. So
+//!   a thread that stops evicting but lives on (a pooled thread) keeps up to 64 batches
+//!   (3,840 inodes, and the superblock if its last free was among them) and its partial
+//!   batch until it pins or evicts again, calls [`flush_deferred`], or exits (test
+//!   `an_idle_thread_holds_a_bounded_number_and_frees_all_at_exit`).
 //! * A superblock (`i_sb`, as in Linux: a plain pointer in every inode): counted handles
 //!   are only [`SuperBlock`] and a waiting lookup ([`InodeWait`]). Each inode is counted
 //!   in a live count per counter slot (`+1` at allocation on the allocating thread's
@@ -306,13 +310,15 @@
 //! # Models
 //!
 //! Under `--cfg vfscale_loom` and `--cfg vfscale_shuttle` the locks and atomics come from
-//! loom/shuttle (the `vfscale-sync` shim), and crossbeam-epoch is replaced by a small
-//! model the schedulers can see (see `epoch.rs`).
+//! loom/shuttle (the `vfscale-sync` shim), and the grace periods are replaced by a small
+//! model the schedulers can see (see `epoch.rs`); the epoch scheme itself has loom models
+//! of its own (`rcu.rs`).
 #![warn(missing_docs)]
 
 mod cache;
 mod epoch;
 mod inode;
+mod rcu;
 mod ready;
 mod sync;
 mod wait;
@@ -326,10 +332,23 @@ pub use inode::{Iget, Inode, InodeFlags, InodeRef, InodeState, NewInode};
 
 /// Hurries the deferred freeing of evicted inodes' memory (best effort; for tests that
 /// count drops of the filesystem's data). `->destroy_inode` itself runs at eviction.
-/// It frees the batches that came back to the calling thread; those of another live
-/// thread wait for that thread to evict again, call this, or exit (the crate docs, "Lifetimes").
+/// It stamps the calling thread's partial batch and frees what of this thread's and the
+/// orphan list has expired; another live thread's batches wait for that thread to pin or
+/// evict again, call this, or exit (the crate docs, "Lifetimes").
 pub fn flush_deferred() {
     epoch::flush();
+}
+
+/// A read-side section of the cache's grace periods (`rcu_read_lock`): while one is held
+/// on any thread, no evicted inode's memory is freed. For tests that check deferred frees;
+/// a cache operation takes its own.
+#[doc(hidden)]
+pub struct RcuReadLock(#[allow(dead_code)] epoch::Guard);
+
+/// Enters a read-side section (see [`RcuReadLock`]).
+#[doc(hidden)]
+pub fn rcu_read_lock() -> RcuReadLock {
+    RcuReadLock(epoch::Domain::new().pin())
 }
 
 /// What a filesystem gives the cache (`struct super_operations`). Every method but
@@ -339,7 +358,8 @@ pub trait SuperOperations: Send + Sync + Sized + 'static {
     /// while the inode is `I_NEW`, through interior mutability.
     ///
     /// Its `Drop` runs when the inode's memory is freed, a grace period after
-    /// `->destroy_inode`, on whichever thread the epoch runs it: possibly inside another
+    /// `->destroy_inode`, on the thread that evicted it (or, for a thread that exited,
+    /// whichever thread frees the orphans): possibly inside another
     /// operation of the cache with one of its locks held (a last `iput` pins the epoch
     /// under an `i_lock`, and a pin may collect garbage). So it must not call into the
     /// cache (no `iget`, `iput` or lookup of any inode) or take a lock that a caller of the

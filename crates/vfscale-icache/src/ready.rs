@@ -1,18 +1,12 @@
-//! A thread's list of finished batches of retired memory: pushed by whichever thread ran
-//! the batch's deferred function (crossbeam runs a thread's deferred functions on any
-//! thread that collects), taken by the thread that retired them, which frees them itself.
-//! Linux does the same with RCU callbacks: `rcu_do_batch` invokes them on the CPU that
-//! queued them, so an inode's memory goes back to that CPU's slab.
+//! A lock-free list of batches of retired memory (a Treiber stack that is only ever
+//! emptied whole, so it has no ABA problem): the orphan list of `epoch.rs`, holding the
+//! stamped batches of threads that exited (or that queued more than they keep) before
+//! their grace period ended, for whichever thread reclaims next.
 //!
-//! Here that CPU is a thread and the slab is its glibc arena: a thread that frees memory of
-//! another thread's arena takes that arena's lock (for chunks beyond the fastbins) and
-//! meets its owner, who holds it through every consolidation. Profiled in the lab's unlink
-//! at 2 tasks, that wait was most of the context switches (`__lll_lock_wait_private` in
-//! `_int_free` under crossbeam's `Global::collect`).
-//!
-//! A Treiber stack with a `CLOSED` state for the owner's exit, and a bound: a push to a
-//! closed list, or to one holding `max` batches the owner has not taken (it stopped
-//! retiring, so it does not look), fails and the pusher frees the batch itself.
+//! It can also be closed (later pushes fail) and bounded (a push to a list holding `max`
+//! batches fails): the hand-back of finished batches to the thread that retired them used
+//! both while the cache's deferred frees went through crossbeam-epoch (crossbeam runs
+//! deferred functions on any thread that collects). The loom models below check all three.
 
 // Under the models only the loom test uses it (the epoch there is a model of its own).
 #![cfg_attr(any(vfscale_loom, vfscale_shuttle), allow(dead_code))]
@@ -53,6 +47,17 @@ unsafe impl<T: Send> Send for Ready<T> {}
 unsafe impl<T: Send> Sync for Ready<T> {}
 
 impl<T> Ready<T> {
+    /// An empty list (`const`: the orphan list is a `static`).
+    #[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
+    pub(crate) const fn new() -> Self {
+        Ready {
+            head: AtomicPtr::new(std::ptr::null_mut()),
+            len: AtomicUsize::new(0),
+        }
+    }
+
+    /// An empty list.
+    #[cfg(any(vfscale_loom, vfscale_shuttle))]
     pub(crate) fn new() -> Self {
         Ready {
             head: AtomicPtr::new(std::ptr::null_mut()),
@@ -103,6 +108,7 @@ impl<T> Ready<T> {
     }
 
     /// Takes every batch and closes the list: later pushes fail (the owner, at exit).
+    #[cfg_attr(not(vfscale_loom), allow(dead_code))]
     pub(crate) fn close(&self) -> Taken<T> {
         self.take_leaving(CLOSED as *mut Link<T>)
     }
