@@ -246,58 +246,68 @@ mod loom_rcu {
         (w, a, b)
     }
 
-    /// Reads the object `shared` points at inside one section.
-    fn read_once(w: &World, r: &Record) -> usize {
+    /// Reads the object `shared` points at inside one section, and checks it was not
+    /// freed.
+    fn read_once(w: &World, r: &Record) {
         read_lock(&w.g, r);
         let p = w.shared.load(Ordering::Acquire);
         // SAFETY: inside the section the object is not freed (what the model checks).
         let v = unsafe { (*p).0.with(|v| *v) };
         read_unlock(r);
-        v
+        assert!(v == 1 || v == 2, "read a freed object ({v})");
     }
 
     /// Unlinks `a` (publishing `b`), then tries to advance `tries` times; "frees" `a` (a
-    /// write to its cell) if its stamp expired. Returns whether it freed.
-    fn write(w: &World, a: *mut Obj, b: *mut Obj, tries: usize) -> bool {
+    /// write to its cell) if its stamp expired.
+    fn write(w: &World, a: *mut Obj, b: *mut Obj, tries: usize) {
         w.shared.store(b, Ordering::Release);
         let s = stamp(&w.g);
         for _ in 0..tries {
             if expired(s, try_advance(&w.g)) {
                 // SAFETY: expired: no reader can reach `a` any more (checked by loom).
                 unsafe { (*a).0.with_mut(|v| *v = 0) };
-                return true;
+                return;
             }
         }
-        false
     }
 
-    /// A reader against a writer that frees as soon as the epoch allows: no read of a
-    /// freed object, and every value read is one of the two objects'.
-    #[test]
-    fn a_reader_never_sees_a_freed_object() {
-        loom::model(|| {
+    /// Runs `reader` on a spawned thread (on a record of its own) against `writer` on
+    /// this one, then `after` once both are done.
+    fn model(reader: fn(&World, &Record), writer: fn(&World, *mut Obj, *mut Obj), after: fn(&World)) {
+        loom::model(move || {
             let (w, a, b) = world();
             let w2 = w.clone();
-            let (ap, bp) = (a as usize, b as usize);
             let t = loom::thread::spawn(move || {
                 let r = w2.g.register();
-                let v = read_once(&w2, r);
-                assert!(v == 1 || v == 2, "read a freed object ({v})");
+                reader(&w2, r);
                 release(r);
             });
-            let r = w.g.register();
-            // The writer is a participant too (a pinned evictor, as in the cache).
-            read_lock(&w.g, r);
-            read_unlock(r);
-            write(&w, ap as *mut Obj, bp as *mut Obj, 3);
-            release(r);
+            writer(&w, a, b);
             t.join().unwrap();
+            after(&w);
             // SAFETY: both threads are done.
             unsafe {
-                drop(Box::from_raw(ap as *mut Obj));
-                drop(Box::from_raw(bp as *mut Obj));
+                drop(Box::from_raw(a));
+                drop(Box::from_raw(b));
             }
         });
+    }
+
+    /// A reader against a writer that frees as soon as the epoch allows (and is a
+    /// participant itself, as a pinned evictor in the cache): no read of a freed object.
+    #[test]
+    fn a_reader_never_sees_a_freed_object() {
+        model(
+            read_once,
+            |w, a, b| {
+                let r = w.g.register();
+                read_lock(&w.g, r);
+                read_unlock(r);
+                write(w, a, b, 3);
+                release(r);
+            },
+            |_| {},
+        );
     }
 
     /// A reader that enters twice (the second time possibly with a stale epoch, read just
@@ -305,30 +315,18 @@ mod loom_rcu {
     /// a freed object. Also: with no reader in a section, two advances expire a stamp.
     #[test]
     fn a_reader_entering_twice_across_advances() {
-        loom::model(|| {
-            let (w, a, b) = world();
-            let w2 = w.clone();
-            let (ap, bp) = (a as usize, b as usize);
-            let t = loom::thread::spawn(move || {
-                let r = w2.g.register();
-                for _ in 0..2 {
-                    let v = read_once(&w2, r);
-                    assert!(v == 1 || v == 2, "read a freed object ({v})");
-                }
-                release(r);
-            });
-            write(&w, ap as *mut Obj, bp as *mut Obj, 4);
-            t.join().unwrap();
-            // Nobody is in a section now: two advances expire any stamp.
-            let s = stamp(&w.g);
-            try_advance(&w.g);
-            assert!(expired(s, try_advance(&w.g)));
-            // SAFETY: both threads are done.
-            unsafe {
-                drop(Box::from_raw(ap as *mut Obj));
-                drop(Box::from_raw(bp as *mut Obj));
-            }
-        });
+        model(
+            |w, r| {
+                read_once(w, r);
+                read_once(w, r);
+            },
+            |w, a, b| write(w, a, b, 4),
+            |w| {
+                let s = stamp(&w.g);
+                try_advance(&w.g);
+                assert!(expired(s, try_advance(&w.g)));
+            },
+        );
     }
 
     /// The epoch moved on by a thread the writer never synchronized with: a reader that
@@ -337,25 +335,14 @@ mod loom_rcu {
     /// or one more advance would free the object under the reader.
     #[test]
     fn a_stamp_is_not_older_than_a_reader_that_saw_the_object() {
-        loom::model(|| {
-            let (w, a, b) = world();
-            let w2 = w.clone();
-            let (ap, bp) = (a as usize, b as usize);
-            let t = loom::thread::spawn(move || {
-                let r = w2.g.register();
-                try_advance(&w2.g);
-                let v = read_once(&w2, r);
-                assert!(v == 1 || v == 2, "read a freed object ({v})");
-                release(r);
-            });
-            write(&w, ap as *mut Obj, bp as *mut Obj, 2);
-            t.join().unwrap();
-            // SAFETY: both threads are done.
-            unsafe {
-                drop(Box::from_raw(ap as *mut Obj));
-                drop(Box::from_raw(bp as *mut Obj));
-            }
-        });
+        model(
+            |w, r| {
+                try_advance(&w.g);
+                read_once(w, r);
+            },
+            |w, a, b| write(w, a, b, 2),
+            |_| {},
+        );
     }
 
     /// Two threads register at once: each gets its own record; a released record is
