@@ -383,6 +383,94 @@ mod imp {
             }
         }
     }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use std::sync::atomic::AtomicBool;
+        use std::sync::{mpsc, Arc};
+
+        /// A retired box that runs a function when it is freed.
+        struct OnFree(Option<Box<dyn FnOnce() + Send>>);
+
+        impl Drop for OnFree {
+            fn drop(&mut self) {
+                if let Some(f) = self.0.take() {
+                    f();
+                }
+            }
+        }
+
+        /// Retires a box (on this thread's batch) that runs `f` when freed.
+        fn retire(f: impl FnOnce() + Send + 'static) {
+            let g = pin();
+            let p = Box::into_raw(Box::new(OnFree(Some(Box::new(f)))));
+            // SAFETY: a fresh leaked box, freed only by the batch.
+            unsafe { g.defer_free_box(p) };
+        }
+
+        /// A reclaim reads the epoch once (`now`), then frees its own batches, then the
+        /// orphans. Meanwhile (here: inside the `Drop` of a box it frees; in the cache:
+        /// any other thread) the epoch moves on and an exiting thread orphans a batch
+        /// stamped one past `now`, retired while a reader is in a section. That batch is
+        /// not expired (its stamp is newer than `now`), and it must not be freed while
+        /// the reader stays in its section: `expired` compares the epochs as a signed
+        /// difference (with `now - stamp` wrapping to `usize::MAX` it was "expired").
+        #[test]
+        fn a_reclaim_with_an_older_epoch_frees_no_newer_orphan() {
+            let reader_in = Arc::new(AtomicBool::new(false));
+            let early = Arc::new(AtomicBool::new(false));
+            let freed = Arc::new(AtomicBool::new(false));
+            let (ri, ea, fr) = (reader_in.clone(), early.clone(), freed.clone());
+            let (go_tx, go_rx) = mpsc::channel::<()>();
+            let (reader_tx, reader_rx) = mpsc::channel();
+            retire(move || {
+                // Inside this thread's reclaim, `now` read: a reader enters at the epoch.
+                let (in_tx, in_rx) = mpsc::channel();
+                let ri2 = ri.clone();
+                let reader = std::thread::spawn(move || {
+                    let g = pin();
+                    ri2.store(true, Ordering::SeqCst);
+                    in_tx.send(()).unwrap();
+                    go_rx.recv().unwrap();
+                    ri2.store(false, Ordering::SeqCst);
+                    drop(g);
+                });
+                in_rx.recv().unwrap();
+                // Another thread advances once (the reader shows the current epoch),
+                // retires a box the reader could still reach, and exits: its batch is
+                // stamped one past `now` and orphaned.
+                std::thread::spawn(move || {
+                    rcu::try_advance(&SHARED.global);
+                    retire(move || {
+                        if ri.load(Ordering::SeqCst) {
+                            ea.store(true, Ordering::SeqCst);
+                        }
+                        fr.store(true, Ordering::SeqCst);
+                    });
+                })
+                .join()
+                .unwrap();
+                reader_tx.send(reader).unwrap();
+            });
+            // Two advances expire the first batch: its free runs the set-up above.
+            let reader = loop {
+                flush();
+                if let Ok(r) = reader_rx.try_recv() {
+                    break r;
+                }
+            };
+            go_tx.send(()).unwrap();
+            reader.join().unwrap();
+            while !freed.load(Ordering::SeqCst) {
+                flush();
+            }
+            assert!(
+                !early.load(Ordering::SeqCst),
+                "an orphan freed while a reader that could reach it was in its section"
+            );
+        }
+    }
 }
 
 #[cfg(any(vfscale_loom, vfscale_shuttle))]

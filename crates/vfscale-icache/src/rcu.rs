@@ -215,10 +215,14 @@ pub(crate) fn try_advance(g: &Global) -> usize {
 }
 
 /// Whether objects stamped `stamp` may be freed, the epoch being `now` (from
-/// [`try_advance`]).
+/// [`try_advance`]). `now` may be older than `stamp` (a reclaim reads the epoch once, then
+/// frees batches stamped since, by other threads or by `Drop`s it ran): the difference is
+/// signed, as crossbeam's `Epoch::wrapping_sub` (unsigned, `now - stamp` wrapped to a huge
+/// value and freed a batch stamped `now + 1`, test
+/// `a_reclaim_with_an_older_epoch_frees_no_newer_orphan`).
 #[inline]
 pub(crate) fn expired(stamp: usize, now: usize) -> bool {
-    now.wrapping_sub(stamp) >= 2
+    now.wrapping_sub(stamp) as isize >= 2
 }
 
 #[cfg(all(test, vfscale_loom))]
