@@ -27,7 +27,8 @@
 //! records is append-only and walked without a lock.
 //!
 //! Loom models: `loom_rcu` below (a reader against a writer that frees once the epoch is
-//! two past its stamp; a reader that pins twice across advances).
+//! two past its stamp; a reader that pins twice across advances; a stamp newer than a
+//! reclaimer's epoch; a second advancer and a record reused while the writer walks).
 
 // Under the models only the loom tests below use it (the cache's epoch is a model there).
 #![cfg_attr(any(vfscale_loom, vfscale_shuttle), allow(dead_code))]
@@ -347,6 +348,65 @@ mod loom_rcu {
             |w, a, b| write(w, a, b, 2),
             |_| {},
         );
+    }
+
+    /// A reclaimer reads the epoch (`now`), then a batch is stamped after the epoch moved
+    /// on (here the reclaimer's own unlink, after the reader advanced and entered): the
+    /// stamp is `now + 1`, and the batch is not expired (`now - stamp` wrapped to a huge
+    /// unsigned value, and the object was freed under the reader).
+    #[test]
+    fn a_stamp_newer_than_a_reclaimers_epoch_is_not_expired() {
+        model(
+            |w, r| {
+                try_advance(&w.g);
+                read_once(w, r);
+            },
+            |w, a, b| {
+                let now = try_advance(&w.g);
+                w.shared.store(b, Ordering::Release);
+                let s = stamp(&w.g);
+                if expired(s, now) {
+                    // SAFETY: expired: no reader can reach `a` any more (checked by loom).
+                    unsafe { (*a).0.with_mut(|v| *v = 0) };
+                }
+            },
+            |_| {},
+        );
+    }
+
+    /// Three participants: a thread that pins once, releases its record and advances
+    /// twice (a second advancer, racing the writer's compare-exchange); a reader that
+    /// registers meanwhile (possibly reusing that released record while the writer's
+    /// advance walks the list); the writer, freeing as soon as the epoch allows.
+    #[test]
+    fn a_reused_record_and_two_advancers() {
+        let mut b = loom::model::Builder::new();
+        b.preemption_bound = Some(3);
+        b.check(|| {
+            let (w, a, bb) = world();
+            let (w1, w2) = (w.clone(), w.clone());
+            let t1 = loom::thread::spawn(move || {
+                let r = w1.g.register();
+                read_lock(&w1.g, r);
+                read_unlock(r);
+                release(r);
+                try_advance(&w1.g);
+                try_advance(&w1.g);
+            });
+            let t2 = loom::thread::spawn(move || {
+                let r = w2.g.register();
+                read_once(&w2, r);
+                release(r);
+            });
+            write(&w, a, bb, 3);
+            t1.join().unwrap();
+            t2.join().unwrap();
+            // SAFETY: every thread is done.
+            unsafe {
+                drop(Box::from_raw(a));
+                drop(Box::from_raw(bb));
+            }
+        });
     }
 
     /// Two threads register at once: each gets its own record; a released record is
