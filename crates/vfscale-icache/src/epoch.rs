@@ -388,7 +388,10 @@ mod imp {
     mod tests {
         use super::*;
         use std::sync::atomic::AtomicBool;
-        use std::sync::{mpsc, Arc};
+        use std::sync::{mpsc, Arc, Mutex};
+
+        /// Held by each test: a section open in one holds back the other's epochs.
+        static SERIAL: Mutex<()> = Mutex::new(());
 
         /// A retired box that runs a function when it is freed.
         struct OnFree(Option<Box<dyn FnOnce() + Send>>);
@@ -409,6 +412,40 @@ mod imp {
             unsafe { g.defer_free_box(p) };
         }
 
+        /// A guard taken inside another (a lookup inside a section) ends only its own
+        /// depth: the outer section still holds back a box retired after it began, while
+        /// other threads reclaim.
+        #[test]
+        fn an_inner_guard_does_not_end_the_outer_section() {
+            let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+            let freed = Arc::new(AtomicBool::new(false));
+            let outer = pin();
+            let fr = freed.clone();
+            // Retired after the outer section began, on a thread that exits (an orphan).
+            std::thread::spawn(move || retire(move || fr.store(true, Ordering::SeqCst)))
+                .join()
+                .unwrap();
+            drop(pin());
+            let inner = pin();
+            drop(inner);
+            // Another thread reclaims as hard as it can.
+            std::thread::spawn(|| {
+                for _ in 0..8 {
+                    flush();
+                }
+            })
+            .join()
+            .unwrap();
+            assert!(
+                !freed.load(Ordering::SeqCst),
+                "freed while the outer section was open"
+            );
+            drop(outer);
+            while !freed.load(Ordering::SeqCst) {
+                flush();
+            }
+        }
+
         /// A reclaim reads the epoch once (`now`), then frees its own batches, then the
         /// orphans. Meanwhile (here: inside the `Drop` of a box it frees; in the cache:
         /// any other thread) the epoch moves on and an exiting thread orphans a batch
@@ -418,6 +455,7 @@ mod imp {
         /// difference (with `now - stamp` wrapping to `usize::MAX` it was "expired").
         #[test]
         fn a_reclaim_with_an_older_epoch_frees_no_newer_orphan() {
+            let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
             let reader_in = Arc::new(AtomicBool::new(false));
             let early = Arc::new(AtomicBool::new(false));
             let freed = Arc::new(AtomicBool::new(false));
