@@ -387,6 +387,7 @@ mod imp {
     #[cfg(test)]
     mod tests {
         use super::*;
+        use std::cell::RefCell;
         use std::sync::atomic::AtomicBool;
         use std::sync::{mpsc, Arc, Mutex};
 
@@ -410,6 +411,86 @@ mod imp {
             let p = Box::into_raw(Box::new(OnFree(Some(Box::new(f)))));
             // SAFETY: a fresh leaked box, freed only by the batch.
             unsafe { g.defer_free_box(p) };
+        }
+
+        /// Guards of a thread that exits, held by a thread-local destructor that runs after
+        /// the cache's own (`Local`'s): with its channels to the test.
+        type Held = (Vec<Guard>, mpsc::Sender<bool>, mpsc::Receiver<()>);
+
+        struct Holder(RefCell<Option<Held>>);
+
+        impl Drop for Holder {
+            fn drop(&mut self) {
+                if let Some((mut guards, tx, rx)) = self.0.borrow_mut().take() {
+                    // `Local` is gone: the sections are the record's orphaned depth.
+                    // No panic here (a thread-local destructor): a failed test has
+                    // dropped its ends of the channels, and the guards just end.
+                    let gone = LOCAL.try_with(|_| ()).is_err();
+                    let _ = tx.send(gone);
+                    while let Some(g) = guards.pop() {
+                        let _ = rx.recv();
+                        drop(g);
+                        let _ = tx.send(true);
+                    }
+                }
+            }
+        }
+
+        thread_local! {
+            static HOLDER: Holder = const { Holder(RefCell::new(None)) };
+        }
+
+        /// Reclaims from other threads as hard as they can; whether `freed` is set.
+        fn reclaimed_elsewhere(freed: &AtomicBool) -> bool {
+            std::thread::spawn(|| {
+                for _ in 0..8 {
+                    flush();
+                }
+            })
+            .join()
+            .unwrap();
+            freed.load(Ordering::SeqCst)
+        }
+
+        /// A thread exits with two nested sections open (guards a later thread-local
+        /// destructor holds): its bookkeeping goes, and the record stays in its section
+        /// until the last of the two guards ends; only then is a box retired meanwhile
+        /// freed (and the record released, for a later thread).
+        #[test]
+        fn sections_open_at_thread_exit_hold_until_their_last_guard() {
+            let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+            let (to_test, from_thread) = mpsc::channel();
+            let (to_thread, from_test) = mpsc::channel();
+            let t = std::thread::spawn(move || {
+                // First: registered before `Local`, so destroyed after it.
+                HOLDER.with(|h| *h.0.borrow_mut() = Some((Vec::new(), to_test, from_test)));
+                let outer = pin();
+                let inner = pin();
+                HOLDER.with(|h| {
+                    let mut h = h.0.borrow_mut();
+                    let guards = &mut h.as_mut().unwrap().0;
+                    guards.push(outer);
+                    guards.push(inner);
+                });
+            });
+            assert!(
+                from_thread.recv().unwrap(),
+                "the holder ran before `Local`'s drop"
+            );
+            let freed = Arc::new(AtomicBool::new(false));
+            let fr = freed.clone();
+            std::thread::spawn(move || retire(move || fr.store(true, Ordering::SeqCst)))
+                .join()
+                .unwrap();
+            assert!(!reclaimed_elsewhere(&freed), "freed with two sections open");
+            to_thread.send(()).unwrap();
+            from_thread.recv().unwrap();
+            assert!(!reclaimed_elsewhere(&freed), "freed with one section open");
+            to_thread.send(()).unwrap();
+            t.join().unwrap();
+            while !freed.load(Ordering::SeqCst) {
+                flush();
+            }
         }
 
         /// A guard taken inside another (a lookup inside a section) ends only its own
