@@ -149,6 +149,12 @@ mod imp {
         fn drop(&mut self) {
             // Thread exit: what is not expired yet goes to the orphans (any thread frees it
             // later); the record is released for a later thread.
+            // Sections still open (a thread-local destructor holds a guard) are counted on
+            // the record first: a guard that ends inside the frees below (a `Drop` that
+            // re-enters) counts down from them (test
+            // `a_guard_ending_inside_the_exit_frees_is_counted`).
+            let d = self.depth.get();
+            self.rec.orphaned_depth.store(d, Ordering::Relaxed);
             let q = self.q.get_mut();
             if let Some(mut b) = q.cur.take() {
                 if b.val.len > 0 {
@@ -164,11 +170,9 @@ mod imp {
                     orphan(b);
                 }
             }
-            let d = self.depth.get();
             if d > 0 {
                 // Guards outlive this (a thread-local destructor holds one): the last of
                 // them leaves the section and releases the record (`Guard`'s drop).
-                self.rec.orphaned_depth.store(d, Ordering::Relaxed);
                 return;
             }
             rcu::release(self.rec);
@@ -440,7 +444,57 @@ mod imp {
             static HOLDER: Holder = const { Holder(RefCell::new(None)) };
         }
 
-        /// Reclaims from other threads as hard as they can; whether `freed` is set.
+        /// Flushes until `freed` is set (a grace period that never ends fails the test
+        /// instead of hanging it).
+        fn flush_until(freed: &AtomicBool) {
+            for _ in 0..100_000 {
+                if freed.load(Ordering::SeqCst) {
+                    return;
+                }
+                flush();
+                std::thread::yield_now();
+            }
+            panic!("never freed: a grace period never ended");
+        }
+
+        thread_local! {
+            static TAKEN: RefCell<Vec<Guard>> = const { RefCell::new(Vec::new()) };
+        }
+
+        /// A thread exits with a section open (its guard in a thread-local registered
+        /// before `Local`), and a box its exit frees ends that section from its `Drop` (a
+        /// `Drop` that re-enters). The guard's end must count against the sections
+        /// `Local`'s drop leaves open: if it was counted down from 0 (wrapping) before
+        /// `Local`'s drop stored the depth, the record stayed in its section for good and
+        /// no grace period ever ended again.
+        #[test]
+        fn a_guard_ending_inside_the_exit_frees_is_counted() {
+            let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+            let (to_test, from_thread) = mpsc::channel();
+            let (to_thread, from_test) = mpsc::channel::<()>();
+            // Held while the thread stamps its batch: it cannot expire then.
+            let hold = pin();
+            let t = std::thread::spawn(move || {
+                TAKEN.with(|_| ());
+                retire(|| {
+                    let _ = TAKEN.try_with(|t| t.borrow_mut().clear());
+                });
+                flush();
+                to_test.send(()).unwrap();
+                from_test.recv().unwrap();
+                TAKEN.with(|t| t.borrow_mut().push(pin()));
+            });
+            from_thread.recv().unwrap();
+            drop(hold);
+            // The thread's batch expires (its thread frees it at exit).
+            reclaimed_elsewhere(&AtomicBool::new(false));
+            to_thread.send(()).unwrap();
+            t.join().unwrap();
+            let freed = orphan_probe();
+            flush_until(&freed);
+        }
+
+        /// Reclaims from another thread as hard as it can; whether `freed` is set.
         fn reclaimed_elsewhere(freed: &AtomicBool) -> bool {
             std::thread::spawn(|| {
                 for _ in 0..8 {
@@ -450,6 +504,16 @@ mod imp {
             .join()
             .unwrap();
             freed.load(Ordering::SeqCst)
+        }
+
+        /// Retires a box on a thread that exits (an orphan): the flag its free sets.
+        fn orphan_probe() -> Arc<AtomicBool> {
+            let freed = Arc::new(AtomicBool::new(false));
+            let fr = freed.clone();
+            std::thread::spawn(move || retire(move || fr.store(true, Ordering::SeqCst)))
+                .join()
+                .unwrap();
+            freed
         }
 
         /// A thread exits with two nested sections open (guards a later thread-local
@@ -477,20 +541,14 @@ mod imp {
                 from_thread.recv().unwrap(),
                 "the holder ran before `Local`'s drop"
             );
-            let freed = Arc::new(AtomicBool::new(false));
-            let fr = freed.clone();
-            std::thread::spawn(move || retire(move || fr.store(true, Ordering::SeqCst)))
-                .join()
-                .unwrap();
+            let freed = orphan_probe();
             assert!(!reclaimed_elsewhere(&freed), "freed with two sections open");
             to_thread.send(()).unwrap();
             from_thread.recv().unwrap();
             assert!(!reclaimed_elsewhere(&freed), "freed with one section open");
             to_thread.send(()).unwrap();
             t.join().unwrap();
-            while !freed.load(Ordering::SeqCst) {
-                flush();
-            }
+            flush_until(&freed);
         }
 
         /// A guard taken inside another (a lookup inside a section) ends only its own
@@ -499,32 +557,18 @@ mod imp {
         #[test]
         fn an_inner_guard_does_not_end_the_outer_section() {
             let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-            let freed = Arc::new(AtomicBool::new(false));
             let outer = pin();
-            let fr = freed.clone();
-            // Retired after the outer section began, on a thread that exits (an orphan).
-            std::thread::spawn(move || retire(move || fr.store(true, Ordering::SeqCst)))
-                .join()
-                .unwrap();
+            // Retired after the outer section began.
+            let freed = orphan_probe();
             drop(pin());
             let inner = pin();
             drop(inner);
-            // Another thread reclaims as hard as it can.
-            std::thread::spawn(|| {
-                for _ in 0..8 {
-                    flush();
-                }
-            })
-            .join()
-            .unwrap();
             assert!(
-                !freed.load(Ordering::SeqCst),
+                !reclaimed_elsewhere(&freed),
                 "freed while the outer section was open"
             );
             drop(outer);
-            while !freed.load(Ordering::SeqCst) {
-                flush();
-            }
+            flush_until(&freed);
         }
 
         /// A reclaim reads the epoch once (`now`), then frees its own batches, then the
@@ -573,17 +617,15 @@ mod imp {
                 reader_tx.send(reader).unwrap();
             });
             // Two advances expire the first batch: its free runs the set-up above.
-            let reader = loop {
-                flush();
-                if let Ok(r) = reader_rx.try_recv() {
-                    break r;
-                }
-            };
+            let reader = (0..100_000)
+                .find_map(|_| {
+                    flush();
+                    reader_rx.try_recv().ok()
+                })
+                .expect("the first batch never expired");
             go_tx.send(()).unwrap();
             reader.join().unwrap();
-            while !freed.load(Ordering::SeqCst) {
-                flush();
-            }
+            flush_until(&freed);
             assert!(
                 !early.load(Ordering::SeqCst),
                 "an orphan freed while a reader that could reach it was in its section"
