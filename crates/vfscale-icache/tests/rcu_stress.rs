@@ -105,17 +105,33 @@ fn check(inode: &Inode<Fs>, c: &Counts) {
     }
 }
 
-/// `ops` random lookups of the keys: `iget_locked` (a miss loads), `ilookup`, and a
-/// lookup inside an explicit (nested) read-side section; each reference is dropped at
-/// once, so every last `iput` evicts.
-fn hammer(sb: &SuperBlock<Fs>, c: &Counts, seed: u64, ops: usize) {
+/// `ops` random lookups of the keys: `iget_locked` (a miss loads), `ilookup`, a lookup
+/// inside an explicit (nested) read-side section, and `ilookup5` with a test that yields;
+/// each reference is dropped at once, so every last `iput` evicts.
+fn hammer(sb: &SuperBlock<Fs>, c: &Arc<Counts>, seed: u64, ops: usize) {
     let mut x = seed | 1;
     for _ in 0..ops {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         let ino = x % KEYS;
-        match (x >> 8) % 4 {
+        match (x >> 8) % 5 {
+            4 => {
+                // `ilookup5`'s test runs inside the lock-free walk, before `i_lock`, on
+                // inodes that may be being evicted: it yields, so evictors retire and
+                // reclaim meanwhile, then reads the data again (freed: a bad canary,
+                // or an invalid read under memcheck).
+                let c2 = c.clone();
+                let found = sb.ilookup5(ino, move |inode| {
+                    check(inode, &c2);
+                    thread::yield_now();
+                    check(inode, &c2);
+                    inode.ino() == ino
+                });
+                if let Some(r) = found {
+                    check(&r, c);
+                }
+            }
             0 | 1 => match sb.iget_locked(ino) {
                 Some(Iget::New(n)) => {
                     check(&n, c);
