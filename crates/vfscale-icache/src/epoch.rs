@@ -84,10 +84,11 @@ mod imp {
     /// Pins between two reclaims of a thread's queue (when it has one).
     const PINS_BETWEEN_RECLAIM: usize = 128;
 
-    /// Batches one reclaim frees at most: from a pin ([`PIN_RECLAIM`]) or a full batch
+    /// Batches one reclaim frees at most: from a pin ([`PIN_RECLAIM`]: one, 60 inodes,
+    /// since a pin may be taken under a spinlock such as `i_lock`) or a full batch
     /// ([`QUEUE_RECLAIM`]; more than one, so a thread that evicts steadily keeps up with
     /// its own batches and the orphans).
-    const PIN_RECLAIM: usize = 4;
+    const PIN_RECLAIM: usize = 1;
     const QUEUE_RECLAIM: usize = 8;
 
     /// Retired boxes, freed together once the epoch is two past `stamp`.
@@ -122,7 +123,7 @@ mod imp {
                 // before any is freed, so none is freed twice.
                 let (p, f) = unsafe { r.assume_init_read() };
                 // SAFETY: `f` is `free_box::<T>` for the `T` that `p` was leaked as, and
-                // the batch expired (callers: `reclaim`, `Drop for Batch` of an orphan).
+                // the batch expired (callers: `reclaim`, `orphan`, `Local`'s drop).
                 unsafe { f(p) };
             }
         }
