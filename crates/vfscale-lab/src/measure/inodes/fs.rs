@@ -11,7 +11,7 @@ use std::time::Instant;
 use vfscale_icache::Settings;
 
 use super::tables::{Attrs, Counts, Dashmap, Disk, Icache, Moka, RwlockHashmap, Table};
-use super::{Span, PHASES};
+use super::{Span, StartGate, PHASES};
 use crate::measure::{Sample, Skip, Target};
 
 /// What `readdir` gives: the names in one buffer, and (start, end, ino) per entry.
@@ -192,16 +192,19 @@ fn pass(target: Target, tasks: usize, files: u64) -> Result<Sample, Skip> {
     let start = Arc::new(Barrier::new(tasks + 1));
     let end = Arc::new(Barrier::new(tasks + 1));
     let span = Arc::new(Span::default());
+    let gate = Arc::new(StartGate::default());
     let mut s = Sample::new();
     std::thread::scope(|scope| {
         let mut handles = Vec::with_capacity(tasks);
         for t in 0..tasks {
-            let (fs, start, end, span) = (fs.clone(), start.clone(), end.clone(), span.clone());
+            let (fs, start, end, span, gate) =
+                (fs.clone(), start.clone(), end.clone(), span.clone(), gate.clone());
             handles.push(scope.spawn(move || {
                 // Room for the cold walk's largest directory (every one is `files` long).
                 let mut buf = Dents::with_room(files as usize, 2 + files.to_string().len());
-                for p in PHASES {
+                for (k, p) in PHASES.into_iter().enumerate() {
                     start.wait();
+                    gate.wait(k);
                     let a = Instant::now();
                     fs.phase(p, t, &mut buf);
                     span.record(a, Instant::now());
@@ -209,13 +212,14 @@ fn pass(target: Target, tasks: usize, files: u64) -> Result<Sample, Skip> {
                 }
             }));
         }
-        for p in PHASES {
+        for (k, p) in PHASES.into_iter().enumerate() {
             if p == "cold-walk" {
                 // drop_caches: the cache forgets every unused inode (untimed).
                 fs.table.drop_caches();
             }
             let before = fs.totals();
             start.wait();
+            gate.open(k, tasks);
             end.wait();
             let secs = span.take();
             let after = fs.totals();

@@ -140,18 +140,25 @@ fn run_in(tasks: usize, files: u64, phases: &[&str], base: &Path, drop_caches: b
     let start = Arc::new(Barrier::new(tasks + 1));
     let end = Arc::new(Barrier::new(tasks + 1));
     let span = Arc::new(super::Span::default());
+    let gate = Arc::new(super::StartGate::default());
     let mut s = Sample::new();
     let mut failed: Option<Skip> = None;
     std::thread::scope(|scope| {
         let hs: Vec<_> = dirs
             .iter()
             .map(|d| {
-                let (start, end, kp, span) =
-                    (start.clone(), end.clone(), kernel_phases.clone(), span.clone());
+                let (start, end, kp, span, gate) = (
+                    start.clone(),
+                    end.clone(),
+                    kernel_phases.clone(),
+                    span.clone(),
+                    gate.clone(),
+                );
                 scope.spawn(move || {
                     let mut err = None;
-                    for p in kp {
+                    for (k, p) in kp.into_iter().enumerate() {
                         start.wait();
+                        gate.wait(k);
                         let a = Instant::now();
                         if err.is_none() {
                             err = phase(p, d, files, dirs).err();
@@ -163,13 +170,14 @@ fn run_in(tasks: usize, files: u64, phases: &[&str], base: &Path, drop_caches: b
                 })
             })
             .collect();
-        for p in &kernel_phases {
+        for (k, p) in kernel_phases.iter().enumerate() {
             if *p == "cold-walk" {
                 if let Err(e) = drop_kernel_caches() {
                     failed.get_or_insert(e);
                 }
             }
             start.wait();
+            gate.open(k, dirs.len());
             end.wait();
             let secs = span.take();
             let per_task = if *p == "cold-walk" {
