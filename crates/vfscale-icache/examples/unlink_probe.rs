@@ -2,7 +2,7 @@
 //! inodes, the cache is dropped and the inodes are loaded again (by every thread in
 //! lockstep, as the lab's cold walk does, or each thread its own), then each thread
 //! unlinks its own inodes (timed). Rounds alternate 1 and 2 threads. Besides the rates it
-//! prints each thread's time on a CPU per unlink (`/proc/thread-self/schedstat`) and, at 2
+//! prints each thread's time on a CPU per unlink (`CLOCK_THREAD_CPUTIME_ID`) and, at 2
 //! threads, the share of the phase the threads spent off a CPU: on a noisy 2-vCPU guest
 //! those separate "more work per unlink" (cache lines shared between the threads) from
 //! "waiting" (sleeps on a lock), where the rates alone move by 30% between rounds.
@@ -47,7 +47,7 @@ fn get(sb: &SuperBlock<Fs>, ino: u64) {
 }
 
 /// One round's unlink phase: its rate over the slowest thread (M ops/s), and per thread
-/// the seconds on the clock and on a CPU (`/proc/thread-self/schedstat`).
+/// the seconds on the clock and on a CPU (`CLOCK_THREAD_CPUTIME_ID`).
 struct Round {
     rate: f64,
     wall: Vec<f64>,
@@ -156,11 +156,26 @@ fn round(threads: usize, files: u64, load: &str, names: bool) -> Round {
     }
 }
 
-/// This thread's /proc schedstat: time on CPU, time waiting on a runqueue (ns), slices.
+/// This thread's time on a CPU (`CLOCK_THREAD_CPUTIME_ID`, ns), and from its /proc
+/// schedstat the time it waited on a runqueue (ns) and its slices. The schedstat's own
+/// CPU time is not used: the kernel brings it up to date only at a tick or a switch, so a
+/// thread reading its own lags by up to a tick (4 ms here; a 3 ms busy loop read 0.01–2.7
+/// ms), which made phases of a few ms look a quarter off a CPU.
 fn schedstat() -> [u64; 3] {
     let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
     let mut v = s.split_whitespace().map(|x| x.parse().unwrap_or(0));
-    [(); 3].map(|_| v.next().unwrap_or(0))
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write; the clock id is a constant the kernel knows.
+    let cpu = if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0 {
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    } else {
+        0
+    };
+    let _ = v.next();
+    [cpu, v.next().unwrap_or(0), v.next().unwrap_or(0)]
 }
 
 /// With `PROBE_PERF_CTL=FIFO`, writes `cmd` to `perf record --control=fifo:FIFO`: a
