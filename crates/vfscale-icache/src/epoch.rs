@@ -111,6 +111,11 @@ mod imp {
             })
         }
 
+        /// Stamps the batch: every box in it was retired before this call.
+        fn seal(&mut self) {
+            self.stamp = rcu::stamp(&SHARED.global);
+        }
+
         fn push(&mut self, r: Retired) {
             self.items[self.len].write(r);
             self.len += 1;
@@ -146,6 +151,27 @@ mod imp {
         spare: Vec<Box<Link<Batch>>>,
     }
 
+    impl Queue {
+        /// Stamps the batch being filled, if it holds anything, and queues it.
+        fn seal_cur(&mut self) {
+            if let Some(mut b) = self.cur.take().filter(|b| b.val.len > 0) {
+                b.val.seal();
+                self.queued.push_back(b);
+            }
+        }
+    }
+
+    /// Frees `b` if it expired at epoch `now` (and says so), else leaves it to the orphans.
+    fn free_or_orphan(mut b: Box<Link<Batch>>, now: usize) -> bool {
+        if rcu::expired(b.val.stamp, now) {
+            b.val.free();
+            true
+        } else {
+            orphan(b);
+            false
+        }
+    }
+
     impl Drop for Local {
         fn drop(&mut self) {
             // Thread exit: what is not expired yet goes to the orphans (any thread frees it
@@ -157,19 +183,10 @@ mod imp {
             let d = self.depth.get();
             self.rec.orphaned_depth.store(d, Ordering::Relaxed);
             let q = self.q.get_mut();
-            if let Some(mut b) = q.cur.take() {
-                if b.val.len > 0 {
-                    b.val.stamp = rcu::stamp(&SHARED.global);
-                    q.queued.push_back(b);
-                }
-            }
+            q.seal_cur();
             let now = rcu::try_advance(&SHARED.global);
-            for mut b in q.queued.drain(..) {
-                if rcu::expired(b.val.stamp, now) {
-                    b.val.free();
-                } else {
-                    orphan(b);
-                }
+            for b in q.queued.drain(..) {
+                free_or_orphan(b, now);
             }
             if d > 0 {
                 // Guards outlive this (a thread-local destructor holds one): the last of
@@ -189,15 +206,11 @@ mod imp {
         };
     }
 
-    /// Puts `b` on the shared orphan list (never refused: the list has no bound).
+    /// Puts `b` on the shared orphan list (never refused: it is never closed and has no
+    /// bound).
     fn orphan(b: Box<Link<Batch>>) {
-        if let Err(mut b) = SHARED.orphans.push(b, usize::MAX) {
-            // Unreachable (the orphan list is never closed); freeing late is the safe way
-            // out: wait for the epoch to pass the stamp.
-            while !rcu::expired(b.val.stamp, rcu::try_advance(&SHARED.global)) {
-                std::thread::yield_now();
-            }
-            b.val.free();
+        if SHARED.orphans.push(b, usize::MAX).is_err() {
+            unreachable!("the orphan list is never closed");
         }
     }
 
@@ -292,10 +305,9 @@ mod imp {
             });
         }
         if freed < limit && !SHARED.orphans.is_empty() {
-            for mut b in SHARED.orphans.take() {
-                if freed < limit && rcu::expired(b.val.stamp, now) {
-                    b.val.free();
-                    freed += 1;
+            for b in SHARED.orphans.take() {
+                if freed < limit {
+                    freed += usize::from(free_or_orphan(b, now));
                 } else {
                     orphan(b);
                 }
@@ -341,7 +353,7 @@ mod imp {
                 Err(_) => {
                     let mut b = Batch::new();
                     b.val.push(r);
-                    b.val.stamp = rcu::stamp(&SHARED.global);
+                    b.val.seal();
                     orphan(b);
                 }
             }
@@ -353,7 +365,7 @@ mod imp {
     #[cold]
     #[inline(never)]
     fn queue(mut b: Box<Link<Batch>>) {
-        b.val.stamp = rcu::stamp(&SHARED.global);
+        b.val.seal();
         let extra = LOCAL.try_with(|l| {
             let mut q = l.q.borrow_mut();
             q.queued.push_back(b);
@@ -373,13 +385,7 @@ mod imp {
     /// thread's partial batch and reclaims until nothing of this thread's is left or other
     /// threads' sections hold the epoch back.
     pub(crate) fn flush() {
-        let cur = LOCAL.try_with(|l| l.q.borrow_mut().cur.take());
-        if let Ok(Some(mut b)) = cur {
-            if b.val.len > 0 {
-                b.val.stamp = rcu::stamp(&SHARED.global);
-                let _ = LOCAL.try_with(|l| l.q.borrow_mut().queued.push_back(b));
-            }
-        }
+        let _ = LOCAL.try_with(|l| l.q.borrow_mut().seal_cur());
         for _ in 0..4 {
             reclaim(usize::MAX);
             let left = LOCAL.try_with(|l| l.q.borrow().queued.len()).unwrap_or(0);
