@@ -210,8 +210,9 @@ const WORKLOADS_HELP: &str = "Workloads:
 
 Targets: kernel (real system calls; run as root where a workload needs it), kernel-ext4,
 library (vfscale), library-prepatch (vfscale with the seed's base design), library-list,
-rwlock-hashmap, dashmap, moka (what a Rust user would pick instead). Each workload has
-its own set; without --target every one of them runs.";
+rwlock-hashmap, dashmap, moka (what a Rust user would pick instead), partitioned (inodes'
+control: a table per task, nothing shared; how far this machine lets such tasks scale).
+Each workload has its own set; without --target every one of them runs.";
 
 /// `vfscale bench`.
 #[derive(Debug, Args)]

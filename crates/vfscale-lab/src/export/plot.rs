@@ -219,6 +219,7 @@ pub fn color(target: &str) -> RGBColor {
         Some(Target::RwlockHashmap) => RGBColor(0x94, 0x67, 0xbd),
         Some(Target::Dashmap) => RGBColor(0xbc, 0xbd, 0x22),
         Some(Target::Moka) => RGBColor(0x17, 0xbe, 0xcf),
+        Some(Target::Partitioned) => RGBColor(0x7f, 0x7f, 0x7f),
         Some(Target::Library) => RGBColor(0x1f, 0x6f, 0xb4),
         None => RGBColor(0x2c, 0xa0, 0x2c),
     }

@@ -25,7 +25,7 @@
 //!    beyond it when two are, else among all when none is; one size beyond it and others
 //!    within: the ratio is shown, not judged.
 
-use super::{metric, task_counts, Finding, Ratio, Targets};
+use super::{metric, task_counts, Finding, Ratio, Status, Targets};
 use crate::export::units::{self, Unit};
 use crate::result::Report;
 
@@ -33,6 +33,9 @@ const W: &str = "inodes";
 const RATE: &str = "ops_per_sec";
 const PHASES: [&str; 5] = ["create", "walk", "chmod", "unlink", "cold-walk"];
 const ALTERNATIVES: [&str; 3] = ["rwlock-hashmap", "dashmap", "moka"];
+/// The control (`partitioned`: a table per task, nothing shared): its scaling is shown on
+/// a line of its own, never compared with (not a design a filesystem could use).
+const CONTROL: &str = "partitioned";
 
 /// The experiment's lines (none when it did not run).
 pub fn findings(report: &Report) -> Vec<Finding> {
@@ -241,6 +244,28 @@ fn phases(report: &Report) -> Vec<Finding> {
             status: t.status(),
         });
     }
+    // The control's scaling in the same run, when it ran: no target, it says how far this
+    // machine lets tasks that share nothing scale.
+    let control: Vec<String> = PHASES
+        .iter()
+        .filter_map(|p| {
+            let hi = metric(report, W, CONTROL, p, n, RATE)?;
+            let lo = metric(report, W, CONTROL, p, one, RATE)?;
+            let r = Ratio::paired_or_of(RATE, hi, lo);
+            Some(format!("{p} {}", units::format_ratio(r.value)))
+        })
+        .collect();
+    if n > one && !control.is_empty() {
+        out.push(Finding {
+            seed: "seed 002",
+            text: format!(
+                "inodes control {n}/{one} tasks (partitioned: a table per task, nothing shared; \
+                 what this machine gives tasks working apart): {}",
+                control.join(", ")
+            ),
+            status: Status::Info,
+        });
+    }
     // Line 2: counters.
     let mut t = Targets::new();
     let mut parts = Vec::new();
@@ -402,6 +427,28 @@ mod tests {
         // 2% ahead: met (2/1 is 2.0 and 2 tasks beat both maps).
         let (s, text) = text_of(&[4.9, 4.8, 5.0, 4.9]);
         assert_eq!(s, super::super::Status::Met, "{text}");
+    }
+
+    #[test]
+    fn the_control_is_shown_on_its_own_line_and_never_compared_with() {
+        let rows: &[(&str, &str, usize, &[f64])] = &[
+            ("library", "walk", 1, &[4.9, 4.8, 5.0, 4.9]),
+            ("library", "walk", 2, &[9.8, 9.6, 10.0, 9.8]),
+            ("dashmap", "walk", 1, &[4.8, 4.7, 4.9, 4.8]),
+            ("dashmap", "walk", 2, &[7.0, 7.1, 6.9, 7.0]),
+            // Faster than library at 1 task and at 2: a control, so neither counts.
+            ("partitioned", "walk", 1, &[6.0, 6.0, 6.0, 6.0]),
+            ("partitioned", "walk", 2, &[10.2, 10.2, 10.2, 10.2]),
+        ];
+        let f = phases(&phase_report(rows));
+        assert_eq!(f[0].status, Status::Met, "{}", f[0].text);
+        assert!(!f[0].text.contains("partitioned"), "{}", f[0].text);
+        assert_eq!(f[1].status, Status::Info);
+        assert!(f[1].text.starts_with("inodes control 2/1 tasks"), "{}", f[1].text);
+        assert!(f[1].text.ends_with(": walk 1.70×"), "{}", f[1].text);
+        // Without the control's rows, no such line.
+        let f = phases(&phase_report(&rows[..4]));
+        assert!(f.iter().all(|x| !x.text.contains("control")), "{:?}", f);
     }
 
     #[test]

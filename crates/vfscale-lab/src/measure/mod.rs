@@ -64,13 +64,18 @@ pub enum Target {
     Dashmap,
     /// The inode workload's filesystem on `moka` (`get_with` coalesces loads).
     Moka,
+    /// A control, not a design to pick: the inode workload's filesystem on one
+    /// `RwLock<HashMap>` per task, holding that task's files, so that tasks in their own
+    /// directories share nothing. Its N/1 ratios are how far this machine lets a table
+    /// with nothing shared scale, measured in the same run as the others.
+    Partitioned,
     /// vfscale with the seeds' designs; threads act as the owners.
     Library,
 }
 
 impl Target {
     /// All targets, in report order: the kernel first, the alternatives, vfscale last.
-    pub const ALL: [Target; 8] = [
+    pub const ALL: [Target; 9] = [
         Target::Kernel,
         Target::KernelExt4,
         Target::LibraryPrepatch,
@@ -78,6 +83,7 @@ impl Target {
         Target::RwlockHashmap,
         Target::Dashmap,
         Target::Moka,
+        Target::Partitioned,
         Target::Library,
     ];
 
@@ -91,6 +97,7 @@ impl Target {
             Target::RwlockHashmap => "rwlock-hashmap",
             Target::Dashmap => "dashmap",
             Target::Moka => "moka",
+            Target::Partitioned => "partitioned",
             Target::Library => "library",
         }
     }
@@ -266,6 +273,7 @@ impl Workload {
                 RwlockHashmap,
                 Dashmap,
                 Moka,
+                Partitioned,
                 Library,
             ],
             _ => &[Kernel, LibraryPrepatch, Library],

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use vfscale_icache::Settings;
 
-use super::tables::{Attrs, Counts, Dashmap, Disk, Icache, Moka, RwlockHashmap, Table};
+use super::tables::{Attrs, Counts, Dashmap, Disk, Icache, Moka, Partitioned, RwlockHashmap, Table};
 use super::{Span, StartGate, PHASES};
 use crate::measure::{Sample, Skip, Target};
 
@@ -179,6 +179,7 @@ fn pass(target: Target, tasks: usize, files: u64) -> Result<Sample, Skip> {
         Target::RwlockHashmap => Box::new(RwlockHashmap::default()),
         Target::Dashmap => Box::new(Dashmap::default()),
         Target::Moka => Box::new(Moka::default()),
+        Target::Partitioned => Box::new(Partitioned::new(tasks, files)),
         t => return Err(Skip(format!("inodes: {} is not an in-memory target", t.name()))),
     };
     let counts_locks = table.counts_locks();

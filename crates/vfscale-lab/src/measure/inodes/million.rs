@@ -240,7 +240,12 @@ mod tests {
 
     #[test]
     fn alternatives_are_skipped_with_a_reason() {
-        for t in [Target::RwlockHashmap, Target::Dashmap, Target::Moka] {
+        for t in [
+            Target::RwlockHashmap,
+            Target::Dashmap,
+            Target::Moka,
+            Target::Partitioned,
+        ] {
             let Err(Skip(why)) = run(t, 1, 10) else {
                 panic!("{} ran the evict point", t.name())
             };

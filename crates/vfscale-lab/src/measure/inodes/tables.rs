@@ -1,6 +1,8 @@
 //! The inode tables the in-memory filesystem can sit on: vfscale-icache (the seed's
 //! design, or every mechanism switched back), and what a Rust user would pick instead:
-//! `RwLock<HashMap>` (the virtiofsd / libfuse passthrough pattern), `dashmap`, `moka`.
+//! `RwLock<HashMap>` (the virtiofsd / libfuse passthrough pattern), `dashmap`, `moka`;
+//! and a control, `partitioned`: one `RwLock<HashMap>` per task, so that tasks working in
+//! their own directories share nothing at all.
 //!
 //! Every table counts, per task, the acquisitions of locks that all tasks share
 //! (`global`), of per-shard or per-object locks (`shard`), and the loads from the
@@ -171,45 +173,123 @@ impl Table for Icache {
 
 // ------------------------------------------------------------------ RwLock<HashMap>
 
-/// `RwLock<HashMap<ino, Arc<inode>>>`: one lock for the whole table. A miss loads outside
-/// the lock, then inserts under the write lock unless another task got there first (its
-/// load is wasted: nothing coalesces loads).
+/// `RwLock<HashMap<ino, Arc<inode>>>`, on cache lines of its own (128: x86's adjacent-line
+/// prefetch pairs lines). A miss loads outside the lock, then inserts under the write
+/// lock unless another task got there first (its load is wasted: nothing coalesces
+/// loads). Each method counts its acquisitions of the lock in `taken` (the tasks' global
+/// or shard counter: who shares the lock is the caller's to say).
 #[derive(Default)]
-pub struct RwlockHashmap {
-    map: RwLock<HashMap<u64, Arc<Attrs>>>,
-}
+#[repr(align(128))]
+struct LockedMap(RwLock<HashMap<u64, Arc<Attrs>>>);
 
-impl Table for RwlockHashmap {
-    fn create(&self, ino: u64, disk: &Disk, c: &Counts) {
+impl LockedMap {
+    fn create(&self, ino: u64, disk: &Disk, taken: &AtomicU64) {
         let a = Arc::new(Attrs::default());
         a.load_from(disk.get(ino));
-        Counts::add(&c.global);
-        self.map.write().unwrap().insert(ino, a);
+        Counts::add(taken);
+        self.0.write().unwrap().insert(ino, a);
     }
 
-    fn with(&self, ino: u64, disk: &Disk, c: &Counts, f: &mut dyn FnMut(&Attrs)) {
-        Counts::add(&c.global);
-        let hit = self.map.read().unwrap().get(&ino).cloned();
+    fn with(&self, ino: u64, disk: &Disk, c: &Counts, taken: &AtomicU64, f: &mut dyn FnMut(&Attrs)) {
+        Counts::add(taken);
+        let hit = self.0.read().unwrap().get(&ino).cloned();
         let a = match hit {
             Some(a) => a,
             None => {
                 let a = Arc::new(Attrs::default());
                 a.load_from(disk.get(ino));
                 Counts::add(&c.loads);
-                Counts::add(&c.global);
-                self.map.write().unwrap().entry(ino).or_insert(a).clone()
+                Counts::add(taken);
+                self.0.write().unwrap().entry(ino).or_insert(a).clone()
             }
         };
         f(&a);
     }
 
-    fn unlink(&self, ino: u64, c: &Counts) {
-        Counts::add(&c.global);
-        self.map.write().unwrap().remove(&ino);
+    fn unlink(&self, ino: u64, taken: &AtomicU64) {
+        Counts::add(taken);
+        self.0.write().unwrap().remove(&ino);
     }
 
     fn drop_caches(&self) {
-        self.map.write().unwrap().retain(|_, a| Arc::strong_count(a) > 1);
+        self.0.write().unwrap().retain(|_, a| Arc::strong_count(a) > 1);
+    }
+}
+
+/// `RwLock<HashMap<ino, Arc<inode>>>`: one lock for the whole table, shared by every task.
+#[derive(Default)]
+pub struct RwlockHashmap {
+    map: LockedMap,
+}
+
+impl Table for RwlockHashmap {
+    fn create(&self, ino: u64, disk: &Disk, c: &Counts) {
+        self.map.create(ino, disk, &c.global);
+    }
+
+    fn with(&self, ino: u64, disk: &Disk, c: &Counts, f: &mut dyn FnMut(&Attrs)) {
+        self.map.with(ino, disk, c, &c.global, f);
+    }
+
+    fn unlink(&self, ino: u64, c: &Counts) {
+        self.map.unlink(ino, &c.global);
+    }
+
+    fn drop_caches(&self) {
+        self.map.drop_caches();
+    }
+}
+
+// ------------------------------------------------------------------ partitioned
+
+/// The control: a [`LockedMap`] per task, holding the inodes of that task's files (inode
+/// numbers are given out per task, [`Disk::ino`]). In create, walk, chmod and unlink a
+/// task touches only its own partition, its own directory and its own part of the disk:
+/// nothing is shared, and nothing is written that another task reads. Its scaling is then
+/// the machine's (what its caches, memory and CPUs give two tasks working apart),
+/// measured side by side with the designs, not a table's; the cold walk reads every
+/// partition from every task, as any table's would. Not a design to compare with: a real
+/// filesystem's inodes are not reached only by the task that created them. At 1 task it
+/// is `rwlock-hashmap`. Its locks count as shard locks (a partition's lock is its task's,
+/// as the directory's is).
+pub struct Partitioned {
+    parts: Box<[LockedMap]>,
+    files: u64,
+}
+
+impl Partitioned {
+    /// Partitions for `tasks` tasks of `files` files each.
+    pub fn new(tasks: usize, files: u64) -> Partitioned {
+        Partitioned {
+            parts: (0..tasks.max(1)).map(|_| LockedMap::default()).collect(),
+            files: files.max(1),
+        }
+    }
+
+    /// The partition of the task whose file `ino` is.
+    fn part(&self, ino: u64) -> &LockedMap {
+        let t = (ino.saturating_sub(1) / self.files) as usize;
+        &self.parts[t.min(self.parts.len() - 1)]
+    }
+}
+
+impl Table for Partitioned {
+    fn create(&self, ino: u64, disk: &Disk, c: &Counts) {
+        self.part(ino).create(ino, disk, &c.shard);
+    }
+
+    fn with(&self, ino: u64, disk: &Disk, c: &Counts, f: &mut dyn FnMut(&Attrs)) {
+        self.part(ino).with(ino, disk, c, &c.shard, f);
+    }
+
+    fn unlink(&self, ino: u64, c: &Counts) {
+        self.part(ino).unlink(ino, &c.shard);
+    }
+
+    fn drop_caches(&self) {
+        for p in self.parts.iter() {
+            p.drop_caches();
+        }
     }
 }
 
