@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Barrier, RwLock};
-use std::time::Instant;
 
 use vfscale_icache::Settings;
 
@@ -206,9 +205,9 @@ fn pass(target: Target, tasks: usize, files: u64) -> Result<Sample, Skip> {
                 for (k, p) in PHASES.into_iter().enumerate() {
                     start.wait();
                     gate.wait(k);
-                    let a = Instant::now();
+                    let a = Span::start();
                     fs.phase(p, t, &mut buf);
-                    span.record(a, Instant::now());
+                    span.record(a);
                     end.wait();
                 }
             }));
@@ -222,7 +221,9 @@ fn pass(target: Target, tasks: usize, files: u64) -> Result<Sample, Skip> {
             start.wait();
             gate.open(k, tasks);
             end.wait();
-            let secs = span.take();
+            let taken = span.take();
+            let secs = taken.secs;
+            Span::insert(&taken, p, tasks, &mut s);
             let after = fs.totals();
             let per_task = if p == "cold-walk" {
                 tasks as u64 * files

@@ -159,11 +159,11 @@ fn run_in(tasks: usize, files: u64, phases: &[&str], base: &Path, drop_caches: b
                     for (k, p) in kp.into_iter().enumerate() {
                         start.wait();
                         gate.wait(k);
-                        let a = Instant::now();
+                        let a = super::Span::start();
                         if err.is_none() {
                             err = phase(p, d, files, dirs).err();
                         }
-                        span.record(a, Instant::now());
+                        span.record(a);
                         end.wait();
                     }
                     err
@@ -179,7 +179,9 @@ fn run_in(tasks: usize, files: u64, phases: &[&str], base: &Path, drop_caches: b
             start.wait();
             gate.open(k, dirs.len());
             end.wait();
-            let secs = span.take();
+            let taken = span.take();
+            let secs = taken.secs;
+            super::Span::insert(&taken, p, tasks, &mut s);
             let per_task = if *p == "cold-walk" {
                 files * tasks as u64
             } else {

@@ -22,7 +22,13 @@
 //! icache's global settings, the one `RwLock`; the filesystem's own tables add none:
 //! directories are per task and the "disk" is read without locks) and
 //! `shard_lock_acquisitions_per_op` (per-chain/per-CPU/per-shard/per-directory locks);
-//! on `cold-walk` also `loads_per_distinct_inode`.
+//! on `cold-walk` also `loads_per_distinct_inode`. For every target, how the tasks spent
+//! the phase ([`Span`]): `on_cpu` (their CPU time over their time) and, with more than one
+//! task, `task_time_spread` (the slowest task's time over the fastest's). A 2-task phase
+//! lasts as long as its slower task, so a short 2/1 ratio with a spread well above 1 and
+//! `on_cpu` at 1 is tasks running at different speeds, not waiting for each other (on
+//! this 2-vCPU guest a task's speed over a whole phase was seen to differ by 2× between
+//! two tasks of one process with nothing shared, each on its own CPU all along).
 //!
 //! Not a default phase: `--mode evict` ([`million`]), issue 9's 1,000,000-inode point
 //! (`--files` = inodes cached in all; bytes of bookkeeping per cached inode and
@@ -70,24 +76,99 @@ use super::{Config, Sample, Skip, Target, SKIP_PREFIX};
 
 /// A phase's measured interval: from the first task's start to the last task's end,
 /// recorded by the tasks themselves (the driver may be scheduled late after the start
-/// barrier opens, and a short phase may be over by then).
+/// barrier opens, and a short phase may be over by then); and how the tasks spent it.
 #[derive(Default)]
-pub(super) struct Span(std::sync::Mutex<Option<(std::time::Instant, std::time::Instant)>>);
+pub(super) struct Span(std::sync::Mutex<SpanState>);
+
+#[derive(Default)]
+pub(super) struct SpanState {
+    /// First start, last end.
+    bounds: Option<(std::time::Instant, std::time::Instant)>,
+    /// Each task's (wall, CPU) seconds.
+    tasks: Vec<(f64, f64)>,
+}
+
+/// A task's start of a phase: wall clock and the thread's CPU time ([`Span::start`]).
+pub(super) struct TaskStart {
+    wall: std::time::Instant,
+    cpu: f64,
+}
+
+/// A phase as [`Span::take`] gives it.
+#[derive(Debug, PartialEq)]
+pub(super) struct Taken {
+    /// First task's start to last task's end, in seconds (0 when no task ran).
+    pub secs: f64,
+    /// The slowest task's time over the fastest's (1 when they took as long; with one
+    /// task, 1). A 2-task phase lasts as long as its slower task, so this is how much of
+    /// a short N/1 ratio is tasks that ran at different speeds rather than waited.
+    pub spread: f64,
+    /// The tasks' CPU time over their time (1: on a CPU all along; less: they slept or
+    /// were preempted).
+    pub on_cpu: f64,
+}
+
+/// The calling thread's CPU time, in seconds (`CLOCK_THREAD_CPUTIME_ID`: up to date for
+/// the running thread, unlike `/proc/thread-self/schedstat`).
+fn thread_cpu_secs() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the local timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
 
 impl Span {
-    /// A task ran from `a` to `b`.
-    pub(super) fn record(&self, a: std::time::Instant, b: std::time::Instant) {
+    /// The calling task starts its part of the phase.
+    pub(super) fn start() -> TaskStart {
+        let cpu = thread_cpu_secs();
+        TaskStart {
+            wall: std::time::Instant::now(),
+            cpu,
+        }
+    }
+
+    /// The calling task, which started at `s`, ends its part.
+    pub(super) fn record(&self, s: TaskStart) {
+        let end = std::time::Instant::now();
+        let cpu = thread_cpu_secs() - s.cpu;
+        self.record_at(s.wall, end, cpu);
+    }
+
+    /// A task ran from `a` to `b`, `cpu` seconds of it on a CPU.
+    fn record_at(&self, a: std::time::Instant, b: std::time::Instant, cpu: f64) {
         let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        *g = Some(match *g {
+        g.bounds = Some(match g.bounds {
             None => (a, b),
             Some((x, y)) => (x.min(a), y.max(b)),
         });
+        g.tasks.push(((b - a).as_secs_f64(), cpu));
     }
 
-    /// The interval in seconds, and a fresh span for the next phase.
-    pub(super) fn take(&self) -> f64 {
-        let g = self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
-        g.map_or(0.0, |(a, b)| (b - a).as_secs_f64())
+    /// The phase, and a fresh span for the next.
+    pub(super) fn take(&self) -> Taken {
+        let g = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        let secs = g.bounds.map_or(0.0, |(a, b)| (b - a).as_secs_f64());
+        let walls = g.tasks.iter().map(|t| t.0);
+        let (lo, hi) = walls.fold((f64::INFINITY, 0.0f64), |(l, h), w| (l.min(w), h.max(w)));
+        let wall: f64 = g.tasks.iter().map(|t| t.0).sum();
+        let cpu: f64 = g.tasks.iter().map(|t| t.1).sum();
+        Taken {
+            secs,
+            spread: if lo > 0.0 && lo.is_finite() { hi / lo } else { 1.0 },
+            on_cpu: if wall > 0.0 { (cpu / wall).min(1.0) } else { 1.0 },
+        }
+    }
+
+    /// Adds the phase's `spread` and `on_cpu` to `s` as `phase/task_time_spread` (with
+    /// more than one task) and `phase/on_cpu`.
+    pub(super) fn insert(t: &Taken, phase: &str, tasks: usize, s: &mut Sample) {
+        if tasks > 1 {
+            s.insert(format!("{phase}/task_time_spread"), t.spread);
+        }
+        s.insert(format!("{phase}/on_cpu"), t.on_cpu);
     }
 }
 
@@ -427,6 +508,44 @@ mod tests {
                 }
             }
         });
+    }
+
+    /// The span is first start to last end; the spread is the slowest task over the
+    /// fastest, and on-CPU time is summed over the tasks.
+    #[test]
+    fn a_span_reports_its_tasks_spread_and_time_on_a_cpu() {
+        use std::time::{Duration, Instant};
+        let span = Span::default();
+        let t0 = Instant::now();
+        span.record_at(t0, t0 + Duration::from_millis(40), 0.040);
+        span.record_at(
+            t0 + Duration::from_millis(10),
+            t0 + Duration::from_millis(70),
+            0.030,
+        );
+        let t = span.take();
+        assert!((t.secs - 0.070).abs() < 1e-9, "{t:?}");
+        assert!((t.spread - 1.5).abs() < 1e-9, "{t:?}");
+        assert!((t.on_cpu - 0.7).abs() < 1e-9, "{t:?}");
+        // Taken: the next phase starts afresh.
+        assert_eq!(
+            span.take(),
+            Taken {
+                secs: 0.0,
+                spread: 1.0,
+                on_cpu: 1.0
+            }
+        );
+        // A real task: on a CPU nearly all along while it spins.
+        let s = Span::start();
+        let until = Instant::now() + Duration::from_millis(20);
+        while Instant::now() < until {
+            std::hint::spin_loop();
+        }
+        span.record(s);
+        let t = span.take();
+        assert!(t.secs >= 0.020 && t.spread == 1.0, "{t:?}");
+        assert!(t.on_cpu > 0.0 && t.on_cpu <= 1.0, "{t:?}");
     }
 
     fn cfg(tasks: usize, files: u64) -> Config {
