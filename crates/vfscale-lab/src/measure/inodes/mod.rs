@@ -23,7 +23,7 @@
 //! directories are per task and the "disk" is read without locks) and
 //! `shard_lock_acquisitions_per_op` (per-chain/per-CPU/per-shard/per-directory locks);
 //! on `cold-walk` also `loads_per_distinct_inode`. For every target, how the tasks spent
-//! the phase ([`Span`]): `on_cpu` (their CPU time over their time) and, with more than one
+//! the phase (`Span`): `on_cpu` (their CPU time over their time) and, with more than one
 //! task, `task_time_spread` (the slowest task's time over the fastest's). A 2-task phase
 //! lasts as long as its slower task, so a short 2/1 ratio with a spread well above 1 and
 //! `on_cpu` at 1 is tasks running at different speeds, not waiting for each other (on
