@@ -10,6 +10,10 @@
 //!    alternative at that count (target: faster, significantly; the runs are paired,
 //!    see [`super::paired`]); and at 1 task the phase where `library` is furthest behind the
 //!    fastest other target (target: within 5%, [`MIN_AT_ONE`]).
+//!
+//!    When the control (`partitioned`: a table per task, nothing shared) ran, a line of
+//!    its own (no target) gives its N/1 ratio per phase, paired as `library`'s: how far
+//!    the machine let tasks that share nothing scale in the same run.
 //! 2. Counters: global lock acquisitions per operation (target: exactly 0 for `library`,
 //!    ≥ 1 for `library-prepatch`) and the cold walk's loads per distinct inode (target:
 //!    exactly 1 for `library`).
