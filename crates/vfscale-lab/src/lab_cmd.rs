@@ -42,6 +42,8 @@ pub fn run(a: &RunArgs) -> Result<ExitCode, String> {
     let report = bench::execute(&plan, meta::collect(&command_line()), false);
     if a.verbose {
         print!("{}", export::summary::render_verbose(&report));
+    } else if a.quick {
+        print!("{}", export::summary::render_quick(&report));
     } else {
         print!("{}", export::summary::render(&report));
     }

@@ -140,6 +140,67 @@ fn stdout_leads_with_the_headline_and_fits_the_budget() {
     }
 }
 
+/// The inode experiment's part of a `run --quick`: every in-memory target and the kernel
+/// at 1 and 2 tasks, five phases, and the kernel's skipped cold walk.
+fn with_quick_inodes(mut report: Report) -> Report {
+    let targets = [
+        "kernel",
+        "library-prepatch",
+        "rwlock-hashmap",
+        "dashmap",
+        "moka",
+        "partitioned",
+        "library",
+    ];
+    for phase in ["create", "walk", "chmod", "unlink", "cold-walk"] {
+        for n in [1, 2] {
+            for t in targets {
+                if t == "kernel" && phase == "cold-walk" {
+                    continue;
+                }
+                let mut r = row(
+                    "inodes",
+                    t,
+                    phase,
+                    n,
+                    &[
+                        ("ops_per_sec", 1e6 * n as f64),
+                        ("global_lock_acquisitions_per_op", 0.0),
+                    ],
+                );
+                r.files = Some(3_000);
+                report.results.push(r);
+            }
+        }
+    }
+    report.skipped.push(vfscale_lab::result::Skipped {
+        workload: "inodes".into(),
+        target: "kernel".into(),
+        reason: "cold-walk: tmpfs pins its inodes (no cache to drop)".into(),
+    });
+    report
+}
+
+/// Issue 9: the inode part adds at most 15 lines to `run --quick` (its table goes to
+/// report.md; its headline lines stay), while `run` keeps the table.
+#[test]
+fn quick_output_adds_at_most_15_lines_for_the_inode_cache() {
+    let mut base = full_run_like();
+    base.results.retain(|r| r.workload == "herd");
+    let with = with_quick_inodes(base.clone());
+    let quick = summary::render_quick(&with);
+    let added = quick.lines().count() - summary::render_quick(&base).lines().count();
+    assert!(added <= 15, "{added} lines:\n{quick}");
+    assert!(quick.contains("seed 002: inodes library 2/1"), "{quick}");
+    assert!(
+        quick.contains("In report.md only: inode cache (seed 002)"),
+        "{quick}"
+    );
+    let full = summary::render(&with);
+    assert!(full.contains("\ninode cache (seed 002)"), "{full}");
+    say(&format!("the inode part of run --quick: {added} lines"));
+}
+
 fn chromium() -> Option<PathBuf> {
     ["chromium", "chromium-browser", "google-chrome"]
         .iter()
