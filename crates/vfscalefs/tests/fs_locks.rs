@@ -172,6 +172,53 @@ fn release_drops_ofd_locks_and_mountpoints_share_locks() {
     );
 }
 
+/// Sends `sig` to `w` and reaps it within 2 s; else says where it is stuck: its state,
+/// `wchan` and kernel stack (root) and how long it was given (a waiter still blocked in
+/// its FUSE request after a fatal signal waits for the server's answer: a lost interrupt).
+fn signal_and_reap(
+    w: &mut std::process::Child,
+    sig: nix::sys::signal::Signal,
+) -> Result<std::process::ExitStatus, String> {
+    let pid = w.id();
+    let t = Instant::now();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).unwrap();
+    while t.elapsed() < Duration::from_secs(2) {
+        if let Some(st) = w.try_wait().unwrap() {
+            return Ok(st);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let read =
+        |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_else(|e| format!("({e})"));
+    let state = read("status")
+        .lines()
+        .find(|l| l.starts_with("State:"))
+        .unwrap_or("State: ?")
+        .to_string();
+    Err(format!(
+        "{sig:?} to pid {pid}: alive after {:?}; {state}; wchan {}; stack:\n{}",
+        t.elapsed(),
+        read("wchan"),
+        read("stack")
+    ))
+}
+
+/// The helper above tells a survivor: a shell that ignores SIGINT is reported alive, with
+/// its state, and a SIGKILL then reaps it.
+#[test]
+fn signal_and_reap_reports_a_survivor() {
+    let mut c = Command::new("sh")
+        .arg("-c")
+        .arg("trap '' INT; while :; do sleep 1; done")
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let why = signal_and_reap(&mut c, nix::sys::signal::Signal::SIGINT).unwrap_err();
+    assert!(why.contains("alive after") && why.contains("State:"), "{why}");
+    let st = signal_and_reap(&mut c, nix::sys::signal::Signal::SIGKILL).unwrap();
+    assert!(!st.success());
+}
+
 /// A waiter parked in the server holds no dispatch thread: with one dispatch thread and
 /// several blocked flock(1) waiters, other requests are still served; a waiter killed
 /// with SIGKILL goes away at once (not stuck in D state); SIGINT ends a wait.
@@ -208,29 +255,20 @@ fn waiters_hold_no_thread_and_can_be_killed() {
         "requests were held up by parked waiters"
     );
     // SIGKILL: reaped at once.
-    let w = waiters.pop().unwrap();
-    let pid = nix::unistd::Pid::from_raw(w.id() as i32);
-    let t = Instant::now();
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
-    let mut w = w;
-    w.wait().unwrap();
-    assert!(
-        t.elapsed() < Duration::from_secs(2),
-        "a killed waiter took {:?} to die",
-        t.elapsed()
-    );
+    let mut w = waiters.pop().unwrap();
+    if let Err(why) = signal_and_reap(&mut w, nix::sys::signal::Signal::SIGKILL) {
+        holder.kill().unwrap();
+        panic!("a killed waiter did not die: {why}");
+    }
     // SIGINT: the waiter ends (flock(1) has no handler; the default action kills it).
-    let w = waiters.pop().unwrap();
-    let t = Instant::now();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(w.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .unwrap();
-    let mut w = w;
-    let st = w.wait().unwrap();
-    assert!(!st.success());
-    assert!(t.elapsed() < Duration::from_secs(2));
+    let mut w = waiters.pop().unwrap();
+    match signal_and_reap(&mut w, nix::sys::signal::Signal::SIGINT) {
+        Ok(st) => assert!(!st.success()),
+        Err(why) => {
+            holder.kill().unwrap();
+            panic!("an interrupted waiter did not die: {why}");
+        }
+    }
     // The holder goes: the remaining waiters are granted, one after the other.
     holder.kill().unwrap();
     holder.wait().unwrap();
