@@ -126,9 +126,6 @@ fn render_leaving(report: &Report, elsewhere: &[&str]) -> String {
         if out.lines().count() + body.lines().count() + full_report_line <= MAX_LINES {
             break;
         }
-        if left_out.contains(&g) {
-            continue;
-        }
         left_out.push(g);
         body = render_with(&left_out);
     }

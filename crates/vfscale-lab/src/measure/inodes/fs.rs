@@ -221,9 +221,7 @@ fn pass(target: Target, tasks: usize, files: u64) -> Result<Sample, Skip> {
             start.wait();
             gate.open(k, tasks);
             end.wait();
-            let taken = span.take();
-            let secs = taken.secs;
-            Span::insert(&taken, p, tasks, &mut s);
+            let secs = span.finish(p, tasks, &mut s);
             let after = fs.totals();
             let per_task = if p == "cold-walk" {
                 tasks as u64 * files

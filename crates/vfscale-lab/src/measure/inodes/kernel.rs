@@ -179,9 +179,7 @@ fn run_in(tasks: usize, files: u64, phases: &[&str], base: &Path, drop_caches: b
             start.wait();
             gate.open(k, dirs.len());
             end.wait();
-            let taken = span.take();
-            let secs = taken.secs;
-            super::Span::insert(&taken, p, tasks, &mut s);
+            let secs = span.finish(p, tasks, &mut s);
             let per_task = if *p == "cold-walk" {
                 files * tasks as u64
             } else {

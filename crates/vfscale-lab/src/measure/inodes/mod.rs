@@ -13,9 +13,9 @@
 //! `partitioned`: a table per task, so that tasks in their own directories share
 //! nothing. No filesystem could use it (its inodes are reached by their creator only);
 //! its N/1 ratios show, in the same run, how far this machine lets tasks that share
-//! nothing scale (on this 2-vCPU guest 1.4–1.8 per phase, not 2: each vCPU's speed
-//! changes by up to 1.4× for seconds at a time, independently, and a 2-task phase lasts
-//! as long as its slower task).
+//! nothing scale (on this 2-vCPU guest 1.3–2.1 per phase from set to set, not 2: each
+//! vCPU's speed changes by up to 2× for hundreds of milliseconds at a time,
+//! independently, and a 2-task phase lasts as long as its slower task).
 //!
 //! Metrics per phase (`phase/metric`): `ops_per_sec`; for the in-memory targets whose
 //! locks can be counted, `global_lock_acquisitions_per_op` (locks every task shares: the
@@ -81,7 +81,7 @@ use super::{Config, Sample, Skip, Target, SKIP_PREFIX};
 pub(super) struct Span(std::sync::Mutex<SpanState>);
 
 #[derive(Default)]
-pub(super) struct SpanState {
+struct SpanState {
     /// First start, last end.
     bounds: Option<(std::time::Instant, std::time::Instant)>,
     /// Each task's (wall, CPU) seconds.
@@ -151,10 +151,10 @@ impl Span {
     pub(super) fn take(&self) -> Taken {
         let g = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
         let secs = g.bounds.map_or(0.0, |(a, b)| (b - a).as_secs_f64());
-        let walls = g.tasks.iter().map(|t| t.0);
-        let (lo, hi) = walls.fold((f64::INFINITY, 0.0f64), |(l, h), w| (l.min(w), h.max(w)));
-        let wall: f64 = g.tasks.iter().map(|t| t.0).sum();
-        let cpu: f64 = g.tasks.iter().map(|t| t.1).sum();
+        let (lo, hi, wall, cpu) = g.tasks.iter().fold(
+            (f64::INFINITY, 0.0f64, 0.0, 0.0),
+            |(lo, hi, wall, cpu), &(w, c)| (lo.min(w), hi.max(w), wall + w, cpu + c),
+        );
         Taken {
             secs,
             spread: if lo > 0.0 && lo.is_finite() { hi / lo } else { 1.0 },
@@ -162,13 +162,15 @@ impl Span {
         }
     }
 
-    /// Adds the phase's `spread` and `on_cpu` to `s` as `phase/task_time_spread` (with
-    /// more than one task) and `phase/on_cpu`.
-    pub(super) fn insert(t: &Taken, phase: &str, tasks: usize, s: &mut Sample) {
+    /// Ends `phase` ([`Span::take`]): adds its `on_cpu` and, with more than one task, its
+    /// `task_time_spread` to `s` as `phase/metric`, and returns its length in seconds.
+    pub(super) fn finish(&self, phase: &str, tasks: usize, s: &mut Sample) -> f64 {
+        let t = self.take();
         if tasks > 1 {
             s.insert(format!("{phase}/task_time_spread"), t.spread);
         }
         s.insert(format!("{phase}/on_cpu"), t.on_cpu);
+        t.secs
     }
 }
 
