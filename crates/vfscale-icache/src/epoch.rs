@@ -219,12 +219,9 @@ mod imp {
         };
     }
 
-    /// Puts `b` on the shared orphan list (never refused: it is never closed and has no
-    /// bound).
+    /// Puts `b` on the shared orphan list.
     fn orphan(b: Box<Link<Batch>>) {
-        if SHARED.orphans.push(b, usize::MAX).is_err() {
-            unreachable!("the orphan list is never closed");
-        }
+        SHARED.orphans.push(b);
     }
 
     fn pin() -> Guard {
