@@ -83,8 +83,9 @@ impl MemFs {
         out
     }
 
-    /// Task `t`'s part of `phase`; `buf` is the task's `readdir` buffer.
-    fn phase(&self, phase: &str, t: usize, buf: &mut Dents) {
+    /// Task `t`'s part of `phase`; `buf` is the task's `readdir` buffer; each operation
+    /// done ticks `span`.
+    fn phase(&self, phase: &str, t: usize, buf: &mut Dents, span: &Span) {
         let c = &self.counts[t];
         match phase {
             "create" => {
@@ -96,11 +97,13 @@ impl MemFs {
                     self.table.create(ino, &self.disk, c);
                     bump(&c.shard);
                     self.dirs[t].entries.write().unwrap().insert(format!("f{i}"), ino);
+                    span.tick(t);
                 }
             }
             "walk" => {
                 for ino in self.readdir(t, c, buf).inos() {
                     self.table.with(ino, &self.disk, c, &mut stat);
+                    span.tick(t);
                 }
             }
             "chmod" => {
@@ -109,12 +112,14 @@ impl MemFs {
                         a.mode.store(0o100600, Ordering::Relaxed)
                     });
                     self.disk.get(ino).mode.store(0o100600, Ordering::Relaxed);
+                    span.tick(t);
                 }
             }
             "cold-walk" => {
                 for d in 0..self.dirs.len() {
                     for ino in self.readdir(d, c, buf).inos() {
                         self.table.with(ino, &self.disk, c, &mut stat);
+                        span.tick(t);
                     }
                 }
             }
@@ -125,6 +130,7 @@ impl MemFs {
                     self.dirs[t].entries.write().unwrap().remove(name);
                     self.disk.get(ino).nlink.store(0, Ordering::Relaxed);
                     self.table.unlink(ino, c);
+                    span.tick(t);
                 }
             }
             p => unreachable!("unknown phase {p}"),
@@ -191,7 +197,7 @@ fn pass(target: Target, tasks: usize, files: u64) -> Result<Sample, Skip> {
     });
     let start = Arc::new(Barrier::new(tasks + 1));
     let end = Arc::new(Barrier::new(tasks + 1));
-    let span = Arc::new(Span::default());
+    let span = Arc::new(Span::new(tasks));
     let gate = Arc::new(StartGate::default());
     let mut s = Sample::new();
     std::thread::scope(|scope| {
@@ -206,7 +212,7 @@ fn pass(target: Target, tasks: usize, files: u64) -> Result<Sample, Skip> {
                     start.wait();
                     gate.wait(k);
                     let a = Span::start();
-                    fs.phase(p, t, &mut buf);
+                    fs.phase(p, t, &mut buf, &span);
                     span.record(a);
                     end.wait();
                 }
@@ -221,15 +227,14 @@ fn pass(target: Target, tasks: usize, files: u64) -> Result<Sample, Skip> {
             start.wait();
             gate.open(k, tasks);
             end.wait();
-            let secs = span.finish(p, tasks, &mut s);
-            let after = fs.totals();
             let per_task = if p == "cold-walk" {
                 tasks as u64 * files
             } else {
                 files
             };
+            span.finish(p, tasks, per_task * tasks as u64, &mut s);
+            let after = fs.totals();
             let ops = (per_task * tasks as u64) as f64;
-            s.insert(format!("{p}/ops_per_sec"), ops / secs.max(1e-9));
             if counts_locks {
                 s.insert(
                     format!("{p}/global_lock_acquisitions_per_op"),

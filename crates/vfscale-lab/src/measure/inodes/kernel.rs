@@ -47,7 +47,14 @@ impl Drop for Scratch {
     }
 }
 
-fn phase(p: &str, dir: &Path, files: u64, all: &[PathBuf]) -> Result<(), Skip> {
+/// Task `t`'s part of phase `p` in its directory `dir`; each operation done ticks `span`.
+fn phase(
+    p: &str,
+    dir: &Path,
+    files: u64,
+    all: &[PathBuf],
+    (span, t): (&super::Span, usize),
+) -> Result<(), Skip> {
     match p {
         "create" => {
             for i in 0..files {
@@ -65,11 +72,12 @@ fn phase(p: &str, dir: &Path, files: u64, all: &[PathBuf]) -> Result<(), Skip> {
                 }
                 // SAFETY: our own descriptor.
                 unsafe { libc::close(fd) };
+                span.tick(t);
             }
         }
         "cold-walk" => {
             for d in all {
-                phase("walk", d, files, &[])?;
+                phase("walk", d, files, &[], (span, t))?;
             }
         }
         "walk" | "chmod" | "unlink" => {
@@ -93,6 +101,7 @@ fn phase(p: &str, dir: &Path, files: u64, all: &[PathBuf]) -> Result<(), Skip> {
                 if r != 0 {
                     return Err(errno_skip(p, &n));
                 }
+                span.tick(t);
             }
         }
         _ => {}
@@ -139,14 +148,15 @@ fn run_in(tasks: usize, files: u64, phases: &[&str], base: &Path, drop_caches: b
     let dirs = &dirs;
     let start = Arc::new(Barrier::new(tasks + 1));
     let end = Arc::new(Barrier::new(tasks + 1));
-    let span = Arc::new(super::Span::default());
+    let span = Arc::new(super::Span::new(tasks));
     let gate = Arc::new(super::StartGate::default());
     let mut s = Sample::new();
     let mut failed: Option<Skip> = None;
     std::thread::scope(|scope| {
         let hs: Vec<_> = dirs
             .iter()
-            .map(|d| {
+            .enumerate()
+            .map(|(t, d)| {
                 let (start, end, kp, span, gate) = (
                     start.clone(),
                     end.clone(),
@@ -161,7 +171,7 @@ fn run_in(tasks: usize, files: u64, phases: &[&str], base: &Path, drop_caches: b
                         gate.wait(k);
                         let a = super::Span::start();
                         if err.is_none() {
-                            err = phase(p, d, files, dirs).err();
+                            err = phase(p, d, files, dirs, (&span, t)).err();
                         }
                         span.record(a);
                         end.wait();
@@ -179,16 +189,12 @@ fn run_in(tasks: usize, files: u64, phases: &[&str], base: &Path, drop_caches: b
             start.wait();
             gate.open(k, dirs.len());
             end.wait();
-            let secs = span.finish(p, tasks, &mut s);
             let per_task = if *p == "cold-walk" {
                 files * tasks as u64
             } else {
                 files
             };
-            s.insert(
-                format!("{p}/ops_per_sec"),
-                (per_task * tasks as u64) as f64 / secs.max(1e-9),
-            );
+            span.finish(p, tasks, per_task * tasks as u64, &mut s);
         }
         for h in hs {
             if let Some(e) = h.join().expect("an inodes task panicked") {

@@ -13,11 +13,14 @@
 //! `partitioned`: a table per task, so that tasks in their own directories share
 //! nothing. No filesystem could use it (its inodes are reached by their creator only);
 //! its N/1 ratios show, in the same run, how far this machine lets tasks that share
-//! nothing scale (on this 2-vCPU guest 1.3–2.1 per phase from set to set, not 2: each
-//! vCPU's speed changes by up to 2× for hundreds of milliseconds at a time,
-//! independently, and a 2-task phase lasts as long as its slower task).
+//! nothing scale (on this 2-vCPU guest 1.3–2.1 per phase from set to set by the span's
+//! rate, not 2: each vCPU's speed changes by up to 2× for hundreds of milliseconds at a
+//! time, independently, and a 2-task phase lasts as long as its slower task).
 //!
-//! Metrics per phase (`phase/metric`): `ops_per_sec`; for the in-memory targets whose
+//! Metrics per phase (`phase/metric`): `ops_per_sec`, the rate while every task runs
+//! (first start to first end, over the operations all tasks completed by then: will-it-
+//! scale's throughput at N tasks, see [`Span`]), and `span_ops_per_sec`, every operation
+//! over first start to last end (the same with one task); for the in-memory targets whose
 //! locks can be counted, `global_lock_acquisitions_per_op` (locks every task shares: the
 //! icache's global settings, the one `RwLock`; the filesystem's own tables add none:
 //! directories are per task and the "disk" is read without locks) and
@@ -74,16 +77,37 @@ mod tables;
 
 use super::{Config, Sample, Skip, Target, SKIP_PREFIX};
 
-/// A phase's measured interval: from the first task's start to the last task's end,
-/// recorded by the tasks themselves (the driver may be scheduled late after the start
-/// barrier opens, and a short phase may be over by then); and how the tasks spent it.
+/// A phase's measured interval and how the tasks spent it, recorded by the tasks themselves
+/// (the driver may be scheduled late after the start barrier opens, and a short phase may
+/// be over by then).
+///
+/// Its rate is taken while every task runs: from the first task's start to the first
+/// task's end, over the operations all tasks completed by then (each task counts its own,
+/// [`Span::tick`], on a cache line of its own; the first task to end adds them up). That is
+/// will-it-scale's throughput at N tasks (a fixed interval with every task busy), taken
+/// inside a phase of fixed work. The span, first start to last end, also ends with a tail
+/// in which the faster tasks are done and the rest run alone: on this 2-vCPU guest a
+/// task's speed changes by up to 2× for hundreds of milliseconds at a time, independently
+/// per vCPU, so the tail made a 2-task phase as slow as its slower CPU, and `partitioned`,
+/// which shares nothing, read 1.3–2.1 from set to set. The span's rate is reported too
+/// (`span_ops_per_sec`). With one task the two are the same.
+pub(super) struct Span {
+    state: std::sync::Mutex<SpanState>,
+    done: Box<[Done]>,
+}
+
+/// One task's operations done in the current phase, on cache lines of its own (128: x86's
+/// adjacent-line prefetch pairs lines).
 #[derive(Default)]
-pub(super) struct Span(std::sync::Mutex<SpanState>);
+#[repr(align(128))]
+struct Done(std::sync::atomic::AtomicU64);
 
 #[derive(Default)]
 struct SpanState {
     /// First start, last end.
     bounds: Option<(std::time::Instant, std::time::Instant)>,
+    /// The first task's end, and every task's operations done by then.
+    first_end: Option<(std::time::Instant, u64)>,
     /// Each task's (wall, CPU) seconds.
     tasks: Vec<(f64, f64)>,
 }
@@ -99,6 +123,10 @@ pub(super) struct TaskStart {
 pub(super) struct Taken {
     /// First task's start to last task's end, in seconds (0 when no task ran).
     pub secs: f64,
+    /// First task's start to first task's end, in seconds, and the operations all tasks
+    /// completed in it (0 when no task ran).
+    pub window_secs: f64,
+    pub window_ops: u64,
     /// The slowest task's time over the fastest's (1 when they took as long; with one
     /// task, 1). A 2-task phase lasts as long as its slower task, so this is how much of
     /// a short N/1 ratio is tasks that ran at different speeds rather than waited.
@@ -121,6 +149,31 @@ fn thread_cpu_secs() -> f64 {
 }
 
 impl Span {
+    /// A span for phases of `tasks` tasks (numbered from 0).
+    pub(super) fn new(tasks: usize) -> Span {
+        Span {
+            state: Default::default(),
+            done: (0..tasks).map(|_| Done::default()).collect(),
+        }
+    }
+
+    /// Task `t` completed one more operation: a store to its own line (it alone writes
+    /// it during a phase), no read-modify-write.
+    #[inline]
+    pub(super) fn tick(&self, t: usize) {
+        use std::sync::atomic::Ordering;
+        let d = &self.done[t].0;
+        d.store(d.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+
+    /// The operations every task completed so far.
+    fn done(&self) -> u64 {
+        self.done
+            .iter()
+            .map(|d| d.0.load(std::sync::atomic::Ordering::Relaxed))
+            .sum()
+    }
+
     /// The calling task starts its part of the phase.
     pub(super) fn start() -> TaskStart {
         let cpu = thread_cpu_secs();
@@ -137,9 +190,13 @@ impl Span {
         self.record_at(s.wall, end, cpu);
     }
 
-    /// A task ran from `a` to `b`, `cpu` seconds of it on a CPU.
+    /// A task ran from `a` to `b`, `cpu` seconds of it on a CPU. The first to end adds up
+    /// the tasks' operations (under the lock, so that no later end does it first).
     fn record_at(&self, a: std::time::Instant, b: std::time::Instant, cpu: f64) {
-        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if g.first_end.is_none() {
+            g.first_end = Some((b, self.done()));
+        }
         g.bounds = Some(match g.bounds {
             None => (a, b),
             Some((x, y)) => (x.min(a), y.max(b)),
@@ -149,28 +206,43 @@ impl Span {
 
     /// The phase, and a fresh span for the next.
     pub(super) fn take(&self) -> Taken {
-        let g = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        let g = std::mem::take(&mut *self.state.lock().unwrap_or_else(|e| e.into_inner()));
+        for d in self.done.iter() {
+            d.0.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
         let secs = g.bounds.map_or(0.0, |(a, b)| (b - a).as_secs_f64());
+        let (window_secs, window_ops) = match (g.bounds, g.first_end) {
+            (Some((a, _)), Some((e, n))) => ((e - a).as_secs_f64(), n),
+            _ => (0.0, 0),
+        };
         let (lo, hi, wall, cpu) = g.tasks.iter().fold(
             (f64::INFINITY, 0.0f64, 0.0, 0.0),
             |(lo, hi, wall, cpu), &(w, c)| (lo.min(w), hi.max(w), wall + w, cpu + c),
         );
         Taken {
             secs,
+            window_secs,
+            window_ops,
             spread: if lo > 0.0 && lo.is_finite() { hi / lo } else { 1.0 },
             on_cpu: if wall > 0.0 { (cpu / wall).min(1.0) } else { 1.0 },
         }
     }
 
-    /// Ends `phase` ([`Span::take`]): adds its `on_cpu` and, with more than one task, its
-    /// `task_time_spread` to `s` as `phase/metric`, and returns its length in seconds.
-    pub(super) fn finish(&self, phase: &str, tasks: usize, s: &mut Sample) -> f64 {
+    /// Ends `phase` ([`Span::take`]), whose tasks completed `ops` operations in all: adds
+    /// to `s` as `phase/metric` its `ops_per_sec` (while every task ran), its
+    /// `span_ops_per_sec` (`ops` over first start to last end), its `on_cpu` and, with more
+    /// than one task, its `task_time_spread`.
+    pub(super) fn finish(&self, phase: &str, tasks: usize, ops: u64, s: &mut Sample) {
         let t = self.take();
         if tasks > 1 {
             s.insert(format!("{phase}/task_time_spread"), t.spread);
         }
         s.insert(format!("{phase}/on_cpu"), t.on_cpu);
-        t.secs
+        s.insert(
+            format!("{phase}/ops_per_sec"),
+            t.window_ops as f64 / t.window_secs.max(1e-9),
+        );
+        s.insert(format!("{phase}/span_ops_per_sec"), ops as f64 / t.secs.max(1e-9));
     }
 }
 
@@ -512,14 +584,19 @@ mod tests {
         });
     }
 
-    /// The span is first start to last end; the spread is the slowest task over the
-    /// fastest, and on-CPU time is summed over the tasks.
+    /// The span is first start to last end; the rate's window is first start to first
+    /// end, with the operations every task had done by then; the spread is the slowest
+    /// task over the fastest, and on-CPU time is summed over the tasks.
     #[test]
-    fn a_span_reports_its_tasks_spread_and_time_on_a_cpu() {
+    fn a_span_reports_its_window_spread_and_time_on_a_cpu() {
         use std::time::{Duration, Instant};
-        let span = Span::default();
+        let span = Span::new(2);
         let t0 = Instant::now();
+        (0..40).for_each(|_| span.tick(0));
+        (0..30).for_each(|_| span.tick(1));
         span.record_at(t0, t0 + Duration::from_millis(40), 0.040);
+        // Task 1 goes on alone: its last operations are not the window's.
+        (0..10).for_each(|_| span.tick(1));
         span.record_at(
             t0 + Duration::from_millis(10),
             t0 + Duration::from_millis(70),
@@ -527,17 +604,33 @@ mod tests {
         );
         let t = span.take();
         assert!((t.secs - 0.070).abs() < 1e-9, "{t:?}");
+        assert!((t.window_secs - 0.040).abs() < 1e-9, "{t:?}");
+        assert_eq!(t.window_ops, 70, "{t:?}");
         assert!((t.spread - 1.5).abs() < 1e-9, "{t:?}");
         assert!((t.on_cpu - 0.7).abs() < 1e-9, "{t:?}");
-        // Taken: the next phase starts afresh.
+        // Taken: the next phase starts afresh, its counts too.
         assert_eq!(
             span.take(),
             Taken {
                 secs: 0.0,
+                window_secs: 0.0,
+                window_ops: 0,
                 spread: 1.0,
                 on_cpu: 1.0
             }
         );
+        span.tick(1);
+        span.record_at(t0, t0 + Duration::from_millis(5), 0.005);
+        assert_eq!(span.take().window_ops, 1);
+        // `finish`: the window's rate and the span's, both in the sample.
+        (0..40).for_each(|_| span.tick(0));
+        span.record_at(t0, t0 + Duration::from_millis(40), 0.040);
+        span.record_at(t0, t0 + Duration::from_millis(80), 0.080);
+        let mut s = Sample::new();
+        span.finish("walk", 2, 80, &mut s);
+        assert!((s["walk/ops_per_sec"] - 1000.0).abs() < 1e-6, "{s:?}");
+        assert!((s["walk/span_ops_per_sec"] - 1000.0).abs() < 1e-6, "{s:?}");
+        assert!((s["walk/task_time_spread"] - 2.0).abs() < 1e-9, "{s:?}");
         // A real task: on a CPU nearly all along while it spins.
         let s = Span::start();
         let until = Instant::now() + Duration::from_millis(20);
@@ -612,6 +705,24 @@ mod tests {
         assert!(s["cold-walk/loads_per_distinct_inode"] >= 1.0);
     }
 
+    /// With one task the rate's window is the whole phase, so `ops_per_sec` equals
+    /// `span_ops_per_sec` exactly only if every operation ticked once (a phase that
+    /// missed its ticks, or ticked twice, differs).
+    #[test]
+    fn one_task_ticks_every_operation_once() {
+        let _g = crate::measure::child_processes();
+        for t in [Target::Library, Target::Dashmap, Target::Partitioned] {
+            let s = run(t, &cfg(1, 120)).unwrap();
+            for p in PHASES {
+                let (w, sp) = (
+                    s[&format!("{p}/ops_per_sec")],
+                    s[&format!("{p}/span_ops_per_sec")],
+                );
+                assert!(w > 0.0 && w == sp, "{} {p}: {w} against {sp}", t.name());
+            }
+        }
+    }
+
     #[test]
     fn selected_phases_only() {
         let _g = crate::measure::child_processes();
@@ -634,6 +745,15 @@ mod tests {
             assert!(s[&format!("{p}/ops_per_sec")] > 0.0, "{p}");
         }
         assert!(s.keys().any(|k| k.starts_with("skip:cold-walk")), "{s:?}");
+        // One task: every system call ticked once (see one_task_ticks_every_operation_once).
+        let s = run(Target::Kernel, &cfg(1, 100)).unwrap();
+        for p in ["create", "walk", "chmod", "unlink"] {
+            let (w, sp) = (
+                s[&format!("{p}/ops_per_sec")],
+                s[&format!("{p}/span_ops_per_sec")],
+            );
+            assert!(w > 0.0 && w == sp, "{p}: {w} against {sp}");
+        }
     }
 
     #[test]
