@@ -13,7 +13,8 @@
 //!
 //!    When the control (`partitioned`: a table per task, nothing shared) ran, a line of
 //!    its own (no target) gives its N/1 ratio per phase, paired as `library`'s: how far
-//!    the machine let tasks that share nothing scale in the same run.
+//!    the machine let tasks that share nothing scale in the same run; and `library`'s rate
+//!    at N tasks over the control's, paired: how much of that `library` kept.
 //! 2. Counters: global lock acquisitions per operation (target: exactly 0 for `library`,
 //!    ≥ 1 for `library-prepatch`) and the cold walk's loads per distinct inode (target:
 //!    exactly 1 for `library`).
@@ -259,14 +260,29 @@ fn phases(report: &Report) -> Vec<Finding> {
             Some(format!("{p} {}", units::format_ratio(r.value)))
         })
         .collect();
+    // And `library`'s rate at n tasks over the control's, run by run: how much of what the
+    // machine gave tasks working apart `library` kept (no target either).
+    let kept: Vec<String> = PHASES
+        .iter()
+        .filter_map(|p| {
+            let lib = metric(report, W, "library", p, n, RATE)?;
+            let ctl = metric(report, W, CONTROL, p, n, RATE)?;
+            let r = Ratio::paired_or_of(RATE, lib, ctl);
+            Some(format!("{p} {}", units::format_ratio(r.value)))
+        })
+        .collect();
     if n > one && !control.is_empty() {
+        let mut text = format!(
+            "inodes control {n}/{one} tasks (partitioned: a table per task, nothing shared; \
+             what this machine gives tasks working apart): {}",
+            control.join(", ")
+        );
+        if !kept.is_empty() {
+            text.push_str(&format!("; library ÷ control at {n} tasks: {}", kept.join(", ")));
+        }
         out.push(Finding {
             seed: "seed 002",
-            text: format!(
-                "inodes control {n}/{one} tasks (partitioned: a table per task, nothing shared; \
-                 what this machine gives tasks working apart): {}",
-                control.join(", ")
-            ),
+            text,
             status: Status::Info,
         });
     }
@@ -449,7 +465,12 @@ mod tests {
         assert!(!f[0].text.contains("partitioned"), "{}", f[0].text);
         assert_eq!(f[1].status, Status::Info);
         assert!(f[1].text.starts_with("inodes control 2/1 tasks"), "{}", f[1].text);
-        assert!(f[1].text.ends_with(": walk 1.70×"), "{}", f[1].text);
+        assert!(
+            f[1].text
+                .ends_with(": walk 1.70×; library ÷ control at 2 tasks: walk 0.961×"),
+            "{}",
+            f[1].text
+        );
         // Without the control's rows, no such line.
         let f = phases(&phase_report(&rows[..4]));
         assert!(f.iter().all(|x| !x.text.contains("control")), "{:?}", f);
