@@ -19,7 +19,7 @@
 //!
 //! Metrics per phase (`phase/metric`): `ops_per_sec`, the rate while every task runs
 //! (first start to first end, over the operations all tasks completed by then: will-it-
-//! scale's throughput at N tasks, see [`Span`]), and `span_ops_per_sec`, every operation
+//! scale's throughput at N tasks, see `Span`), and `span_ops_per_sec`, every operation
 //! over first start to last end (the same with one task); for the in-memory targets whose
 //! locks can be counted, `global_lock_acquisitions_per_op` (locks every task shares: the
 //! icache's global settings, the one `RwLock`; the filesystem's own tables add none:
