@@ -1,14 +1,15 @@
 //! Deferred reclamation: what RCU is to `fs/file.c`.
 //!
 //! Two things are freed while lock-free readers may still hold a pointer to them: a table
-//! replaced by a resize (`free_fdtable_rcu` in Linux) and the table's reference to a file
-//! that was closed (Linux frees `struct file` `SLAB_TYPESAFE_BY_RCU` and readers use
-//! `atomic_long_inc_not_zero`; `Arc` has no inc-not-zero, so instead the table's own `Arc`
+//! replaced by a resize (`free_fdtable_rcu` in Linux) and the allocation of a file that
+//! was closed (Linux frees `struct file` `SLAB_TYPESAFE_BY_RCU` and readers use
+//! `atomic_long_inc_not_zero`; here the slot's weak reference keeps the `Arc`'s allocation,
+//! readers upgrade it, an increment-if-not-zero of the strong count, and the weak
 //! reference is dropped only after every reader that could have seen the pointer is done).
 //!
 //! * Normal builds use `crossbeam-epoch`: [`Domain::pin`] is `crossbeam_epoch::pin()`,
 //!   which writes only the calling thread's own epoch slot (plus a `SeqCst` fence), never a
-//!   shared cache line; retired tables go through `Guard::defer_destroy` and dropped file
+//!   shared cache line; retired tables go through `Guard::defer_destroy` and closed files' weak
 //!   references through `Guard::defer`. No reclamation scheme of our own.
 //! * Under `--cfg vfscale_loom`/`vfscale_shuttle`, crossbeam-epoch (whose released form
 //!   has no loom support and whose atomics the schedulers cannot see) is replaced by a

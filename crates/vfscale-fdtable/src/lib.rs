@@ -23,8 +23,11 @@
 //! # Structure (Linux names)
 //!
 //! * `fdt` (`files->fdt`): the published `struct fdtable` part readers need: an array
-//!   of slots, each an atomic pointer to the table's `Arc` reference of a file (null =
-//!   empty). Published through a `crossbeam-epoch` `Atomic`; replaced only by a resize.
+//!   of slots, each an atomic pointer standing for the table's two references to a file
+//!   (null = empty): a strong `Arc` reference, which keeps the file open, and a weak one,
+//!   which keeps its allocation for lookups (Linux's `struct file` is
+//!   `SLAB_TYPESAFE_BY_RCU` for the same reason). Published through a `crossbeam-epoch`
+//!   `Atomic`; replaced only by a resize.
 //! * `file_lock`: a mutex around the bitmaps (`open_fds`, `close_on_exec`,
 //!   `full_fds_bits`), `next_fd`, `max_fds`, the PerThread chunk map, the close hook and
 //!   the counters. Unlike Linux the bitmaps are not in the RCU-published part, because
@@ -41,7 +44,8 @@
 //! | an empty, reserved slot | its reserver's `install` (lockless CAS, or under `file_lock`), the resizer's seal CAS | anyone, pinned |
 //! | bitmaps, `next_fd`, `max_fds`, chunk map, hook, counters | `file_lock` holders | `file_lock` holders |
 //! | a PerThread chunk's `used`/`cloexec` words | owner thread (CAS, no lock), `file_lock` holders (atomic RMW) | both |
-//! | a file's `Arc` count | table (one reference per slot), `get` (clone) | — |
+//! | a file's `Arc` strong count | table (one per slot), `get`/`with` (increment if not zero), their callers | — |
+//! | a file's `Arc` weak count | table (one per slot, released a grace period after the slot is emptied) | — |
 //!
 //! # Invariants
 //!
@@ -49,9 +53,12 @@
 //!    `used` bit) is set; a set bit with a null slot is a *reserved* descriptor.
 //! 2. Bit `w` of `full_fds_bits` is set iff word `w` of `open_fds` is all ones.
 //! 3. Every descriptor below `next_fd` is allocated (a hint; `find_next_fd` starts there).
-//! 4. A slot pointer that is neither null nor the seal is `Arc::into_raw` of a reference
-//!    the table owns; it is dropped exactly once, by whoever empties the slot under
-//!    `file_lock`, through the epoch (after every reader that could have loaded it).
+//! 4. A slot pointer that is neither null nor the seal stands for one strong and one weak
+//!    reference the table owns. Whoever empties the slot under `file_lock` takes both,
+//!    once: the strong one is dropped when the close returns (after the close hook), the
+//!    weak one through the epoch, after every reader that could have loaded the pointer.
+//!    So a file's strong count is at least one while a slot holds it, and its allocation
+//!    outlives every pinned reader that loaded it.
 //! 5. Tables only grow, in powers of two (64, 128, 256, ...) capped at `nr_open`
 //!    rounded up to a word, like `alloc_fdtable`; a retired table is sealed (every empty
 //!    slot holds the seal) and owns no file.
@@ -64,16 +71,21 @@
 //!
 //! # Lookup (`fget`) without locks
 //!
-//! [`FdTable::get`]: pin the epoch, `Acquire`-load `fdt`, `Acquire`-load the slot,
-//! increment the `Arc` count. Pinning `crossbeam-epoch` writes only the calling thread's
-//! own epoch record (and issues a fence); the lookup writes no shared cache line other
-//! than the file's own count. [`FdTable::with`] does not even touch the count (what
-//! `__fget_light` does for single-user tables): the file is borrowed for the length of
-//! the pinned section, which is sound for shared tables too, because a closer drops the
-//! table's reference only through the epoch. Consequence (documented difference from
-//! Linux): the table's last reference to a closed file is dropped a grace period after
-//! the close, not during it; the close hook runs synchronously. [`flush_deferred`]
-//! hurries it along (tests).
+//! [`FdTable::get`] is `__fget_files_rcu`: pin the epoch, `Acquire`-load `fdt`,
+//! `Acquire`-load the slot, then `get_file_rcu`: increment the file's strong count unless
+//! it is zero (`Weak::upgrade` on the slot's weak reference, which the pin keeps alive).
+//! A zero count means a closer emptied the slot after the load and dropped the file:
+//! the lookup answers `None` (`fd` was closed at a moment inside the call). Pinning
+//! `crossbeam-epoch` writes only the calling thread's own epoch record (and issues a
+//! fence); the lookup writes no shared cache line other than the file's own count.
+//! [`FdTable::with`] is `fdget` + `fdput` in a table shared by threads: it holds a
+//! counted reference while its closure runs.
+//!
+//! So a close is Linux's: the close hook runs (`filp_close`), then the table's reference
+//! is dropped (`fput`), and a file nobody else holds is dropped before `close` returns,
+//! in the closing thread; one a lookup still holds goes when that reference does. Only
+//! the memory of a file's `Arc` (its counts) waits for a grace period, as `struct file`'s
+//! slab memory waits for RCU; [`flush_deferred`] hurries that (tests).
 //!
 //! # Install without the lock, and resize
 //!
@@ -159,8 +171,9 @@ use std::fmt;
 pub use errno::Errno;
 pub use table::{FdTable, DEFAULT_NR_OPEN, DEFAULT_RLIMIT_NOFILE};
 
-/// Hurries deferred reclamation (closed files' last table reference, retired tables):
-/// best effort, for tests and benchmarks that count drops. Lookups never need it.
+/// Hurries deferred reclamation (closed files' allocations, retired tables): best effort,
+/// for tests that count frees. Files themselves are dropped at their last reference and
+/// never wait for it.
 pub fn flush_deferred() {
     epoch::flush();
 }

@@ -35,8 +35,8 @@ fn is_file<F>(p: *mut F) -> bool {
 }
 
 /// `struct fdtable`, the RCU-published part: the array of slots. `max_fds` is its length.
-/// Each slot holds `Arc::into_raw` of the table's reference to the file, null, or (only
-/// in a table already replaced by a resize) the seal.
+/// Each slot holds a slot reference to the file ([`slot_ref`]), null, or (only in a table
+/// already replaced by a resize) the seal.
 struct Slots<F> {
     fd: Box<[AtomicPtr<F>]>,
 }
@@ -47,6 +47,58 @@ impl<F> Slots<F> {
             fd: (0..n).map(|_| AtomicPtr::new(ptr::null_mut())).collect(),
         }
     }
+}
+
+/// A slot's reference to `file`, as the pointer the slot stores: one strong reference
+/// (`Arc::into_raw`: it keeps the file open) and one weak reference (`Arc::downgrade`,
+/// forgotten: it keeps the allocation, not the file, for lookups that loaded the pointer).
+/// Both are the table's; a closer drops the strong one at once and the weak one a grace
+/// period later ([`drop_slot_ref`]). `Arc::into_raw` and a `Weak` of the same allocation
+/// point at the same `F` (`Weak::as_ptr`'s documentation: "Both point to the same
+/// object"), so one pointer stands for both.
+fn slot_ref<F>(file: Arc<F>) -> *mut F {
+    std::mem::forget(Arc::downgrade(&file));
+    Arc::into_raw(file) as *mut F
+}
+
+/// Another slot reference to the file of slot pointer `p` (`get_file` for dup2 and fork).
+///
+/// # Safety
+/// `p` is a slot reference whose strong reference is alive for the call (the caller holds
+/// `file_lock`, so nobody empties the slot).
+unsafe fn slot_ref_clone<F>(p: *mut F) -> *mut F {
+    // SAFETY: by the contract the strong count is at least one.
+    let file = unsafe {
+        Arc::increment_strong_count(p as *const F);
+        Arc::from_raw(p as *const F)
+    };
+    slot_ref(file)
+}
+
+/// `get_file_rcu`: a new strong reference to the file of slot pointer `p`, unless its
+/// last strong reference is gone (a closer emptied the slot and dropped it):
+/// `Weak::upgrade` is an increment-if-not-zero of the strong count.
+///
+/// # Safety
+/// `p` was loaded from a slot while the caller was pinned, and the caller is still
+/// pinned: the slot's weak reference, which keeps the allocation, goes only a grace period
+/// after the slot was emptied.
+unsafe fn get_file_rcu<F>(p: *mut F) -> Option<Arc<F>> {
+    // SAFETY: the allocation is alive by the contract; the `Weak` is borrowed (never
+    // dropped), so the table's weak count is left as it was.
+    let w = std::mem::ManuallyDrop::new(unsafe { Weak::from_raw(p as *const F) });
+    w.upgrade()
+}
+
+/// Takes a slot reference apart once its slot is empty (or was never stored): the strong
+/// reference, to drop now (the file's last one closes it, as Linux's last `fput`), and
+/// the weak one, to drop once no lookup can still hold the pointer.
+///
+/// # Safety
+/// `p` is a slot reference that no slot holds any more, owned by the caller (dropped once).
+unsafe fn drop_slot_ref<F>(p: *mut F) -> (Arc<F>, Weak<F>) {
+    // SAFETY: the slot reference's two references are the caller's (the contract).
+    unsafe { (Arc::from_raw(p as *const F), Weak::from_raw(p as *const F)) }
 }
 
 /// `AllocPolicy::PerThread`: 64 descriptors (one bitmap word) owned by one thread.
@@ -458,7 +510,7 @@ impl<F: Send + Sync + 'static> FdTable<F> {
     /// # Panics
     /// If `fd` was not reserved or is already installed (Linux: `BUG_ON`), when detected.
     pub fn install(&self, fd: Fd, file: Arc<F>) {
-        let p = Arc::into_raw(file) as *mut F;
+        let p = slot_ref(file);
         if self.settings.install == InstallMode::Lockless && !self.resize_in_progress.load(Ordering::Acquire)
         {
             let g = self.domain.pin();
@@ -549,58 +601,53 @@ impl<F: Send + Sync + 'static> FdTable<F> {
         }
     }
 
-    /// `fget`: a new reference to the file at `fd`. Takes no lock and writes no shared
-    /// memory other than the file's own reference count.
+    /// `fget` (`__fget_files_rcu`): a new reference to the file at `fd`. Takes no lock
+    /// and writes no shared memory other than the file's own reference count.
+    ///
+    /// A file whose last reference a closer dropped after the slot was read is not
+    /// returned: `None`. That is a valid answer: the closer emptied the slot after this
+    /// lookup read it and before it dropped the file, so `fd` was closed at a moment inside
+    /// this call (Linux reads the slot again instead; either is linearizable).
     pub fn get(&self, fd: Fd) -> Option<Arc<F>> {
         let g = self.domain.pin();
         let p = self.lookup_raw(&g, fd);
         if p.is_null() {
             return None;
         }
-        // SAFETY: `p` came from `Arc::into_raw` of the table's reference; a closer drops
-        // that reference only through the epoch, after `g` is unpinned, so the count is
-        // at least one here and incrementing it is sound.
-        unsafe {
-            Arc::increment_strong_count(p as *const F);
-            Some(Arc::from_raw(p as *const F))
-        }
+        // SAFETY: `p` was loaded from a slot under `g`, which is still pinned.
+        unsafe { get_file_rcu(p) }
     }
 
-    /// `fdget`-like: runs `f` on the file at `fd` without touching its reference count
-    /// (what `__fget_light` does for a single-user table). Here it is sound for every
-    /// table: `f` runs inside the epoch critical section, which keeps the table's own
-    /// reference alive even if another thread closes `fd` meanwhile. Keep `f` short: it
-    /// delays reclamation while it runs.
+    /// `fdget`: runs `f` on the file at `fd`, holding a reference for the call (what
+    /// `fdget` does in a table shared by threads; the file is counted, so a concurrent
+    /// close leaves it open until `f` returns, and if that close dropped the table's
+    /// reference, the file is closed here, after `f`, as Linux's `fdput` does).
     pub fn with<R>(&self, fd: Fd, f: impl FnOnce(&F) -> R) -> Option<R> {
-        let g = self.domain.pin();
-        let p = self.lookup_raw(&g, fd);
-        if p.is_null() {
-            return None;
-        }
-        // SAFETY: as in `get`: the table's reference outlives `g`, which outlives `f`.
-        let r = f(unsafe { &*p });
-        drop(g);
-        Some(r)
+        let file = self.get(fd)?;
+        Some(f(&file))
     }
 
-    /// Finishes closes begun under the lock: runs the hook, then drops the table's
-    /// references once no lookup can still be using them (`filp_close` + `fput`).
+    /// Finishes closes begun under the lock (`filp_close` + `fput`): hands each slot's
+    /// weak reference to the epoch (lookups that loaded the pointer may still upgrade
+    /// it, and fail), runs the hook on the file, then drops the slot's strong reference:
+    /// a file nobody else holds is closed here, before `close` returns.
     fn finish_close(&self, hook: Option<Hook<F>>, files: Vec<(Fd, *mut F)>) {
         if files.is_empty() {
             return;
         }
-        // First hand every table reference to the epoch, keeping a clone for the hook:
-        // whatever a hook does (panic included), no file is freed before the lookups
-        // that could still see it are done, and none is leaked.
+        // First every weak reference to the epoch, keeping the strong ones: whatever a
+        // hook does (panic included), no allocation is freed before the lookups that
+        // could still see it are done, and no file is leaked (the vector's unwinding
+        // drops the strong references the hooks did not reach).
         let mut closed = Vec::with_capacity(files.len());
         {
             let g = self.domain.pin();
             for (fd, p) in files {
-                // SAFETY: the slot held the table's reference and was emptied under the
-                // lock by our caller, so that reference is ours to drop (once, here).
-                let file = unsafe { Arc::from_raw(p as *const F) };
-                closed.push((fd, file.clone()));
-                g.defer_drop(file);
+                // SAFETY: the slot held this slot reference and was emptied under the lock
+                // by our caller, so it is ours to take apart (once, here).
+                let (file, weak) = unsafe { drop_slot_ref(p) };
+                g.defer_drop(weak);
+                closed.push((fd, file));
             }
         }
         // Then the hooks, unpinned, so a slow hook does not hold back reclamation.
@@ -609,6 +656,7 @@ impl<F: Send + Sync + 'static> FdTable<F> {
                 h(*fd, file);
             }
         }
+        drop(closed);
     }
 
     /// `pick_file` under `file_lock`: empties an installed slot.
@@ -702,7 +750,7 @@ impl<F: Send + Sync + 'static> FdTable<F> {
             }
             // SAFETY: `file` is the table's reference at `old`, kept alive by file_lock
             // (only lock holders empty installed slots); this is `get_file`.
-            unsafe { Arc::increment_strong_count(file as *const F) };
+            let file = unsafe { slot_ref_clone(file) };
             // Release: publishes to lookups, as install does. Nobody else writes this slot:
             // it is either installed (lock holders only) or was free (we just claimed it).
             slot.store(file, Ordering::Release);
@@ -882,7 +930,7 @@ impl<F: Send + Sync + 'static> FdTable<F> {
             }
             // SAFETY: the table's reference at `fd` is alive while file_lock is held;
             // this is the child's `get_file`.
-            unsafe { Arc::increment_strong_count(p as *const F) };
+            let p = unsafe { slot_ref_clone(p) };
             slots.fd[fd as usize].store(p, Ordering::Relaxed);
             let cloexec = inner.cloexec(fd);
             let cinner = child.file_lock.get_mut();
@@ -946,8 +994,10 @@ impl<F: Send + Sync + 'static> Drop for FdTable<F> {
         for (i, s) in t.fd.iter().enumerate() {
             let p = s.swap(ptr::null_mut(), Ordering::Acquire);
             if is_file(p) {
-                // SAFETY: exclusive access; the slot held the table's reference.
-                let f = unsafe { Arc::from_raw(p as *const F) };
+                // SAFETY: exclusive access (no lookup of this table runs, so none holds
+                // the pointer); the slot held this slot reference.
+                let (f, weak) = unsafe { drop_slot_ref(p) };
+                drop(weak);
                 if let Some(h) = hook.as_ref() {
                     h(Fd(i as u32), &f);
                 }
@@ -967,8 +1017,8 @@ impl<F: Send + Sync + 'static> std::fmt::Debug for FdTable<F> {
 
 #[cold]
 fn bad_install<F>(fd: Fd, p: *mut F) -> ! {
-    // SAFETY: `p` is the `Arc::into_raw` install was given and did not store; give the
-    // reference back before panicking so it is not leaked.
-    drop(unsafe { Arc::from_raw(p as *const F) });
+    // SAFETY: `p` is the slot reference install made and did not store; give both its
+    // references back before panicking so that nothing is leaked.
+    drop(unsafe { drop_slot_ref(p) });
     panic!("fd_install({fd}): descriptor not reserved or already installed");
 }

@@ -1,4 +1,5 @@
-//! Loom models: install racing a resize; lookup racing close and resize.
+//! Loom models: install racing a resize; lookup racing close and resize (the lookup's
+//! increment-if-not-zero against the close's drop of the last reference).
 //! Run: `RUSTFLAGS="--cfg vfscale_loom" CARGO_TARGET_DIR=target/loom cargo test -p vfscale-fdtable --release --test loom`
 //! (tables start at 2 slots under loom, so reserving fd 2 forces a resize).
 #![cfg(vfscale_loom)]
@@ -101,6 +102,8 @@ fn lookup_races_close_and_resize() {
         reader.join().unwrap();
         closer.join().unwrap();
         assert!(t.get(fd).is_none());
+        // Dropped by the close or by the reader's last reference, with the table alive.
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "closed file kept");
         drop(t);
         assert_eq!(drops.load(Ordering::SeqCst), 1, "dropped exactly once");
     });

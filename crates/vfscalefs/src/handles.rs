@@ -5,12 +5,10 @@
 //!
 //! `RELEASE` gives the handle up at once, as Linux's last `fput` does: the table's entry
 //! is an `Entry` that holds the table's reference to the [`Handle`], and `RELEASE` takes
-//! that reference out of it. `vfscale-fdtable` drops a closed entry a grace period after
-//! the close (crossbeam-epoch, at the releasing thread's next collection: in an idle
-//! server, never), so a handle held directly by the table would keep its inode (and the
-//! source file's descriptor) long after the kernel let go of it; only the small entry
-//! waits for the epoch. A request that is still using the handle holds its own
-//! reference, and the handle goes when that request ends.
+//! that reference out of it before it closes the entry's descriptor, so that of two
+//! removals of one handle only one closes it (see [`Handles::remove`]). A request that is
+//! still using the handle holds its own reference, and the handle goes when that request
+//! ends. (`vfscale-fdtable` itself drops a closed entry at its last reference too.)
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;

@@ -37,8 +37,8 @@
 //! * **No source descriptor outlives its use**, however idle the server: `RELEASE`
 //!   (or the end of the connection) closes the handle's file and puts its inode at once,
 //!   and an inode's eviction closes its `O_PATH` descriptor and drops its lock context
-//!   there, not when the epoch-deferred memory of the fd table's entry or the inode
-//!   goes (`handles.rs`, `inodes.rs`). A file deleted on the source or through a
+//!   there, not when the epoch-deferred memory of the inode goes (`handles.rs`,
+//!   `inodes.rs`). A file deleted on the source or through a
 //!   mountpoint gives its space back once the kernels have forgotten it and closed it.
 //! * **No lock outlives its owner's close**: `FLUSH` drops the flushing owner's POSIX
 //!   locks, `RELEASE` what is left through the released file (OFD-style locks, the
