@@ -1970,8 +1970,10 @@ fn unlist_parked<F: SuperOperations>(sb: &SbInner<F>, items: &mut [InodePtr<F>],
     items.sort_unstable_by_key(|p| get(p).lru_shard());
     for run in items.chunk_by(|a, b| get(a).lru_shard() == get(b).lru_shard()) {
         // Acquire: an ON_LRU seen clear was cleared by a prune under the LRU lock after it
-        // unlinked the inode (`clear_bits` is a Release store): its writes to the inode
-        // come before the free. ON_LRU is never set again on an inode being freed.
+        // unlinked the inode (`clear_bits` is a Release store): its writes to the inode up
+        // to that store come before the free. Its last one, the release of the inode's
+        // `i_lock`, comes after it: the prune is pinned (`prune_shard`), so the free waits
+        // for it. ON_LRU is never set again on an inode being freed.
         if !run
             .iter()
             .any(|p| get(p).state.load(Ordering::Acquire) & ON_LRU != 0)
@@ -2002,13 +2004,30 @@ fn flush_parked<F: SuperOperations>(
     }
 }
 
+/// A shard's share of a scan of `nr_to_scan` over shards of `total` inodes: in proportion
+/// to its `len`, rounded up, at most the `left` of the scan. In u128: `nr_to_scan` may be
+/// anything up to `usize::MAX` ("scan all"), whose product with a length overflows.
+fn scan_share(nr_to_scan: usize, len: usize, total: usize, left: usize) -> usize {
+    debug_assert!(total > 0);
+    (nr_to_scan as u128 * len as u128)
+        .div_ceil(total as u128)
+        .min(left as u128) as usize
+}
+
 /// `list_lru_walk_one` with `inode_lru_isolate` over one LRU shard.
+///
+/// Pinned (the guard outlives the LRU lock and every `i_lock` it takes): a parked inode
+/// (evicted, its removal from this shard batched in another CPU's outbox) whose ON_LRU
+/// it clears may be freed by that outbox's flush as soon as the flush sees ON_LRU clear,
+/// without the flush taking the inode's `i_lock` (`unlist_parked`); the prune's release
+/// of that `i_lock` comes after, and the pin keeps the inode's memory until then.
 fn prune_shard<F: SuperOperations>(
     sb: &SbInner<F>,
     shard: usize,
     mut budget: usize,
     dispose: &mut Vec<InodePtr<F>>,
 ) -> usize {
+    let _pin = sb.cache.domain.pin();
     let mut l = sb.lru_lock(shard);
     let mut freed = 0;
     let mut cur = l.head;
@@ -2029,6 +2048,11 @@ fn prune_shard<F: SuperOperations>(
             // (evicted, its removal batched) was counted out of nr_unused at the park.
             l.del(inode);
             inode.clear_bits(ON_LRU);
+            // Under loom, a preemption here, before `i_lock`'s release (loom does not
+            // switch threads at a mutex release): the window the pin above covers
+            // (model `prune_releases_a_parked_inode_before_its_flush_frees_it`).
+            #[cfg(vfscale_loom)]
+            loom::thread::yield_now();
             if s & PARKED == 0 {
                 sb.cache.counters().add(Ctr::NrUnused, -1);
             }
@@ -2515,7 +2539,7 @@ impl<F: SuperOperations> SuperBlock<F> {
             for i in 0..n {
                 let s = (start + i) % n;
                 let len = sb.lru[s].len.load(Ordering::Relaxed);
-                let share = (nr_to_scan * len).div_ceil(total).min(left);
+                let share = scan_share(nr_to_scan, len, total, left);
                 if share > 0 {
                     freed += prune_shard(sb, s, share, &mut dispose);
                     left -= share;
@@ -2965,5 +2989,28 @@ mod loom_bitlock {
             // SAFETY: both threads are done.
             assert_eq!(c.with(|p| unsafe { *p }), 2);
         });
+    }
+}
+
+#[cfg(all(test, not(any(vfscale_loom, vfscale_shuttle))))]
+mod tests {
+    use super::scan_share;
+
+    /// A scan's split over shards never overflows: with `nr_to_scan` = usize::MAX or
+    /// 2^63 every shard's share covers its whole length (a wrapped product once gave a
+    /// shard of 2 inodes a share of 0 at 2^63, and a debug build panicked). A share above
+    /// a shard's length is harmless: the walk ends with the list.
+    #[test]
+    fn scan_shares_of_huge_counts_cover_each_shard() {
+        for n in [usize::MAX, 1 << 63, (1 << 63) + 1, 3] {
+            let a = scan_share(n, 2, 3, n);
+            assert!(a >= 2, "{n}: {a}");
+            assert!(scan_share(n, 1, 3, n - a) >= 1, "{n}");
+        }
+        assert_eq!(scan_share(1 << 63, 2, 3, usize::MAX), 6_148_914_691_236_517_206);
+        assert_eq!(scan_share(3, 2, 3, 3), 2);
+        assert_eq!(scan_share(1, 2, 3, 1), 1);
+        assert_eq!(scan_share(6, 2, 3, 1), 1, "at most what is left");
+        assert_eq!(scan_share(0, 2, 3, 0), 0);
     }
 }
