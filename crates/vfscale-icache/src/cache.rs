@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
-use crate::epoch::{Domain, Guard};
+use crate::epoch::{reclaim_due, Domain, Guard};
 use crate::inode::*;
 use crate::sync::{
     fence, AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, ILock, ILockGuard, Mutex, MutexGuard, Ordering,
@@ -863,14 +863,17 @@ impl<F: SuperOperations> SbInner<F> {
     /// before this call is on the superblock's lists. Counted on the caller's counters.
     fn drain_outboxes(&self) {
         let c = self.cache.counters();
-        let pin = self.cache.domain.pin();
-        for s in self.slots.iter() {
-            c.add(Ctr::OutboxLocks, 1);
-            let mut o = s.outbox.lock();
-            if !o.items.is_empty() {
-                flush_parked(self, &mut o.items, &pin, &c);
+        {
+            let pin = self.cache.domain.pin();
+            for s in self.slots.iter() {
+                c.add(Ctr::OutboxLocks, 1);
+                let mut o = s.outbox.lock();
+                if !o.items.is_empty() {
+                    flush_parked(self, &mut o.items, &pin, &c);
+                }
             }
         }
+        reclaim_due();
     }
 
     /// The LRU shards' lengths, summed without a lock.
@@ -924,7 +927,8 @@ fn destroy_unpublished<F: SuperOperations>(p: NonNull<Inode<F>>) {
     sb.ops.destroy_inode(&b);
     let c = sb.cache.counters();
     c.add(Ctr::NrInodes, -1);
-    let pin = sb.cache.domain.pin();
+    // Quiet: a reclaim's panic must not skip the superblock's live count.
+    let pin = sb.cache.domain.pin_quiet();
     sb_inode_gone(sb, &pin, &c);
 }
 
@@ -1699,8 +1703,9 @@ fn iput_final<'a, F: SuperOperations>(inode: &'a Inode<F>, g: ILockGuard<'_>, lr
             return;
         }
         // Lock order is LRU -> i_lock: retake them in that order. Stay pinned so that a
-        // concurrent eviction cannot free the inode under us.
-        let pin = sb.cache.domain.pin();
+        // concurrent eviction cannot free the inode under us (quiet: under `i_lock`, and
+        // the inode is not on its LRU yet).
+        let pin = sb.cache.domain.pin_quiet();
         drop(g);
         inode_lru_list_add(inode);
         drop(pin);
@@ -1822,6 +1827,31 @@ fn lru_del_evicting<F: SuperOperations>(l: &mut LruShard<F>, inode: &Inode<F>, c
     }
 }
 
+/// Evicts every inode of `dispose` (each `I_FREEING`, the caller's), as `dispose_list`
+/// does. A panic in one (a retired box's `Drop` in the reclaim after it, or the
+/// filesystem's own operations) does not stop the others: the first panic is returned,
+/// for the caller to resume once its own work is done, so that no inode of the list is
+/// left `I_FREEING` and never evicted.
+#[must_use]
+fn evict_each<F: SuperOperations>(
+    dispose: impl IntoIterator<Item = InodePtr<F>>,
+) -> Option<Box<dyn std::any::Any + Send>> {
+    let mut first = None;
+    let mut rest = dispose.into_iter();
+    // One unwind boundary for the whole list (not one per inode, which costs the loop its
+    // inlining): after a panic the loop goes on with the inode after the one that panicked
+    // (`by_ref` took it already).
+    while let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        for p in rest.by_ref() {
+            // SAFETY: the caller set I_FREEING on it: it is ours to evict.
+            evict(unsafe { p.get() });
+        }
+    })) {
+        first.get_or_insert(e);
+    }
+    first
+}
+
 /// `evict`: the inode is `I_FREEING` and the caller owns it (maybe still on an LRU).
 fn evict<F: SuperOperations>(inode: &Inode<F>) {
     evict_with(inode, &inode.sb().cache.counters());
@@ -1901,15 +1931,24 @@ fn evict_clear<F: SuperOperations, const PARKS: bool>(inode: &Inode<F>, c: &CpuC
 /// `destroy_inode` of an inode off every list: `->destroy_inode` and `nr_inodes` (Linux's
 /// `__destroy_inode`) now, the memory a grace period later ([`free_inode`]); `c` is this
 /// CPU's counters.
+///
+/// Reclaim panics: the eviction's last step. Its pin is quiet and its free queued
+/// without freeing; a reclaim then runs once all of it is done ([`reclaim_due`]), so a
+/// retired box's `Drop` that panics unwinds from a finished eviction, not from one that
+/// lost its free or its superblock's live count.
 fn destroy_inode<F: SuperOperations>(inode: &Inode<F>, c: &CpuCounters<'_>) {
     inode.sb().ops.destroy_inode(inode);
     c.add(Ctr::NrInodes, -1);
-    let pin = inode.sb().cache.domain.pin();
-    free_inode(inode, &pin, c);
+    {
+        let pin = inode.sb().cache.domain.pin_quiet();
+        free_inode(inode, &pin, c);
+    }
+    reclaim_due();
 }
 
 /// `destroy_inode`'s end, once the inode is off every list: its memory a grace period
-/// later, and its superblock's live count (`pin` is held since before this call).
+/// later, and its superblock's live count (`pin` is held since before this call). Frees
+/// nothing itself: the caller runs [`reclaim_due`] when its own work is done.
 #[inline(always)]
 fn free_inode<F: SuperOperations>(inode: &Inode<F>, pin: &Guard, c: &CpuCounters<'_>) {
     let sb = inode.sb();
@@ -1917,7 +1956,7 @@ fn free_inode<F: SuperOperations>(inode: &Inode<F>, pin: &Guard, c: &CpuCounters
     // SAFETY: the inode is off every list and chain, nobody holds a reference, and
     // walkers that may still see its pointer are pinned: the box (from `alloc_inode`'s
     // `Box::leak`) is freed after them.
-    unsafe { pin.defer_free_box(p) };
+    unsafe { pin.defer_free_box_quiet(p) };
     // The inode's last use of its superblock (which may be freed a grace period later).
     sb_inode_gone(sb, pin, c);
 }
@@ -1929,9 +1968,18 @@ fn free_inode<F: SuperOperations>(inode: &Inode<F>, pin: &Guard, c: &CpuCounters
 /// inode or this sees `SB_ACTIVE` clear (loom model `umount_races_remote_park`): no
 /// inode is parked after an umount's drain, and none keeps an unmounted superblock.
 fn park<F: SuperOperations>(sb: &SbInner<F>, inode: &Inode<F>, c: &CpuCounters<'_>) {
+    park_locked(sb, inode, c);
+    // The eviction's last step is done (and the outbox unlocked): now the frees a full
+    // batch left (a panicking `Drop` unwinds from here, see `destroy_inode`).
+    reclaim_due();
+}
+
+/// [`park`] but its reclaim.
+fn park_locked<F: SuperOperations>(sb: &SbInner<F>, inode: &Inode<F>, c: &CpuCounters<'_>) {
     // Pinned across the flush, and dropped after the outbox guard (declared first): the
-    // flush frees inodes and may end the superblock's live count.
-    let pin = sb.cache.domain.pin();
+    // flush frees inodes and may end the superblock's live count. Quiet: nothing is
+    // freed while an inode is half parked or half flushed.
+    let pin = sb.cache.domain.pin_quiet();
     c.add(Ctr::OutboxLocks, 1);
     let mut o = sb.slots[c.slot].outbox.lock();
     let mut p = InodePtr(NonNull::from(inode));
@@ -2027,7 +2075,7 @@ fn prune_shard<F: SuperOperations>(
     mut budget: usize,
     dispose: &mut Vec<InodePtr<F>>,
 ) -> usize {
-    let _pin = sb.cache.domain.pin();
+    let _pin = sb.cache.domain.pin_quiet();
     let mut l = sb.lru_lock(shard);
     let mut freed = 0;
     let mut cur = l.head;
@@ -2506,12 +2554,15 @@ impl<F: SuperOperations> SuperBlock<F> {
     pub fn flush_evictions(&self) {
         let sb: &SbInner<F> = &self.inner;
         let c = sb.cache.counters();
-        let pin = sb.cache.domain.pin();
-        c.add(Ctr::OutboxLocks, 1);
-        let mut o = sb.slots[c.slot].outbox.lock();
-        if !o.items.is_empty() {
-            flush_parked(sb, &mut o.items, &pin, &c);
+        {
+            let pin = sb.cache.domain.pin();
+            c.add(Ctr::OutboxLocks, 1);
+            let mut o = sb.slots[c.slot].outbox.lock();
+            if !o.items.is_empty() {
+                flush_parked(sb, &mut o.items, &pin, &c);
+            }
         }
+        reclaim_due();
     }
 
     /// Evicted inodes parked in outboxes (not yet off the lists), for tests.
@@ -2546,13 +2597,14 @@ impl<F: SuperOperations> SuperBlock<F> {
                 }
             }
         }
-        for p in dispose {
-            // SAFETY: we set I_FREEING on it: it is ours to evict.
-            evict(unsafe { p.get() });
-        }
+        // We set I_FREEING on each: ours to evict.
+        let panicked = evict_each(dispose);
         // Memory pressure: the superblock list shards left empty give their memory back.
         for l in sb.lists.iter() {
             l.lock().shrink_if_empty();
+        }
+        if let Some(e) = panicked {
+            std::panic::resume_unwind(e);
         }
         freed
     }
@@ -2562,6 +2614,7 @@ impl<F: SuperOperations> SuperBlock<F> {
     /// many it evicted.
     pub fn evict_inodes(&self) -> usize {
         let mut n = 0;
+        let mut panicked = None;
         sb_walk(
             &self.inner,
             |p, inode, dispose: &mut Vec<InodePtr<F>>| {
@@ -2580,16 +2633,19 @@ impl<F: SuperOperations> SuperBlock<F> {
             },
             |dispose| {
                 n += dispose.len();
-                for p in dispose.drain(..) {
-                    // SAFETY: we set I_FREEING on it: it is ours to evict (`evict` takes
-                    // it off the LRU too).
-                    evict(unsafe { p.get() });
+                // We set I_FREEING on each: ours to evict (`evict` takes it off the LRU
+                // too). A panic waits for the walk and the outboxes (`evict_each`).
+                if let Some(e) = evict_each(dispose.drain(..)) {
+                    panicked.get_or_insert(e);
                 }
             },
         );
         // Inodes other threads evicted but left on this superblock's lists (their
         // outboxes). After `umount` cleared SB_ACTIVE nobody parks any more (`park`).
         self.inner.drain_outboxes();
+        if let Some(e) = panicked {
+            std::panic::resume_unwind(e);
+        }
         n
     }
 

@@ -61,7 +61,15 @@ mod imp {
             Domain
         }
         pub(crate) fn pin(&self) -> Guard {
-            pin()
+            pin(true)
+        }
+
+        /// A pin that never frees anything: for the cache's own bookkeeping (an eviction
+        /// half done, a list walk under locks), where a retired box's `Drop` that panics
+        /// would unwind through work that must finish. The frees it skips are left to
+        /// [`reclaim_due`] and to later pins.
+        pub(crate) fn pin_quiet(&self) -> Guard {
+            pin(false)
         }
     }
 
@@ -152,6 +160,9 @@ mod imp {
         rec: &'static Record,
         depth: Cell<usize>,
         pins: Cell<usize>,
+        /// A batch was queued by [`Guard::defer_free_box_quiet`] without the reclaim a
+        /// full batch runs: [`reclaim_due`] runs it.
+        due: Cell<bool>,
         q: RefCell<Queue>,
     }
 
@@ -215,6 +226,7 @@ mod imp {
             rec: SHARED.global.register(),
             depth: Cell::new(0),
             pins: Cell::new(0),
+            due: Cell::new(false),
             q: RefCell::new(Queue { cur: None, queued: VecDeque::new(), spare: Vec::new() }),
         };
     }
@@ -224,7 +236,9 @@ mod imp {
         SHARED.orphans.push(b);
     }
 
-    fn pin() -> Guard {
+    /// Enters a section; `may_reclaim`: every [`PINS_BETWEEN_RECLAIM`]th outermost pin of
+    /// a thread with work queued frees a batch (never for [`Domain::pin_quiet`]).
+    fn pin(may_reclaim: bool) -> Guard {
         let on_local = LOCAL.try_with(|l| {
             let d = l.depth.get();
             l.depth.set(d + 1);
@@ -234,7 +248,8 @@ mod imp {
                 let n = l.pins.get().wrapping_add(1);
                 l.pins.set(n);
                 // A thread with nothing queued leaves the advancing to those that have.
-                reclaim_now = n % PINS_BETWEEN_RECLAIM == 0
+                reclaim_now = may_reclaim
+                    && n % PINS_BETWEEN_RECLAIM == 0
                     && (!l.q.borrow().queued.is_empty() || !SHARED.orphans.is_empty());
             }
             (l.rec, reclaim_now)
@@ -366,6 +381,32 @@ mod imp {
         /// `p` came from `Box::into_raw`/`Box::leak`, nobody frees it otherwise, and it is
         /// sound to drop the box on another thread after this returns.
         pub(crate) unsafe fn defer_free_box<T: Send>(&self, p: *mut T) {
+            // SAFETY: the caller's contract.
+            if unsafe { self.retire(p) } {
+                reclaim(QUEUE_RECLAIM);
+            }
+        }
+
+        /// [`Guard::defer_free_box`] without its reclaim: a box's `Drop` never runs here
+        /// (the cache's bookkeeping calls it half-way through an eviction). When a batch
+        /// fills, the reclaim it would have run is left to [`reclaim_due`], which the
+        /// caller runs once its work is done.
+        ///
+        /// # Safety
+        /// As [`Guard::defer_free_box`].
+        pub(crate) unsafe fn defer_free_box_quiet<T: Send>(&self, p: *mut T) {
+            // SAFETY: the caller's contract.
+            if unsafe { self.retire(p) } {
+                let _ = LOCAL.try_with(|l| l.due.set(true));
+            }
+        }
+
+        /// Puts `p` on this thread's batch; a full batch is stamped and queued. Returns
+        /// whether one was (the caller reclaims, now or later).
+        ///
+        /// # Safety
+        /// As [`Guard::defer_free_box`].
+        unsafe fn retire<T: Send>(&self, p: *mut T) -> bool {
             let r: Retired = (p.cast::<()>(), free_box::<T>);
             let full = LOCAL.try_with(|l| {
                 let q = &mut *l.q.borrow_mut();
@@ -380,21 +421,35 @@ mod imp {
                 }
             });
             match full {
-                Ok(Some(b)) => queue(b),
-                Ok(None) => {}
+                Ok(Some(b)) => {
+                    queue(b);
+                    true
+                }
+                Ok(None) => false,
                 // The thread's batches are gone (thread exit): an orphan of its own.
                 Err(_) => {
                     let mut b = Batch::new();
                     b.val.push(r);
                     b.val.seal();
                     orphan(b);
+                    false
                 }
             }
         }
     }
 
+    /// Runs the reclaim that [`Guard::defer_free_box_quiet`] left when it queued a full
+    /// batch, if it did. Call it once the bookkeeping that retired the boxes is done: a
+    /// box's `Drop` that panics unwinds from here.
+    pub(crate) fn reclaim_due() {
+        if LOCAL.try_with(|l| l.due.replace(false)).unwrap_or(false) {
+            reclaim(QUEUE_RECLAIM);
+        }
+    }
+
     /// A full batch: stamp it, queue it on this thread (the oldest beyond [`MAX_QUEUED`]
-    /// go to the orphans), and reclaim. Once per [`BATCH`] evictions, so out of line.
+    /// go to the orphans); the caller reclaims. Once per [`BATCH`] evictions, so out of
+    /// line.
     #[cold]
     #[inline(never)]
     fn queue(mut b: Box<Link<Batch>>) {
@@ -411,7 +466,6 @@ mod imp {
         if let Ok(Some(old)) = extra {
             orphan(old);
         }
-        reclaim(QUEUE_RECLAIM);
     }
 
     /// Hurries deferred frees (best effort, for tests that count drops): stamps this
@@ -451,7 +505,7 @@ mod imp {
 
         /// Retires a box (on this thread's batch) that runs `f` when freed.
         fn retire(f: impl FnOnce() + Send + 'static) {
-            let g = pin();
+            let g = pin(true);
             let p = Box::into_raw(Box::new(OnFree(Some(Box::new(f)))));
             // SAFETY: a fresh leaked box, freed only by the batch.
             unsafe { g.defer_free_box(p) };
@@ -552,7 +606,7 @@ mod imp {
         fn a_panicking_drop_puts_the_orphans_it_did_not_reach_back() {
             let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
             let dropped = Arc::new(AtomicUsize::new(0));
-            let held = pin();
+            let held = pin(true);
             let d = dropped.clone();
             std::thread::spawn(move || {
                 for i in 0..3 * BATCH {
@@ -600,7 +654,7 @@ mod imp {
             let (to_test, from_thread) = mpsc::channel();
             let (to_thread, from_test) = mpsc::channel::<()>();
             // Held while the thread stamps its batch: it cannot expire then.
-            let hold = pin();
+            let hold = pin(true);
             let t = std::thread::spawn(move || {
                 TAKEN.with(|_| ());
                 retire(|| {
@@ -609,7 +663,7 @@ mod imp {
                 flush();
                 to_test.send(()).unwrap();
                 from_test.recv().unwrap();
-                TAKEN.with(|t| t.borrow_mut().push(pin()));
+                TAKEN.with(|t| t.borrow_mut().push(pin(true)));
             });
             from_thread.recv().unwrap();
             drop(hold);
@@ -655,8 +709,8 @@ mod imp {
             let t = std::thread::spawn(move || {
                 // First: registered before `Local`, so destroyed after it.
                 HOLDER.with(|h| *h.0.borrow_mut() = Some((Vec::new(), to_test, from_test)));
-                let outer = pin();
-                let inner = pin();
+                let outer = pin(true);
+                let inner = pin(true);
                 HOLDER.with(|h| {
                     let mut h = h.0.borrow_mut();
                     let guards = &mut h.as_mut().unwrap().0;
@@ -684,11 +738,11 @@ mod imp {
         #[test]
         fn an_inner_guard_does_not_end_the_outer_section() {
             let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-            let outer = pin();
+            let outer = pin(true);
             // Retired after the outer section began.
             let freed = orphan_probe();
-            drop(pin());
-            let inner = pin();
+            drop(pin(true));
+            let inner = pin(true);
             drop(inner);
             assert!(
                 !reclaimed_elsewhere(&freed),
@@ -719,7 +773,7 @@ mod imp {
                 let (in_tx, in_rx) = mpsc::channel();
                 let ri2 = ri.clone();
                 let reader = std::thread::spawn(move || {
-                    let g = pin();
+                    let g = pin(true);
                     ri2.store(true, Ordering::SeqCst);
                     in_tx.send(()).unwrap();
                     go_rx.recv().unwrap();
@@ -800,6 +854,11 @@ mod imp {
             self.0.readers.fetch_add(1, Ordering::SeqCst);
             Guard(self.0.clone())
         }
+
+        /// The model frees only when its last section ends: as [`Domain::pin`].
+        pub(crate) fn pin_quiet(&self) -> Guard {
+            self.pin()
+        }
     }
 
     impl Inner {
@@ -862,7 +921,19 @@ mod imp {
         }
     }
 
+    impl Guard {
+        /// # Safety
+        /// As [`Guard::defer_free_box`].
+        pub(crate) unsafe fn defer_free_box_quiet<T: Send>(&self, p: *mut T) {
+            // SAFETY: the caller's contract.
+            unsafe { self.defer_free_box(p) }
+        }
+    }
+
+    /// Nothing is left due in the model (its frees run when the last section ends).
+    pub(crate) fn reclaim_due() {}
+
     pub(crate) fn flush() {}
 }
 
-pub(crate) use imp::{flush, Domain, Guard};
+pub(crate) use imp::{flush, reclaim_due, Domain, Guard};

@@ -307,6 +307,13 @@
 //! `unlock_new_inode` (through [`InodeRef::unlock_new_inode`]), `drop_nlink` at 0, the last
 //! `iput` of an `I_NEW` inode, `insert_inode_locked` of an inode hashed before.
 //!
+//! A filesystem's inode data whose `Drop` panics: the panic reaches the caller of the
+//! operation whose reclaim freed that inode's memory (any thread's, a grace period after
+//! the eviction), and nothing else leaks. The cache frees retired memory only where its
+//! own bookkeeping is done: the pins and retires inside an eviction are quiet, and the
+//! frees they leave run at the eviction's end; a prune or `evict_inodes` evicts every
+//! inode of its list before it passes a panic on.
+//!
 //! # Models
 //!
 //! Under `--cfg vfscale_loom` and `--cfg vfscale_shuttle` the locks and atomics come from
