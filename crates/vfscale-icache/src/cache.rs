@@ -924,12 +924,15 @@ fn destroy_unpublished<F: SuperOperations>(p: NonNull<Inode<F>>) {
     // SAFETY: `p` came from `alloc_inode` and was never published: this is the only pointer.
     let b = unsafe { Box::from_raw(p.as_ptr()) };
     let sb = b.sb();
-    sb.ops.destroy_inode(&b);
+    let p = catch_op(|| sb.ops.destroy_inode(&b));
     let c = sb.cache.counters();
     c.add(Ctr::NrInodes, -1);
-    // Quiet: a reclaim's panic must not skip the superblock's live count.
-    let pin = sb.cache.domain.pin_quiet();
-    sb_inode_gone(sb, &pin, &c);
+    {
+        // Quiet: a reclaim's panic must not skip the superblock's live count.
+        let pin = sb.cache.domain.pin_quiet();
+        sb_inode_gone(sb, &pin, &c);
+    }
+    resume(p);
 }
 
 /// `inode_sb_list_add`: onto the list of this CPU's shard (`c`'s).
@@ -1741,10 +1744,11 @@ fn iput_evict<F: SuperOperations>(inode: &Inode<F>, g: ILockGuard<'_>, drop_it: 
     debug_assert!(inode.state.load(Ordering::Relaxed) & (I_FREEING | I_WILL_FREE) == 0);
     let sb = inode.sb();
     let mut g = g;
+    let mut p = None;
     if !drop_it {
         inode.set_bits(I_WILL_FREE);
         drop(g);
-        sb.ops.write_inode(inode);
+        p = catch_op(|| sb.ops.write_inode(inode));
         g = inode.lock();
         inode.clear_bits(I_WILL_FREE);
     }
@@ -1752,6 +1756,7 @@ fn iput_evict<F: SuperOperations>(inode: &Inode<F>, g: ILockGuard<'_>, drop_it: 
     drop(g);
     // `evict` takes it off the LRU (now, or in a batch).
     evict(inode);
+    resume(p);
 }
 
 /// `__inode_add_lru` after `iput_final` dropped `i_lock`: checks again under both locks.
@@ -1827,15 +1832,32 @@ fn lru_del_evicting<F: SuperOperations>(l: &mut LruShard<F>, inode: &Inode<F>, c
     }
 }
 
+/// A panic's payload, held while an eviction finishes.
+type Panic = Box<dyn std::any::Any + Send>;
+
+/// Runs one of the filesystem's operations inside an eviction (`->write_inode`,
+/// `->evict_inode`, `->destroy_inode`). A panic is caught and returned: the eviction
+/// finishes first (unhashed, waiters woken, memory and superblock count given back) and
+/// resumes it at its end. Let through, it left the inode `I_WILL_FREE` or `I_FREEING`
+/// and hashed, and every later lookup of it waited for ever.
+fn catch_op(op: impl FnOnce()) -> Option<Panic> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(op)).err()
+}
+
+/// Resumes the first panic `catch_op` caught, if any.
+fn resume(p: Option<Panic>) {
+    if let Some(e) = p {
+        std::panic::resume_unwind(e);
+    }
+}
+
 /// Evicts every inode of `dispose` (each `I_FREEING`, the caller's), as `dispose_list`
 /// does. A panic in one (a retired box's `Drop` in the reclaim after it, or the
 /// filesystem's own operations) does not stop the others: the first panic is returned,
 /// for the caller to resume once its own work is done, so that no inode of the list is
 /// left `I_FREEING` and never evicted.
 #[must_use]
-fn evict_each<F: SuperOperations>(
-    dispose: impl IntoIterator<Item = InodePtr<F>>,
-) -> Option<Box<dyn std::any::Any + Send>> {
+fn evict_each<F: SuperOperations>(dispose: impl IntoIterator<Item = InodePtr<F>>) -> Option<Panic> {
     let mut first = None;
     let mut rest = dispose.into_iter();
     // One unwind boundary for the whole list (not one per inode, which costs the loop its
@@ -1877,8 +1899,9 @@ fn evict_with<F: SuperOperations>(inode: &Inode<F>, c: &CpuCounters<'_>) {
         inode_lru_list_del(inode, c);
     }
     inode_sb_list_del(inode, c);
-    evict_clear::<F, false>(inode, c);
+    let p = evict_clear::<F, false>(inode, c);
     destroy_inode(inode, c);
+    resume(p);
 }
 
 /// The eviction of an inode listed on another CPU's superblock list shard or LRU shard
@@ -1890,10 +1913,11 @@ fn evict_with<F: SuperOperations>(inode: &Inode<F>, c: &CpuCounters<'_>) {
 /// "Batched removal").
 #[inline(never)]
 fn evict_parked<F: SuperOperations>(inode: &Inode<F>, c: &CpuCounters<'_>) {
-    evict_clear::<F, true>(inode, c);
-    inode.sb().ops.destroy_inode(inode);
+    let p = evict_clear::<F, true>(inode, c);
+    let q = catch_op(|| inode.sb().ops.destroy_inode(inode));
     c.add(Ctr::NrInodes, -1);
     park(inode.sb(), inode, c);
+    resume(p.or(q));
 }
 
 /// `evict`'s middle: `->evict_inode`, then `clear_inode` (I_CLEAR), `remove_inode_hash`
@@ -1905,9 +1929,16 @@ fn evict_parked<F: SuperOperations>(inode: &Inode<F>, c: &CpuCounters<'_>) {
 /// will be parked; the same hold marks it `PARKED` and counts it out of `nr_unused` if
 /// it is still on an LRU.
 #[inline(always)]
-fn evict_clear<F: SuperOperations, const PARKS: bool>(inode: &Inode<F>, c: &CpuCounters<'_>) {
+///
+/// Returns a panic of `->evict_inode`, for the caller to resume once the eviction is done
+/// ([`catch_op`]).
+#[must_use]
+fn evict_clear<F: SuperOperations, const PARKS: bool>(
+    inode: &Inode<F>,
+    c: &CpuCounters<'_>,
+) -> Option<Panic> {
     let sb = inode.sb();
-    sb.ops.evict_inode(inode);
+    let panicked = catch_op(|| sb.ops.evict_inode(inode));
     let w = {
         let cache = &*sb.cache;
         let b = cache.bucket(sb, inode.hashval);
@@ -1926,6 +1957,7 @@ fn evict_clear<F: SuperOperations, const PARKS: bool>(inode: &Inode<F>, c: &CpuC
     if w {
         sb.cache.waits.wake_all(inode.addr());
     }
+    panicked
 }
 
 /// `destroy_inode` of an inode off every list: `->destroy_inode` and `nr_inodes` (Linux's
@@ -1937,13 +1969,14 @@ fn evict_clear<F: SuperOperations, const PARKS: bool>(inode: &Inode<F>, c: &CpuC
 /// retired box's `Drop` that panics unwinds from a finished eviction, not from one that
 /// lost its free or its superblock's live count.
 fn destroy_inode<F: SuperOperations>(inode: &Inode<F>, c: &CpuCounters<'_>) {
-    inode.sb().ops.destroy_inode(inode);
+    let p = catch_op(|| inode.sb().ops.destroy_inode(inode));
     c.add(Ctr::NrInodes, -1);
     {
         let pin = inode.sb().cache.domain.pin_quiet();
         free_inode(inode, &pin, c);
     }
     reclaim_due();
+    resume(p);
 }
 
 /// `destroy_inode`'s end, once the inode is off every list: its memory a grace period

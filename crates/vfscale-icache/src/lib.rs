@@ -312,7 +312,10 @@
 //! the eviction), and nothing else leaks. The cache frees retired memory only where its
 //! own bookkeeping is done: the pins and retires inside an eviction are quiet, and the
 //! frees they leave run at the eviction's end; a prune or `evict_inodes` evicts every
-//! inode of its list before it passes a panic on.
+//! inode of its list before it passes a panic on. So does a panic in the filesystem's own
+//! `write_inode`, `evict_inode` or `destroy_inode`: the eviction finishes (the inode is
+//! unhashed, its waiters woken, its memory and its superblock's count given back), then
+//! the panic goes on to the caller; a later lookup of the number loads it afresh.
 //!
 //! # Models
 //!
