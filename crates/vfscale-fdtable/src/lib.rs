@@ -74,8 +74,9 @@
 //! [`FdTable::get`] is `__fget_files_rcu`: pin the epoch, `Acquire`-load `fdt`,
 //! `Acquire`-load the slot, then `get_file_rcu`: increment the file's strong count unless
 //! it is zero (`Weak::upgrade` on the slot's weak reference, which the pin keeps alive).
-//! A zero count means a closer emptied the slot after the load and dropped the file:
-//! the lookup answers `None` (`fd` was closed at a moment inside the call). Pinning
+//! A zero count means a closer or a dup2 emptied or replaced the slot after the load and
+//! dropped the file: the lookup reads the slot again, as Linux does (dup2 replaces an open
+//! descriptor atomically, so "not open" would be wrong for it). Pinning
 //! `crossbeam-epoch` writes only the calling thread's own epoch record (and issues a
 //! fence); the lookup writes no shared cache line other than the file's own count.
 //! [`FdTable::with`] is `fdget` + `fdput` in a table shared by threads: it holds a

@@ -53,9 +53,12 @@ impl<F> Slots<F> {
 /// (`Arc::into_raw`: it keeps the file open) and one weak reference (`Arc::downgrade`,
 /// forgotten: it keeps the allocation, not the file, for lookups that loaded the pointer).
 /// Both are the table's; a closer drops the strong one at once and the weak one a grace
-/// period later ([`drop_slot_ref`]). `Arc::into_raw` and a `Weak` of the same allocation
-/// point at the same `F` (`Weak::as_ptr`'s documentation: "Both point to the same
-/// object"), so one pointer stands for both.
+/// period later ([`drop_slot_ref`]). One pointer stands for both: `Arc::into_raw` and
+/// `Weak::into_raw` of one allocation return the same pointer to the same `F`, derived
+/// the same way from the allocation. std shows the equality (`Weak::as_ptr`'s example:
+/// "Both point to the same object") but its `from_raw` contracts name only their own
+/// `into_raw`: this relies on std's implementation, as every std release has it (tested
+/// by `close_rcu` on the one the workspace builds with).
 fn slot_ref<F>(file: Arc<F>) -> *mut F {
     std::mem::forget(Arc::downgrade(&file));
     Arc::into_raw(file) as *mut F
@@ -604,18 +607,26 @@ impl<F: Send + Sync + 'static> FdTable<F> {
     /// `fget` (`__fget_files_rcu`): a new reference to the file at `fd`. Takes no lock
     /// and writes no shared memory other than the file's own reference count.
     ///
-    /// A file whose last reference a closer dropped after the slot was read is not
-    /// returned: `None`. That is a valid answer: the closer emptied the slot after this
-    /// lookup read it and before it dropped the file, so `fd` was closed at a moment inside
-    /// this call (Linux reads the slot again instead; either is linearizable).
+    /// If the file's last reference went after the slot was read (a close, or a dup2 that
+    /// replaced it), the slot no longer holds it: the lookup reads the slot again, as
+    /// Linux retries when `get_file_rcu` fails. Answering `None` instead would be wrong
+    /// for dup2, which replaces an open descriptor atomically: `fd` was open throughout.
     pub fn get(&self, fd: Fd) -> Option<Arc<F>> {
         let g = self.domain.pin();
-        let p = self.lookup_raw(&g, fd);
-        if p.is_null() {
-            return None;
+        loop {
+            let p = self.lookup_raw(&g, fd);
+            if p.is_null() {
+                return None;
+            }
+            // SAFETY: `p` was loaded from a slot under `g`, which is still pinned.
+            if let Some(f) = unsafe { get_file_rcu(p) } {
+                return Some(f);
+            }
+            // The slot was emptied or replaced before the file's last reference went,
+            // so the next load reads null or a newer file (a loop on the models, which
+            // must be told to let the writer run).
+            crate::sync::spin_hint();
         }
-        // SAFETY: `p` was loaded from a slot under `g`, which is still pinned.
-        unsafe { get_file_rcu(p) }
     }
 
     /// `fdget`: runs `f` on the file at `fd`, holding a reference for the call (what
@@ -991,6 +1002,9 @@ impl<F: Send + Sync + 'static> Drop for FdTable<F> {
     fn drop(&mut self) {
         let hook = self.file_lock.get_mut().hook.take();
         let t = self.fdt.get_mut();
+        // Every slot emptied first, then the hooks (as `finish_close`): a hook that panics
+        // leaks nothing, the vector's unwinding drops the files it did not reach.
+        let mut files = Vec::new();
         for (i, s) in t.fd.iter().enumerate() {
             let p = s.swap(ptr::null_mut(), Ordering::Acquire);
             if is_file(p) {
@@ -998,9 +1012,12 @@ impl<F: Send + Sync + 'static> Drop for FdTable<F> {
                 // the pointer); the slot held this slot reference.
                 let (f, weak) = unsafe { drop_slot_ref(p) };
                 drop(weak);
-                if let Some(h) = hook.as_ref() {
-                    h(Fd(i as u32), &f);
-                }
+                files.push((Fd(i as u32), f));
+            }
+        }
+        if let Some(h) = hook.as_ref() {
+            for (fd, f) in &files {
+                h(*fd, f);
             }
         }
     }

@@ -54,18 +54,25 @@ impl Drop for File {
     }
 }
 
-#[test]
-fn lookups_racing_closes_never_read_a_freed_file() {
-    const ROUNDS: usize = 200_000;
+/// A table with a file at fd 0, a maker of files counting on its drop counter, and it.
+fn table_with_fd0() -> (FdTable<File>, impl Fn() -> Arc<File>, Arc<AtomicUsize>) {
     let drops = Arc::new(AtomicUsize::new(0));
     let t: FdTable<File> = FdTable::new(Settings::default());
-    let file = || {
+    let d = drops.clone();
+    let file = move || {
         Arc::new(File {
             magic: MAGIC,
-            drops: drops.clone(),
+            drops: d.clone(),
         })
     };
     assert_eq!(t.open(file(), false), Ok(Fd(0)));
+    (t, file, drops)
+}
+
+#[test]
+fn lookups_racing_closes_never_read_a_freed_file() {
+    const ROUNDS: usize = 200_000;
+    let (t, file, drops) = table_with_fd0();
     QUARANTINE.store(true, SeqCst);
     let done = AtomicBool::new(false);
     let (mut seen, mut missed) = (0usize, 0usize);
@@ -99,4 +106,44 @@ fn lookups_racing_closes_never_read_a_freed_file() {
     assert_eq!(drops.load(SeqCst), ROUNDS);
     drop(t);
     assert_eq!(drops.load(SeqCst), ROUNDS + 1);
+}
+
+/// dup2 replaces an open descriptor atomically: a lookup racing it finds the old file or
+/// the new one, never nothing, even when the replaced file's last reference was the slot's
+/// (the lookup's increment-if-not-zero then fails, and it reads the slot again).
+#[test]
+fn lookups_racing_dup2_always_find_a_file() {
+    const ROUNDS: usize = 300_000;
+    let (t, file, drops) = table_with_fd0();
+    let done = AtomicBool::new(false);
+    let (mut found, mut missed) = (0usize, 0usize);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for _ in 0..ROUNDS {
+                let tmp = t.open(file(), false).unwrap();
+                assert_eq!(t.dup2(tmp, Fd(0)), Ok(Fd(0)));
+                t.close(tmp).unwrap();
+            }
+            done.store(true, SeqCst);
+        });
+        while !done.load(SeqCst) {
+            match t.get(Fd(0)) {
+                Some(f) => {
+                    assert_eq!(f.magic, MAGIC);
+                    found += 1;
+                }
+                None => missed += 1,
+            }
+        }
+    });
+    assert!(found > 0);
+    assert_eq!(
+        missed, 0,
+        "fd 0 was never closed, yet {missed} lookups found nothing"
+    );
+    assert_eq!(
+        drops.load(SeqCst),
+        ROUNDS,
+        "each replaced file dropped by its dup2"
+    );
 }

@@ -77,26 +77,50 @@ fn a_panicking_close_hook_does_not_free_a_borrowed_file() {
     );
 }
 
+/// A file that counts its drops on its own counter.
+struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, SeqCst);
+    }
+}
+
+/// A table of `n` counted files, whose close hook panics on the descriptors `panics`
+/// picks; and their drop counter.
+fn counted_table(n: usize, panics: fn(u32) -> bool) -> (FdTable<Counted>, Arc<AtomicUsize>) {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let t: FdTable<Counted> = FdTable::new(Settings::default());
+    for _ in 0..n {
+        t.open(Arc::new(Counted(drops.clone())), false).unwrap();
+    }
+    t.set_close_hook(move |fd, _| {
+        if panics(fd.0) {
+            panic!("hook");
+        }
+    });
+    (t, drops)
+}
+
 #[test]
 fn a_panicking_close_hook_leaks_nothing_of_a_batch() {
-    static DROPS: AtomicUsize = AtomicUsize::new(0);
-    struct Counted;
-    impl Drop for Counted {
-        fn drop(&mut self) {
-            DROPS.fetch_add(1, SeqCst);
-        }
-    }
-    let t: FdTable<Counted> = FdTable::new(Settings::default());
-    for _ in 0..10 {
-        t.open(Arc::new(Counted), false).unwrap();
-    }
-    t.set_close_hook(|_, _| panic!("hook"));
+    let (t, drops) = counted_table(10, |_| true);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         t.close_range(0, u32::MAX, CloseRangeFlags::default())
     }));
     assert!(r.is_err(), "the hook panicked");
     // The unwinding dropped the files the hook did not reach, and the first one.
-    assert_eq!(DROPS.load(SeqCst), 10, "every closed file is dropped");
+    assert_eq!(drops.load(SeqCst), 10, "every closed file is dropped");
     drop(t);
-    assert_eq!(DROPS.load(SeqCst), 10);
+    assert_eq!(drops.load(SeqCst), 10);
+}
+
+/// The table's drop runs the close hook on every descriptor; one that panics leaks no
+/// file: every slot is emptied before the first hook runs.
+#[test]
+fn a_panicking_close_hook_in_the_table_drop_leaks_nothing() {
+    let (t, drops) = counted_table(3, |fd| fd == 0);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(t)));
+    assert!(r.is_err(), "the hook panicked");
+    assert_eq!(drops.load(SeqCst), 3, "files leaked by the table's drop");
 }

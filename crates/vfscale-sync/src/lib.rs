@@ -178,6 +178,19 @@ impl Condvar {
     }
 }
 
+/// One turn of a retry loop that waits for another thread's write: a spin hint normally;
+/// under loom and shuttle a yield, so that the scheduler lets the writer run (without it
+/// a model may re-read a stale value for ever and abort the execution).
+#[inline]
+pub fn spin_hint() {
+    #[cfg(vfscale_loom)]
+    loom::thread::yield_now();
+    #[cfg(all(vfscale_shuttle, not(vfscale_loom)))]
+    shuttle::thread::yield_now();
+    #[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
+    std::hint::spin_loop();
+}
+
 /// The CPU this thread runs on, to pick a listing shard (0 under the models).
 pub fn current_cpu() -> usize {
     #[cfg(any(vfscale_loom, vfscale_shuttle))]
