@@ -86,7 +86,10 @@
 //! is dropped (`fput`), and a file nobody else holds is dropped before `close` returns,
 //! in the closing thread; one a lookup still holds goes when that reference does. Only
 //! the memory of a file's `Arc` (its counts) waits for a grace period, as `struct file`'s
-//! slab memory waits for RCU; [`flush_deferred`] hurries that (tests).
+//! slab memory waits for RCU; [`flush_deferred`] hurries that (tests). Until then the
+//! table's weak reference is counted: on a caller's `Arc` of a closed file
+//! `Arc::get_mut` answers `None` (and `Arc::make_mut` clones) for that long, while
+//! `Arc::try_unwrap` and `Arc::into_inner` succeed at once.
 //!
 //! # Install without the lock, and resize
 //!
