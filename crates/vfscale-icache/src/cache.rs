@@ -2001,14 +2001,15 @@ fn free_inode<F: SuperOperations>(inode: &Inode<F>, pin: &Guard, c: &CpuCounters
 /// inode or this sees `SB_ACTIVE` clear (loom model `umount_races_remote_park`): no
 /// inode is parked after an umount's drain, and none keeps an unmounted superblock.
 fn park<F: SuperOperations>(sb: &SbInner<F>, inode: &Inode<F>, c: &CpuCounters<'_>) {
-    park_locked(sb, inode, c);
+    park_quiet(sb, inode, c);
     // The eviction's last step is done (and the outbox unlocked): now the frees a full
     // batch left (a panicking `Drop` unwinds from here, see `destroy_inode`).
     reclaim_due();
 }
 
-/// [`park`] but its reclaim.
-fn park_locked<F: SuperOperations>(sb: &SbInner<F>, inode: &Inode<F>, c: &CpuCounters<'_>) {
+/// [`park`] without its reclaim: parks (or, unmounted, frees) the inode, flushing a full
+/// outbox, and frees nothing itself.
+fn park_quiet<F: SuperOperations>(sb: &SbInner<F>, inode: &Inode<F>, c: &CpuCounters<'_>) {
     // Pinned across the flush, and dropped after the outbox guard (declared first): the
     // flush frees inodes and may end the superblock's live count. Quiet: nothing is
     // freed while an inode is half parked or half flushed.
@@ -2636,9 +2637,7 @@ impl<F: SuperOperations> SuperBlock<F> {
         for l in sb.lists.iter() {
             l.lock().shrink_if_empty();
         }
-        if let Some(e) = panicked {
-            std::panic::resume_unwind(e);
-        }
+        resume(panicked);
         freed
     }
 
@@ -2676,9 +2675,7 @@ impl<F: SuperOperations> SuperBlock<F> {
         // Inodes other threads evicted but left on this superblock's lists (their
         // outboxes). After `umount` cleared SB_ACTIVE nobody parks any more (`park`).
         self.inner.drain_outboxes();
-        if let Some(e) = panicked {
-            std::panic::resume_unwind(e);
-        }
+        resume(panicked);
         n
     }
 

@@ -249,28 +249,23 @@ fn phases(report: &Report) -> Vec<Finding> {
             status: t.status(),
         });
     }
+    // Per phase, the rate of `a` at `an` tasks over `b`'s at `bn`, paired run by run.
+    let ratios = |a: &str, an: usize, b: &str, bn: usize| -> Vec<String> {
+        PHASES
+            .iter()
+            .filter_map(|p| {
+                let x = metric(report, W, a, p, an, RATE)?;
+                let y = metric(report, W, b, p, bn, RATE)?;
+                let r = Ratio::paired_or_of(RATE, x, y);
+                Some(format!("{p} {}", units::format_ratio(r.value)))
+            })
+            .collect()
+    };
     // The control's scaling in the same run, when it ran: no target, it says how far this
-    // machine lets tasks that share nothing scale.
-    let control: Vec<String> = PHASES
-        .iter()
-        .filter_map(|p| {
-            let hi = metric(report, W, CONTROL, p, n, RATE)?;
-            let lo = metric(report, W, CONTROL, p, one, RATE)?;
-            let r = Ratio::paired_or_of(RATE, hi, lo);
-            Some(format!("{p} {}", units::format_ratio(r.value)))
-        })
-        .collect();
-    // And `library`'s rate at n tasks over the control's, run by run: how much of what the
-    // machine gave tasks working apart `library` kept (no target either).
-    let kept: Vec<String> = PHASES
-        .iter()
-        .filter_map(|p| {
-            let lib = metric(report, W, "library", p, n, RATE)?;
-            let ctl = metric(report, W, CONTROL, p, n, RATE)?;
-            let r = Ratio::paired_or_of(RATE, lib, ctl);
-            Some(format!("{p} {}", units::format_ratio(r.value)))
-        })
-        .collect();
+    // machine lets tasks that share nothing scale. And `library`'s rate at n tasks over
+    // the control's: how much of that `library` kept (no target either).
+    let control = ratios(CONTROL, n, CONTROL, one);
+    let kept = ratios("library", n, CONTROL, n);
     if n > one && !control.is_empty() {
         let mut text = format!(
             "inodes control {n}/{one} tasks (partitioned: a table per task, nothing shared; \

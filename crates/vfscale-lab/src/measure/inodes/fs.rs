@@ -10,7 +10,7 @@ use std::sync::{Arc, Barrier, RwLock};
 use vfscale_icache::Settings;
 
 use super::tables::{Attrs, Counts, Dashmap, Disk, Icache, Moka, Partitioned, RwlockHashmap, Table};
-use super::{Span, StartGate, PHASES};
+use super::{bump, Span, StartGate, PHASES};
 use crate::measure::{Sample, Skip, Target};
 
 /// What `readdir` gives: the names in one buffer, and (start, end, ino) per entry.
@@ -155,10 +155,6 @@ fn stat(a: &Attrs) {
         a.nlink.load(Ordering::Relaxed),
         a.size.load(Ordering::Relaxed),
     ));
-}
-
-fn bump(c: &std::sync::atomic::AtomicU64) {
-    c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
 }
 
 /// Runs every phase with `tasks` threads and `files` files each: `warmup` untimed

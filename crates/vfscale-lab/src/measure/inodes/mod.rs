@@ -136,6 +136,14 @@ pub(super) struct Taken {
     pub on_cpu: f64,
 }
 
+/// Adds one to a counter that only the calling task writes (during a phase): a plain store,
+/// no read-modify-write on a line that nobody else writes.
+#[inline]
+pub(super) fn bump(c: &std::sync::atomic::AtomicU64) {
+    use std::sync::atomic::Ordering;
+    c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+}
+
 /// The calling thread's CPU time, in seconds (`CLOCK_THREAD_CPUTIME_ID`: up to date for
 /// the running thread, unlike `/proc/thread-self/schedstat`).
 fn thread_cpu_secs() -> f64 {
@@ -161,9 +169,7 @@ impl Span {
     /// it during a phase), no read-modify-write.
     #[inline]
     pub(super) fn tick(&self, t: usize) {
-        use std::sync::atomic::Ordering;
-        let d = &self.done[t].0;
-        d.store(d.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        bump(&self.done[t].0);
     }
 
     /// The operations every task completed so far.

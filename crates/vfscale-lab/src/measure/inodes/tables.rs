@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use super::bump;
 use vfscale_icache::{Iget, InodeCache, Settings, SuperBlock, SuperOperations};
 
 /// A cached inode's attributes (what `stat` returns).
@@ -66,12 +67,6 @@ pub struct Counts {
     pub global: AtomicU64,
     pub shard: AtomicU64,
     pub loads: AtomicU64,
-}
-
-impl Counts {
-    fn add(c: &AtomicU64) {
-        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-    }
 }
 
 /// An inode table.
@@ -186,20 +181,20 @@ impl LockedMap {
     fn create(&self, ino: u64, disk: &Disk, taken: &AtomicU64) {
         let a = Arc::new(Attrs::default());
         a.load_from(disk.get(ino));
-        Counts::add(taken);
+        bump(taken);
         self.0.write().unwrap().insert(ino, a);
     }
 
     fn with(&self, ino: u64, disk: &Disk, c: &Counts, taken: &AtomicU64, f: &mut dyn FnMut(&Attrs)) {
-        Counts::add(taken);
+        bump(taken);
         let hit = self.0.read().unwrap().get(&ino).cloned();
         let a = match hit {
             Some(a) => a,
             None => {
                 let a = Arc::new(Attrs::default());
                 a.load_from(disk.get(ino));
-                Counts::add(&c.loads);
-                Counts::add(taken);
+                bump(&c.loads);
+                bump(taken);
                 self.0.write().unwrap().entry(ino).or_insert(a).clone()
             }
         };
@@ -207,7 +202,7 @@ impl LockedMap {
     }
 
     fn unlink(&self, ino: u64, taken: &AtomicU64) {
-        Counts::add(taken);
+        bump(taken);
         self.0.write().unwrap().remove(&ino);
     }
 
@@ -306,20 +301,20 @@ impl Table for Dashmap {
     fn create(&self, ino: u64, disk: &Disk, c: &Counts) {
         let a = Arc::new(Attrs::default());
         a.load_from(disk.get(ino));
-        Counts::add(&c.shard);
+        bump(&c.shard);
         self.map.insert(ino, a);
     }
 
     fn with(&self, ino: u64, disk: &Disk, c: &Counts, f: &mut dyn FnMut(&Attrs)) {
-        Counts::add(&c.shard);
+        bump(&c.shard);
         let hit = self.map.get(&ino).map(|r| r.value().clone());
         let a = match hit {
             Some(a) => a,
             None => {
                 let a = Arc::new(Attrs::default());
                 a.load_from(disk.get(ino));
-                Counts::add(&c.loads);
-                Counts::add(&c.shard);
+                bump(&c.loads);
+                bump(&c.shard);
                 self.map.entry(ino).or_insert(a).value().clone()
             }
         };
@@ -327,7 +322,7 @@ impl Table for Dashmap {
     }
 
     fn unlink(&self, ino: u64, c: &Counts) {
-        Counts::add(&c.shard);
+        bump(&c.shard);
         self.map.remove(&ino);
     }
 
@@ -363,7 +358,7 @@ impl Table for Moka {
         let a = self.cache.get_with(ino, || {
             let a = Arc::new(Attrs::default());
             a.load_from(disk.get(ino));
-            Counts::add(&c.loads);
+            bump(&c.loads);
             a
         });
         f(&a);
