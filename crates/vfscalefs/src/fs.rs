@@ -4,7 +4,7 @@
 
 use std::ffi::{CString, OsStr};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,14 +18,22 @@ use fuser::{
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, RequestId, TimeOrNow, WriteFlags,
 };
 
+use crate::fdcache::{CachedFd, FdKey};
 use crate::handles::Handle;
-use crate::inodes::{Inode, Kind, Node};
+use crate::inodes::{Found, Inode, Kind, Node};
 use crate::locks::{Interrupts, LockReq};
 use crate::sys::{self, AsCaller};
 use crate::Server;
 
+/// The errno a client gets for a failed call of the server's. The server's own
+/// descriptor table being full is `ENFILE` to the client (too many files open "in the
+/// system" it sees): `EMFILE` would say that the caller's table is full.
 fn errno(e: io::Error) -> Errno {
-    Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))
+    Errno::from_i32(match e.raw_os_error() {
+        Some(libc::EMFILE) => libc::ENFILE,
+        Some(n) => n,
+        None => libc::EIO,
+    })
 }
 
 /// Unwraps a `Result<_, io::Error>` or answers the reply with its errno and returns.
@@ -172,9 +180,10 @@ impl Conn {
     /// Looks `name` up in `parent` and counts one lookup: the entry to reply with.
     fn lookup_entry(&self, parent: &Inode, name: &OsStr) -> io::Result<(Node, FileAttr)> {
         let c = sys::component(name)?;
-        let fd = sys::openat_beneath(parent.fd(), &c, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+        let pfd = self.srv.inode_fd(parent)?;
+        let fd = sys::openat_beneath(pfd.as_fd(), &c, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
         let st = sys::stat_fd(fd.as_fd())?;
-        let inode = self.srv.inodes.lookup(self.idx, fd, &st)?;
+        let inode = self.srv.inodes.lookup(self.idx, Found::Path(fd), &st)?;
         let a = attr(&inode, &st);
         Ok((inode, a))
     }
@@ -188,7 +197,7 @@ impl Conn {
             match self.lookup_entry(parent, name) {
                 Ok((n, a)) => return PlusEntry::Looked(n, a),
                 Err(e) => match e.raw_os_error() {
-                    Some(libc::ENOENT) => return PlusEntry::Gone,
+                    Some(libc::ENOENT | libc::ESTALE) => return PlusEntry::Gone,
                     Some(libc::EMFILE | libc::ENFILE) => {}
                     _ => return PlusEntry::Failed(e),
                 },
@@ -198,7 +207,11 @@ impl Conn {
         let Ok(c) = sys::component(name) else {
             return PlusEntry::Failed(io::Error::from_raw_os_error(libc::EINVAL));
         };
-        match sys::stat_at(parent.fd(), &c) {
+        let pfd = match self.srv.inode_fd(parent) {
+            Ok(f) => f,
+            Err(e) => return PlusEntry::Failed(e),
+        };
+        match sys::stat_at(pfd.as_fd(), &c) {
             Ok(st) => match self.srv.inodes.lookup_cached(self.idx, &st) {
                 Some(n) => {
                     let a = attr(&n, &st);
@@ -230,7 +243,7 @@ impl Conn {
         if !self.passthrough.load(Ordering::Relaxed) {
             return None;
         }
-        let mut slot = inode.backing[self.idx].lock();
+        let mut slot = inode.backing(self.idx).lock();
         if let Some(b) = slot.upgrade() {
             return Some(b);
         }
@@ -247,6 +260,72 @@ impl Conn {
                 }
                 self.passthrough.store(false, Ordering::Relaxed);
                 None
+            }
+        }
+    }
+
+    /// Installs a handle on `inode` over `file`, opened with `flags`: its file handle.
+    /// The handle keeps `file` only where it could not open it again; with a passthrough
+    /// `backing` the kernel holds the file and the server keeps none.
+    fn install(
+        &self,
+        inode: Node,
+        file: OwnedFd,
+        flags: i32,
+        backing: Option<Arc<fuser::BackingId>>,
+    ) -> Result<u64, Errno> {
+        let (pinned, cache) = if backing.is_some() {
+            (None, None)
+        } else if self.srv.reopens() {
+            (None, Some(file))
+        } else {
+            (Some(file), None)
+        };
+        let (fh, h) = self
+            .srv
+            .handles
+            .insert(Handle::new(inode, pinned, flags, self.idx, backing))
+            .map_err(Errno::from_i32)?;
+        if let Some(file) = cache {
+            self.srv.fds.admit(FdKey::Handle(fh), &h.file, file);
+        }
+        Ok(fh)
+    }
+
+    /// The source file of handle `fh`.
+    fn file(&self, fh: FileHandle, h: &Handle) -> io::Result<Arc<CachedFd>> {
+        self.srv.handle_fd(fh.0, h)
+    }
+
+    /// `/proc/self/fd/N` of an inode's `O_PATH` descriptor, for path-only calls (the
+    /// descriptor is held while the path is used). Refused for symbolic links: the magic
+    /// link must never lead past one.
+    fn inode_path(&self, inode: &Inode) -> io::Result<(Arc<CachedFd>, CString)> {
+        if inode.kind == Kind::Symlink {
+            return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+        }
+        let fd = self.srv.inode_fd(inode)?;
+        let p = sys::proc_path(fd.as_fd());
+        Ok((fd, p))
+    }
+
+    /// Before `name` in `dir` loses its link: if its inode is open through the mount and
+    /// this is its last link, the inode keeps a descriptor of its own (see
+    /// `InodeTable::keep_if_open`).
+    fn keep_victim(&self, dir: BorrowedFd<'_>, name: &CString) {
+        let Ok(st) = sys::stat_at(dir, name) else { return };
+        if st.st_nlink > 1 || st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            return;
+        }
+        let Some(node) = self.srv.inodes.peek(&st) else {
+            return;
+        };
+        if node.has_own_fd() || !node.is_open() {
+            return;
+        }
+        if let Ok(fd) = sys::openat_beneath(dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0) {
+            if sys::stat_fd(fd.as_fd()).is_ok_and(|s| (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino)) {
+                self.srv.inodes.keep_if_open(&node, fd, st.st_nlink);
             }
         }
     }
@@ -299,15 +378,6 @@ impl Conn {
             Err(e) => reply.error(errno(e)),
         }
     }
-}
-
-/// `/proc/self/fd/N` of an inode's `O_PATH` descriptor, for path-only calls. Refused for
-/// symbolic links: the magic link must never lead past one.
-fn inode_path(inode: &Inode) -> io::Result<CString> {
-    if inode.kind == Kind::Symlink {
-        return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
-    }
-    Ok(sys::proc_path(inode.fd()))
 }
 
 fn timespec(t: Option<TimeOrNow>) -> libc::timespec {
@@ -404,7 +474,8 @@ impl Filesystem for Conn {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let i = some!(self.inode(ino), reply, Errno::ENOENT);
-        let st = tri!(sys::stat_fd(i.fd()), reply);
+        let fd = tri!(self.srv.inode_fd(&i), reply);
+        let st = tri!(sys::stat_fd(fd.as_fd()), reply);
         reply.attr(&self.ttl(), &attr(&i, &st));
     }
 
@@ -427,14 +498,15 @@ impl Filesystem for Conn {
         reply: ReplyAttr,
     ) {
         let i = some!(self.inode(ino), reply, Errno::ENOENT);
-        let h = fh.and_then(|fh| self.handle(fh));
+        let fd = tri!(self.srv.inode_fd(&i), reply);
+        let h = fh.and_then(|fh| Some((fh, self.handle(fh)?)));
         if uid.is_some() || gid.is_some() {
             let u = uid.unwrap_or(u32::MAX);
             let g = gid.unwrap_or(u32::MAX);
             // SAFETY: empty path with AT_EMPTY_PATH acts on the O_PATH descriptor itself.
             let r = unsafe {
                 libc::fchownat(
-                    i.fd().as_raw_fd(),
+                    fd.as_raw_fd(),
                     c"".as_ptr(),
                     u,
                     g,
@@ -444,16 +516,19 @@ impl Filesystem for Conn {
             tri!(sys::cvt(r), reply);
         }
         if let Some(m) = mode {
-            let p = tri!(inode_path(&i), reply);
+            let (_fd, p) = tri!(self.inode_path(&i), reply);
             // SAFETY: a NUL-terminated path.
             tri!(sys::cvt(unsafe { libc::chmod(p.as_ptr(), m & 0o7777) }), reply);
         }
         if let Some(sz) = size {
             let r = match &h {
-                // SAFETY: plain syscall on a descriptor the handle owns.
-                Some(h) => unsafe { libc::ftruncate64(h.fd().as_raw_fd(), sz as i64) },
+                Some((fh, h)) => {
+                    let f = tri!(self.file(*fh, h), reply);
+                    // SAFETY: plain syscall on a descriptor we hold.
+                    unsafe { libc::ftruncate64(f.as_raw_fd(), sz as i64) }
+                }
                 None => {
-                    let p = tri!(inode_path(&i), reply);
+                    let (_fd, p) = tri!(self.inode_path(&i), reply);
                     // SAFETY: a NUL-terminated path.
                     unsafe { libc::truncate64(p.as_ptr(), sz as i64) }
                 }
@@ -464,30 +539,24 @@ impl Filesystem for Conn {
             let ts = [timespec(atime), timespec(mtime)];
             let r = if i.kind == Kind::Symlink {
                 // SAFETY: empty path with AT_EMPTY_PATH on the O_PATH descriptor.
-                unsafe { libc::utimensat(i.fd().as_raw_fd(), c"".as_ptr(), ts.as_ptr(), libc::AT_EMPTY_PATH) }
+                unsafe { libc::utimensat(fd.as_raw_fd(), c"".as_ptr(), ts.as_ptr(), libc::AT_EMPTY_PATH) }
             } else {
-                let p = tri!(inode_path(&i), reply);
+                let (_fd, p) = tri!(self.inode_path(&i), reply);
                 // SAFETY: a NUL-terminated path and two timespecs.
                 unsafe { libc::utimensat(libc::AT_FDCWD, p.as_ptr(), ts.as_ptr(), 0) }
             };
             tri!(sys::cvt(r), reply);
         }
-        let st = tri!(sys::stat_fd(i.fd()), reply);
+        let st = tri!(sys::stat_fd(fd.as_fd()), reply);
         reply.attr(&self.ttl(), &attr(&i, &st));
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let i = some!(self.inode(ino), reply, Errno::ENOENT);
+        let fd = tri!(self.srv.inode_fd(&i), reply);
         let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
         // SAFETY: `buf` is writable for its length; empty path reads the O_PATH link.
-        let n = unsafe {
-            libc::readlinkat(
-                i.fd().as_raw_fd(),
-                c"".as_ptr(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-            )
-        };
+        let n = unsafe { libc::readlinkat(fd.as_raw_fd(), c"".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
         let n = tri!(sys::cvt_size(n), reply);
         reply.data(&buf[..n]);
     }
@@ -507,10 +576,11 @@ impl Filesystem for Conn {
             Err(e) => return reply.error(e),
         };
         let c = tri!(sys::component(name), reply);
+        let pfd = tri!(self.srv.inode_fd(&p), reply);
         {
             let _as = AsCaller::new(req.uid(), req.gid());
             // SAFETY: a NUL-terminated single component relative to an O_PATH dir.
-            let r = unsafe { libc::mknodat(p.fd().as_raw_fd(), c.as_ptr(), mode, rdev as libc::dev_t) };
+            let r = unsafe { libc::mknodat(pfd.as_raw_fd(), c.as_ptr(), mode, rdev as libc::dev_t) };
             tri!(sys::cvt(r), reply);
         }
         self.entry_after_create(&p, name, reply);
@@ -522,10 +592,11 @@ impl Filesystem for Conn {
             Err(e) => return reply.error(e),
         };
         let c = tri!(sys::component(name), reply);
+        let pfd = tri!(self.srv.inode_fd(&p), reply);
         {
             let _as = AsCaller::new(req.uid(), req.gid());
             // SAFETY: as in mknod.
-            let r = unsafe { libc::mkdirat(p.fd().as_raw_fd(), c.as_ptr(), mode) };
+            let r = unsafe { libc::mkdirat(pfd.as_raw_fd(), c.as_ptr(), mode) };
             tri!(sys::cvt(r), reply);
         }
         self.entry_after_create(&p, name, reply);
@@ -537,9 +608,11 @@ impl Filesystem for Conn {
             Err(e) => return reply.error(e),
         };
         let c = tri!(sys::component(name), reply);
+        let pfd = tri!(self.srv.inode_fd(&p), reply);
+        self.keep_victim(pfd.as_fd(), &c);
         // SAFETY: as in mknod.
         tri!(
-            sys::cvt(unsafe { libc::unlinkat(p.fd().as_raw_fd(), c.as_ptr(), 0) }),
+            sys::cvt(unsafe { libc::unlinkat(pfd.as_raw_fd(), c.as_ptr(), 0) }),
             reply
         );
         reply.ok();
@@ -551,9 +624,10 @@ impl Filesystem for Conn {
             Err(e) => return reply.error(e),
         };
         let c = tri!(sys::component(name), reply);
+        let pfd = tri!(self.srv.inode_fd(&p), reply);
         // SAFETY: as in mknod.
         tri!(
-            sys::cvt(unsafe { libc::unlinkat(p.fd().as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) }),
+            sys::cvt(unsafe { libc::unlinkat(pfd.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) }),
             reply
         );
         reply.ok();
@@ -566,10 +640,11 @@ impl Filesystem for Conn {
         };
         let c = tri!(sys::component(link_name), reply);
         let t = tri!(cname(target.as_os_str()), reply);
+        let pfd = tri!(self.srv.inode_fd(&p), reply);
         {
             let _as = AsCaller::new(req.uid(), req.gid());
             // SAFETY: NUL-terminated target and name; the target is stored, not followed.
-            let r = unsafe { libc::symlinkat(t.as_ptr(), p.fd().as_raw_fd(), c.as_ptr()) };
+            let r = unsafe { libc::symlinkat(t.as_ptr(), pfd.as_raw_fd(), c.as_ptr()) };
             tri!(sys::cvt(r), reply);
         }
         self.entry_after_create(&p, link_name, reply);
@@ -591,12 +666,17 @@ impl Filesystem for Conn {
         };
         let c = tri!(sys::component(name), reply);
         let nc = tri!(sys::component(newname), reply);
+        let pfd = tri!(self.srv.inode_fd(&p), reply);
+        let npfd = tri!(self.srv.inode_fd(&np), reply);
+        if !flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            self.keep_victim(npfd.as_fd(), &nc);
+        }
         // SAFETY: NUL-terminated single components relative to O_PATH directories.
         let r = unsafe {
             libc::renameat2(
-                p.fd().as_raw_fd(),
+                pfd.as_raw_fd(),
                 c.as_ptr(),
-                np.fd().as_raw_fd(),
+                npfd.as_raw_fd(),
                 nc.as_ptr(),
                 flags.bits(),
             )
@@ -612,12 +692,14 @@ impl Filesystem for Conn {
             Err(e) => return reply.error(e),
         };
         let nc = tri!(sys::component(newname), reply);
+        let fd = tri!(self.srv.inode_fd(&i), reply);
+        let npfd = tri!(self.srv.inode_fd(&np), reply);
         // SAFETY: AT_EMPTY_PATH links the O_PATH descriptor's inode itself.
         let mut r = unsafe {
             libc::linkat(
-                i.fd().as_raw_fd(),
+                fd.as_raw_fd(),
                 c"".as_ptr(),
-                np.fd().as_raw_fd(),
+                npfd.as_raw_fd(),
                 nc.as_ptr(),
                 libc::AT_EMPTY_PATH,
             )
@@ -626,13 +708,13 @@ impl Filesystem for Conn {
         {
             // Without CAP_DAC_READ_SEARCH: through the magic link, which names exactly
             // this inode.
-            let p = sys::proc_path(i.fd());
+            let p = sys::proc_path(fd.as_fd());
             // SAFETY: NUL-terminated paths.
             r = unsafe {
                 libc::linkat(
                     libc::AT_FDCWD,
                     p.as_ptr(),
-                    np.fd().as_raw_fd(),
+                    npfd.as_raw_fd(),
                     nc.as_ptr(),
                     libc::AT_SYMLINK_FOLLOW,
                 )
@@ -650,16 +732,15 @@ impl Filesystem for Conn {
             Kind::File | Kind::Dir => {}
         }
         let flags = flags.0 & !(libc::O_NOFOLLOW | libc::O_CLOEXEC);
-        let file = tri!(sys::reopen(i.fd(), flags), reply);
+        let file = tri!(self.srv.inodes.open(&i, flags), reply);
         let backing = if i.kind == Kind::File {
             self.backing(&i, file.as_fd(), |fd| reply.open_backing(fd))
         } else {
             None
         };
-        let h = Handle::new(i.clone(), file, flags, self.idx, backing.clone());
-        let fh = match self.srv.handles.insert(h) {
+        let fh = match self.install(i.clone(), file, flags, backing.clone()) {
             Ok(fh) => fh,
-            Err(e) => return reply.error(Errno::from_i32(e)),
+            Err(e) => return reply.error(e),
         };
         match backing {
             Some(b) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &b),
@@ -679,13 +760,14 @@ impl Filesystem for Conn {
         reply: ReplyData,
     ) {
         let h = some!(self.handle(fh), reply, Errno::EBADF);
+        let f = tri!(self.file(fh, &h), reply);
         let mut buf = vec![0u8; size as usize];
         let mut done = 0;
         while done < buf.len() {
             // SAFETY: the unfilled tail of `buf` is writable.
             let n = unsafe {
                 libc::pread64(
-                    h.fd().as_raw_fd(),
+                    f.as_raw_fd(),
                     buf[done..].as_mut_ptr().cast(),
                     buf.len() - done,
                     (offset + done as u64) as i64,
@@ -713,12 +795,13 @@ impl Filesystem for Conn {
         reply: ReplyWrite,
     ) {
         let h = some!(self.handle(fh), reply, Errno::EBADF);
+        let f = tri!(self.file(fh, &h), reply);
         let mut done = 0;
         while done < data.len() {
             // SAFETY: `data[done..]` is readable for its length.
             let n = unsafe {
                 libc::pwrite64(
-                    h.fd().as_raw_fd(),
+                    f.as_raw_fd(),
                     data[done..].as_ptr().cast(),
                     data.len() - done,
                     (offset + done as u64) as i64,
@@ -738,9 +821,14 @@ impl Filesystem for Conn {
         // Never ENOSYS: the kernel would stop sending FLUSH, and POSIX locks would
         // outlive close(2).
         self.srv.locks.flush(&h.inode, self.idx, lock_owner.0);
-        // What close(2) of a duplicate does on the source (write-back errors of NFS, say).
-        // SAFETY: dup of a descriptor the handle owns, closed at once.
-        let d = unsafe { libc::dup(h.fd().as_raw_fd()) };
+        // What close(2) of a duplicate does on the source (write-back errors of NFS, say),
+        // where the server still has the file open (opening it only to close it would
+        // report nothing).
+        let Some(f) = h.file.get() else {
+            return reply.ok();
+        };
+        // SAFETY: dup of a descriptor we hold, closed at once.
+        let d = unsafe { libc::dup(f.as_raw_fd()) };
         if d >= 0 {
             // SAFETY: `d` is ours.
             if unsafe { libc::close(d) } < 0 {
@@ -766,8 +854,9 @@ impl Filesystem for Conn {
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
         let h = some!(self.handle(fh), reply, Errno::EBADF);
-        let fd = h.fd().as_raw_fd();
-        // SAFETY: plain syscalls on a descriptor the handle owns.
+        let f = tri!(self.file(fh, &h), reply);
+        let fd = f.as_raw_fd();
+        // SAFETY: plain syscalls on a descriptor we hold.
         let r = unsafe {
             if datasync {
                 libc::fdatasync(fd)
@@ -787,11 +876,10 @@ impl Filesystem for Conn {
         let flags = (flags.0 & !(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_ACCMODE))
             | libc::O_RDONLY
             | libc::O_DIRECTORY;
-        let file = tri!(sys::reopen(i.fd(), flags), reply);
-        let h = Handle::new(i.clone(), file, flags, self.idx, None);
-        match self.srv.handles.insert(h) {
+        let file = tri!(self.srv.inodes.open(&i, flags), reply);
+        match self.install(i.clone(), file, flags, None) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-            Err(e) => reply.error(Errno::from_i32(e)),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -801,10 +889,11 @@ impl Filesystem for Conn {
             return reply.error(Errno::ENOTDIR);
         };
         let _g = pos.lock();
-        tri!(sys::seek_to(h.fd(), offset as i64), reply);
+        let f = tri!(self.file(fh, &h), reply);
+        tri!(sys::seek_to(f.as_fd(), offset as i64), reply);
         let mut buf = vec![0u8; 32 * 1024];
         'outer: loop {
-            let entries = tri!(sys::getdents(h.fd(), &mut buf), reply);
+            let entries = tri!(sys::getdents(f.as_fd(), &mut buf), reply);
             if entries.is_empty() {
                 break;
             }
@@ -835,13 +924,14 @@ impl Filesystem for Conn {
             return reply.error(Errno::ENOTDIR);
         };
         let _g = pos.lock();
-        tri!(sys::seek_to(h.fd(), offset as i64), reply);
+        let f = tri!(self.file(fh, &h), reply);
+        tri!(sys::seek_to(f.as_fd(), offset as i64), reply);
         let ttl = self.ttl();
         let mut buf = vec![0u8; 32 * 1024];
         let mut added = 0usize;
         let mut budget = self.srv.fd_budget();
         'outer: loop {
-            let entries = tri!(sys::getdents(h.fd(), &mut buf), reply);
+            let entries = tri!(sys::getdents(f.as_fd(), &mut buf), reply);
             if entries.is_empty() {
                 break;
             }
@@ -916,7 +1006,9 @@ impl Filesystem for Conn {
         let mut st = std::mem::MaybeUninit::<libc::statvfs64>::uninit();
         // SAFETY: `st` is written on success; the root descriptor is O_PATH, which
         // fstatvfs accepts.
-        let r = unsafe { libc::fstatvfs64(self.srv.inodes.root().fd().as_raw_fd(), st.as_mut_ptr()) };
+        let root = tri!(self.srv.inode_fd(self.srv.inodes.root()), reply);
+        // SAFETY: as above.
+        let r = unsafe { libc::fstatvfs64(root.as_raw_fd(), st.as_mut_ptr()) };
         tri!(sys::cvt(r), reply);
         // SAFETY: fstatvfs succeeded.
         let st = unsafe { st.assume_init() };
@@ -943,7 +1035,7 @@ impl Filesystem for Conn {
         reply: ReplyEmpty,
     ) {
         let i = some!(self.inode(ino), reply, Errno::ENOENT);
-        let p = tri!(inode_path(&i), reply);
+        let (_fd, p) = tri!(self.inode_path(&i), reply);
         let n = tri!(cname(name), reply);
         // SAFETY: NUL-terminated path and name, `value` readable for its length.
         let r = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), flags) };
@@ -953,7 +1045,7 @@ impl Filesystem for Conn {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let i = some!(self.inode(ino), reply, Errno::ENOENT);
-        let p = tri!(inode_path(&i), reply);
+        let (_fd, p) = tri!(self.inode_path(&i), reply);
         let n = tri!(cname(name), reply);
         let mut buf = vec![0u8; size as usize];
         // SAFETY: NUL-terminated path and name; `buf` writable for its length.
@@ -968,7 +1060,7 @@ impl Filesystem for Conn {
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let i = some!(self.inode(ino), reply, Errno::ENOENT);
-        let p = tri!(inode_path(&i), reply);
+        let (_fd, p) = tri!(self.inode_path(&i), reply);
         let mut buf = vec![0u8; size as usize];
         // SAFETY: NUL-terminated path; `buf` writable for its length.
         let r = unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
@@ -982,7 +1074,7 @@ impl Filesystem for Conn {
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let i = some!(self.inode(ino), reply, Errno::ENOENT);
-        let p = tri!(inode_path(&i), reply);
+        let (_fd, p) = tri!(self.inode_path(&i), reply);
         let n = tri!(cname(name), reply);
         // SAFETY: NUL-terminated path and name.
         tri!(
@@ -1012,32 +1104,43 @@ impl Filesystem for Conn {
             Err(e) => return reply.error(e),
         };
         let c = tri!(sys::component(name), reply);
+        let pfd = tri!(self.srv.inode_fd(&p), reply);
         let flags = flags & !(libc::O_NOCTTY | libc::O_CLOEXEC);
         let file = {
             let _as = AsCaller::new(req.uid(), req.gid());
             tri!(
-                sys::openat_beneath(p.fd(), &c, flags | libc::O_CREAT | libc::O_NOFOLLOW, mode),
+                sys::openat_beneath(pfd.as_fd(), &c, flags | libc::O_CREAT | libc::O_NOFOLLOW, mode),
                 reply
             )
         };
         let st = tri!(sys::stat_fd(file.as_fd()), reply);
-        // The inode's O_PATH descriptor: by name (cheap), unless the name was renamed or
-        // replaced meanwhile, then through /proc/self/fd of the file just created.
-        let path_fd = match sys::openat_beneath(p.fd(), &c, libc::O_PATH | libc::O_NOFOLLOW, 0) {
-            Ok(fd)
-                if sys::stat_fd(fd.as_fd()).is_ok_and(|s| s.st_dev == st.st_dev && s.st_ino == st.st_ino) =>
-            {
-                fd
+        let found = if self.srv.inodes.by_handle() {
+            Found::Opened(file.as_fd())
+        } else {
+            // The inode's own O_PATH descriptor: by name (cheap), unless the name was
+            // renamed or replaced meanwhile, then through /proc/self/fd of the new file.
+            match sys::openat_beneath(pfd.as_fd(), &c, libc::O_PATH | libc::O_NOFOLLOW, 0) {
+                Ok(fd)
+                    if sys::stat_fd(fd.as_fd())
+                        .is_ok_and(|s| s.st_dev == st.st_dev && s.st_ino == st.st_ino) =>
+                {
+                    Found::Path(fd)
+                }
+                _ => Found::Path(tri!(sys::reopen(file.as_fd(), libc::O_PATH), reply)),
             }
-            _ => tri!(sys::reopen(file.as_fd(), libc::O_PATH), reply),
         };
-        let inode = tri!(self.srv.inodes.lookup(self.idx, path_fd, &st), reply);
+        let inode = tri!(self.srv.inodes.lookup(self.idx, found, &st), reply);
         let a = attr(&inode, &st);
         let backing = self.backing(&inode, file.as_fd(), |fd| reply.open_backing(fd));
-        let h = Handle::new(inode.clone(), file, flags, self.idx, backing.clone());
-        let fh = match self.srv.handles.insert(h) {
+        // Opened again (by a later miss) without O_CREAT, O_EXCL or O_TRUNC, and not
+        // by a name: O_NOFOLLOW would refuse the magic link of a reopen.
+        let fh = match self.install(inode.clone(), file, flags & !libc::O_NOFOLLOW, backing.clone()) {
             Ok(fh) => fh,
-            Err(e) => return reply.error(Errno::from_i32(e)),
+            Err(e) => {
+                // The file exists now; the kernel's create failed all the same.
+                self.srv.inodes.forget(self.idx, inode.id, 1);
+                return reply.error(e);
+            }
         };
         match backing {
             Some(b) => reply.created_passthrough(
@@ -1123,8 +1226,9 @@ impl Filesystem for Conn {
         reply: ReplyEmpty,
     ) {
         let h = some!(self.handle(fh), reply, Errno::EBADF);
-        // SAFETY: plain syscall on a descriptor the handle owns.
-        let r = unsafe { libc::fallocate64(h.fd().as_raw_fd(), mode, offset as i64, length as i64) };
+        let f = tri!(self.file(fh, &h), reply);
+        // SAFETY: plain syscall on a descriptor we hold.
+        let r = unsafe { libc::fallocate64(f.as_raw_fd(), mode, offset as i64, length as i64) };
         tri!(sys::cvt(r), reply);
         reply.ok();
     }
@@ -1139,8 +1243,9 @@ impl Filesystem for Conn {
         reply: ReplyLseek,
     ) {
         let h = some!(self.handle(fh), reply, Errno::EBADF);
-        // SAFETY: plain syscall on a descriptor the handle owns.
-        let r = unsafe { libc::lseek64(h.fd().as_raw_fd(), offset, whence) };
+        let f = tri!(self.file(fh, &h), reply);
+        // SAFETY: plain syscall on a descriptor we hold.
+        let r = unsafe { libc::lseek64(f.as_raw_fd(), offset, whence) };
         if r < 0 {
             return reply.error(errno(io::Error::last_os_error()));
         }
@@ -1162,14 +1267,16 @@ impl Filesystem for Conn {
     ) {
         let hi = some!(self.handle(fh_in), reply, Errno::EBADF);
         let ho = some!(self.handle(fh_out), reply, Errno::EBADF);
+        let fi = tri!(self.file(fh_in, &hi), reply);
+        let fo = tri!(self.file(fh_out, &ho), reply);
         let mut oi = offset_in as i64;
         let mut oo = offset_out as i64;
         // SAFETY: descriptors the handles own; offsets are ours to update.
         let r = unsafe {
             libc::copy_file_range(
-                hi.fd().as_raw_fd(),
+                fi.as_raw_fd(),
                 &mut oi,
-                ho.fd().as_raw_fd(),
+                fo.as_raw_fd(),
                 &mut oo,
                 len.min(u32::MAX as u64) as usize,
                 0,

@@ -3,6 +3,13 @@
 //! number, so it is unique across all connections while the file is open and is the
 //! owner of the file's flock lock ([`vfscale_locks::FileId`]).
 //!
+//! A handle's source file is not held open for its whole life where it can be opened
+//! again: with kernel passthrough the kernel holds the file itself once its backing is
+//! registered, and the server keeps none; without it the file lives in the descriptor
+//! cache (`fdcache.rs`) and is reopened with the open's flags on a miss. Only a server
+//! that may not reopen files (not root: a file's mode may have changed since it was
+//! opened) keeps every handle's file open.
+//!
 //! `RELEASE` gives the handle up at once, as Linux's last `fput` does: the table's entry
 //! is an `Entry` that holds the table's reference to the [`Handle`], and `RELEASE` takes
 //! that reference out of it before it closes the entry's descriptor, so that of two
@@ -10,21 +17,25 @@
 //! still using the handle holds its own reference, and the handle goes when that request
 //! ends. (`vfscale-fdtable` itself drops a closed entry at its last reference too.)
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use vfscale_fdtable::{AllocPolicy, Fd, FdTable, Settings};
 use vfscale_locks::{AccessMode, OwnerId};
 
+use crate::fdcache::{CachedFd, FdCache, FdKey, FdSlot};
 use crate::inodes::Node;
 
 /// One open file description.
 pub struct Handle {
     /// The inode it was opened on.
     pub inode: Node,
-    /// The source file, opened with the client's flags.
-    file: OwnedFd,
+    /// Its source file: kept open by the handle, or in the descriptor cache (see the
+    /// module docs).
+    pub file: FdSlot,
+    /// The open's flags, to open the file again.
+    pub flags: i32,
     /// Its access mode (for the lock calls' `EBADF` checks).
     pub mode: AccessMode,
     /// The connection that opened it.
@@ -38,10 +49,10 @@ pub struct Handle {
 }
 
 impl Handle {
-    /// A handle on `inode` over the source file `file`.
+    /// A handle on `inode` opened with `flags`, which keeps `pinned` open if given.
     pub fn new(
         inode: Node,
-        file: OwnedFd,
+        pinned: Option<OwnedFd>,
         flags: i32,
         conn: usize,
         backing: Option<Arc<fuser::BackingId>>,
@@ -52,9 +63,17 @@ impl Handle {
             _ => AccessMode::Read,
         };
         let dir = (inode.kind == crate::inodes::Kind::Dir).then(|| Mutex::new(()));
+        inode.open_started();
         Handle {
             inode,
-            file,
+            file: {
+                let slot = FdSlot::default();
+                if let Some(f) = pinned {
+                    slot.pin(CachedFd::pinned(f));
+                }
+                slot
+            },
+            flags,
             mode,
             conn,
             dir,
@@ -62,10 +81,11 @@ impl Handle {
             backing,
         }
     }
+}
 
-    /// The source file.
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.file.as_fd()
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.inode.open_ended();
     }
 }
 
@@ -82,11 +102,14 @@ impl Entry {
 /// The server's open files.
 pub struct Handles {
     table: FdTable<Entry>,
+    fds: Arc<FdCache>,
 }
 
 impl Handles {
-    /// A table that can hold `limit` open files (the raised `RLIMIT_NOFILE`).
-    pub fn new(limit: u32) -> Handles {
+    /// A table that can hold `limit` open files. Handles need no descriptor each, so
+    /// the limit is the clients' (all connections' opens together), not the server's
+    /// `RLIMIT_NOFILE`.
+    pub fn new(limit: u32, fds: Arc<FdCache>) -> Handles {
         let settings = Settings {
             policy: AllocPolicy::PerThread,
             ..Settings::default()
@@ -94,15 +117,22 @@ impl Handles {
         let nr_open = limit.max(vfscale_fdtable::DEFAULT_RLIMIT_NOFILE);
         Handles {
             table: FdTable::with_limits(settings, nr_open, nr_open),
+            fds,
         }
     }
 
-    /// Installs `h`; its file handle. `EMFILE` when the table is full.
-    pub fn insert(&self, h: Handle) -> Result<u64, i32> {
+    /// Installs `h`: its file handle, and the handle. `ENFILE` when the table is full
+    /// (the server's limit, not the caller's: `EMFILE` would say the caller's own table
+    /// is full).
+    pub fn insert(&self, h: Handle) -> Result<(u64, Arc<Handle>), i32> {
+        let h = Arc::new(h);
         self.table
-            .open(Arc::new(Entry(Mutex::new(Some(Arc::new(h))))), false)
-            .map(|fd| fd.0 as u64)
-            .map_err(|e| e.raw())
+            .open(Arc::new(Entry(Mutex::new(Some(h.clone())))), false)
+            .map(|fd| (fd.0 as u64, h))
+            .map_err(|e| match e.raw() {
+                libc::EMFILE => libc::ENFILE,
+                e => e,
+            })
     }
 
     /// The handle `fh` of connection `conn`.
@@ -132,6 +162,8 @@ impl Handles {
             }
             slot.take()?
         };
+        // Before the number can name another handle.
+        self.fds.remove(FdKey::Handle(fh));
         let closed = self.table.close(fd);
         debug_assert!(
             closed.is_ok(),

@@ -12,11 +12,17 @@
 //!   device than the source root, or numbered 1 or with the top bit set, gets a made-up
 //!   id (top bit set, a hash of its identity; two identities hashing alike would be
 //!   refused with `EIO`, a chance of about one in 2^62 per pair).
+//! * **By handle or by descriptor.** Where the source makes lasting file handles (see
+//!   [`HandleMode`]), an inode keeps its handle, and its `O_PATH` descriptor lives in
+//!   the descriptor cache (`fdcache.rs`), opened again by handle, relative to the one
+//!   descriptor the table keeps of SOURCE's root, when the cache has let it go. An inode
+//!   reached on another mount than the root's, and every inode where handles cannot be
+//!   used, keeps a descriptor of its own instead.
 //! * **Coalesced lookups (`I_NEW`).** A lookup learns the identity by opening and
 //!   `stat`ing the name, then calls `iget5_locked`: the first task to miss inserts the
-//!   inode `I_NEW`, fills it (its `O_PATH` descriptor) and unlocks it; every other task
-//!   looking up the same inode meanwhile waits for that load and takes the same inode,
-//!   dropping its own descriptor.
+//!   inode `I_NEW`, fills it (its handle, its descriptor admitted to the cache; or its
+//!   own descriptor) and unlocks it; every other task looking up the same inode
+//!   meanwhile waits for that load and takes the same inode.
 //! * **Lookup counts and forget.** Every reply that hands the kernel a node id (lookup,
 //!   create, mkdir, mknod, symlink, link, and each entry of `READDIRPLUS` but `.` and
 //!   `..`) counts one lookup on that connection; `forget`
@@ -35,15 +41,20 @@
 //!   may still be comparing its `id` and `key`): in an idle server, never. As Linux
 //!   filesystems release their private resources in `->evict_inode` and leave only the
 //!   memory to RCU, [`Ops::evict_inode`] takes out what holds an OS resource or another
-//!   object: the source file's `O_PATH` descriptor (a file unlinked meanwhile keeps its
-//!   space while it is open, and every descriptor counts against
+//!   object: the source file's descriptors, its own and its cached one (a file unlinked
+//!   meanwhile keeps its space while it is open; by descriptor, each counts against
 //!   [`crate::Server::fd_budget`], which counts cached inodes) and the lock context.
 //!   What is left for the grace period is memory.
+//! * **Small.** A walk caches every inode it meets, so what an inode keeps is kept to
+//!   about 200 bytes: the handle inline up to 12 bytes, lookup counts inline for one or
+//!   two connections, and what only an opened or locked inode needs (lock context, lock
+//!   owners, passthrough backing files) made at its first open or lock.
 //!
 //! # Evictable fields
 //!
-//! The descriptor and the lock context are `Evictable`: set once, read through `&Inode`,
-//! taken out through `&Inode` by `evict_inode`. That is sound by this module's invariant:
+//! The opened-or-locked part (with the lock context) is `Evictable`: set once, read
+//! through `&Inode`, taken out through `&Inode` by `evict_inode` (the descriptor slot is
+//! a lock of its own, emptied there). That is sound by this module's invariant:
 //! **every `&Inode` outside this module is borrowed from a counted reference** (a
 //! [`Node`], or the cache's `InodeRef`, whose `Deref` and `data()` borrow from it); the
 //! uncounted ones exist only here, in the lock-free lookups' key tests (which read `id`
@@ -63,13 +74,17 @@
 
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
+use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
 use vfscale_icache::{Iget, InodeCache, InodeRef, Settings, SuperBlock, SuperOperations};
 use vfscale_locks::{FileLockContext, LockManager, OwnerId};
+
+use crate::fdcache::{CachedFd, FdCache, FdKey, FdSlot};
+use crate::sys::FileHandle;
 
 /// The FUSE node id of the root (`FUSE_ROOT_ID`).
 pub const ROOT_ID: u64 = 1;
@@ -114,6 +129,7 @@ impl Kind {
 /// The superblock operations of the source: every last `iput` evicts.
 pub struct Ops {
     conns: usize,
+    fds: Arc<FdCache>,
 }
 
 impl SuperOperations for Ops {
@@ -137,6 +153,8 @@ impl SuperOperations for Ops {
         // invariant ("Evictable fields") no borrow of its evictable fields is alive or
         // can start.
         unsafe { inode.data().release() };
+        // Its cached descriptor too: the node id may name another inode next.
+        self.fds.remove(FdKey::Inode(inode.data().id));
     }
 }
 
@@ -164,11 +182,6 @@ impl<T> Evictable<T> {
         self.cell().get()
     }
 
-    /// Sets the value if it is not set (else gives `v` back).
-    fn set(&self, v: T) -> Result<(), T> {
-        self.cell().set(v)
-    }
-
     /// The value, made by `f` if not set.
     fn get_or_init(&self, f: impl FnOnce() -> T) -> &T {
         self.cell().get_or_init(f)
@@ -186,6 +199,32 @@ impl<T> Evictable<T> {
     }
 }
 
+/// A value set while its inode is `I_NEW` and read-only afterwards: what a lookup learns
+/// while it loads the inode. No lock and no `Once`: `vfscale-icache`'s `I_NEW` hand-off
+/// orders the set before every read (a lookup that finds the inode `I_NEW` waits for
+/// `unlock_new_inode`, whose release its wake-up acquires).
+struct LoadCell<T>(UnsafeCell<Option<T>>);
+
+// SAFETY: the one write happens before every read (see the type's docs and `set`).
+unsafe impl<T: Send + Sync> Sync for LoadCell<T> {}
+
+impl<T> LoadCell<T> {
+    /// The value, if the loader set one.
+    fn get(&self) -> Option<&T> {
+        // SAFETY: reads happen after the only write (the type's docs).
+        unsafe { (*self.0.get()).as_ref() }
+    }
+
+    /// Sets the value.
+    ///
+    /// # Safety
+    /// The inode is `I_NEW` and this is its loader: no other thread can reach it yet.
+    unsafe fn set(&self, v: T) {
+        // SAFETY: exclusive by the contract.
+        unsafe { *self.0.get() = Some(v) };
+    }
+}
+
 /// What the server keeps per source inode (the cache inode's data).
 pub struct Inode {
     /// Its FUSE node id (the same on every connection), also its `st_ino` through the
@@ -195,21 +234,51 @@ pub struct Inode {
     pub key: BackingKey,
     /// Its kind.
     pub kind: Kind,
-    /// An `O_PATH` descriptor of the source inode, set while the inode is `I_NEW`, closed
-    /// at eviction.
-    fd: Evictable<OwnedFd>,
+    /// Open handles on it (see [`InodeTable::keep_if_open`]).
+    opens: AtomicU32,
+    /// Its source descriptor: one it keeps for itself, closed at eviction (the root's,
+    /// the mount descriptor handles are opened against; every inode's when inodes are
+    /// kept by descriptor; one reached on another mount than the root's; one whose file
+    /// was unlinked through the mount while open, which its handle no longer opens), or
+    /// else its `O_PATH` descriptor in the descriptor cache.
+    fd: FdSlot,
+    /// The source file's handle when inodes are kept by handle.
+    handle: LoadCell<FileHandle>,
     /// Lookups held by each connection's kernel.
-    lookups: Box<[AtomicU64]>,
+    lookups: Lookups,
     /// The inode's own reference while any connection holds a lookup.
     pin: Mutex<Option<InodeRef<Ops>>>,
-    /// The inode's lock context, made on first use, dropped at eviction.
-    locks: Evictable<Arc<FileLockContext>>,
-    /// Per connection, the kernel passthrough backing file registered for this inode
-    /// while a handle uses it (the kernel wants one per inode).
-    pub backing: Box<[Mutex<Weak<fuser::BackingId>>]>,
+    /// What only an inode that is opened or locked needs, made then, dropped at
+    /// eviction: most inodes of a walk are never opened.
+    used: Evictable<Box<InodeUse>>,
+}
+
+/// The part of an inode made at its first open or lock.
+struct InodeUse {
+    /// The inode's lock context, made on first use.
+    locks: OnceLock<Arc<FileLockContext>>,
     /// For each POSIX lock owner that set a lock through a handle of this inode, the
     /// number of open handles it used (see `locks.rs`, release).
-    pub lock_owners: Mutex<HashMap<OwnerId, u32>>,
+    lock_owners: Mutex<HashMap<OwnerId, u32>>,
+    /// Per connection, the kernel passthrough backing file registered for this inode
+    /// while a handle uses it (the kernel wants one per inode).
+    backing: Box<[Mutex<Weak<fuser::BackingId>>]>,
+}
+
+/// Lookup counts, one per connection, inline for the usual one or two.
+enum Lookups {
+    Inline([AtomicU64; 2]),
+    Heap(Box<[AtomicU64]>),
+}
+
+impl std::ops::Deref for Lookups {
+    type Target = [AtomicU64];
+    fn deref(&self) -> &[AtomicU64] {
+        match self {
+            Lookups::Inline(a) => a,
+            Lookups::Heap(b) => b,
+        }
+    }
 }
 
 impl std::fmt::Debug for Inode {
@@ -228,26 +297,64 @@ impl Inode {
             id,
             key,
             kind,
-            fd: Evictable::new(),
-            lookups: (0..conns).map(|_| AtomicU64::new(0)).collect(),
+            opens: AtomicU32::new(0),
+            fd: FdSlot::default(),
+            handle: LoadCell(UnsafeCell::new(None)),
+            lookups: if conns <= 2 {
+                Lookups::Inline([AtomicU64::new(0), AtomicU64::new(0)])
+            } else {
+                Lookups::Heap((0..conns).map(|_| AtomicU64::new(0)).collect())
+            },
             pin: Mutex::new(None),
-            locks: Evictable::new(),
-            backing: (0..conns).map(|_| Mutex::new(Weak::new())).collect(),
-            lock_owners: Mutex::new(HashMap::new()),
+            used: Evictable::new(),
         }
     }
 
-    /// The `O_PATH` descriptor of the source inode.
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd
-            .get()
-            .expect("an inode is loaded before it is handed out")
-            .as_fd()
+    /// The part made at first open or lock (made now if it was not).
+    fn used(&self) -> &InodeUse {
+        self.used.get_or_init(|| {
+            Box::new(InodeUse {
+                locks: OnceLock::new(),
+                lock_owners: Mutex::new(HashMap::new()),
+                backing: (0..self.lookups.len()).map(|_| Mutex::new(Weak::new())).collect(),
+            })
+        })
+    }
+
+    /// The passthrough backing file slot of connection `conn`.
+    pub fn backing(&self, conn: usize) -> &Mutex<Weak<fuser::BackingId>> {
+        &self.used().backing[conn]
+    }
+
+    /// For each POSIX lock owner that set a lock through a handle of this inode, the
+    /// number of open handles it used (see `locks.rs`, release).
+    pub fn lock_owners(&self) -> &Mutex<HashMap<OwnerId, u32>> {
+        &self.used().lock_owners
+    }
+
+    /// One more open handle on the inode.
+    pub fn open_started(&self) {
+        self.opens.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// An open handle on the inode went.
+    pub fn open_ended(&self) {
+        self.opens.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Whether a handle is open on the inode.
+    pub fn is_open(&self) -> bool {
+        self.opens.load(Ordering::Acquire) > 0
+    }
+
+    /// Whether the inode keeps a descriptor of its own (see the field).
+    pub fn has_own_fd(&self) -> bool {
+        self.fd.is_pinned()
     }
 
     /// The inode's lock context, made on first use and keyed by the source identity.
     pub fn lock_context(&self, mgr: &Arc<LockManager>) -> &Arc<FileLockContext> {
-        self.locks.get_or_init(|| {
+        self.used().locks.get_or_init(|| {
             let key = vfscale_locks::InodeKey {
                 major: libc::major(self.key.dev),
                 minor: libc::minor(self.key.dev),
@@ -259,7 +366,7 @@ impl Inode {
 
     /// The lock context if one was made (no lock was ever asked for otherwise).
     pub fn lock_context_if_any(&self) -> Option<&Arc<FileLockContext>> {
-        self.locks.get()
+        self.used.get()?.locks.get()
     }
 
     /// Gives up what the inode holds besides memory: its descriptor and its lock context
@@ -270,7 +377,8 @@ impl Inode {
     /// start (the module docs, "Evictable fields").
     unsafe fn release(&self) {
         // SAFETY: by the contract.
-        drop(unsafe { (self.fd.take(), self.locks.take()) });
+        drop(unsafe { self.used.take() });
+        drop(self.fd.unpin());
     }
 
     fn total_lookups(&self) -> u64 {
@@ -300,6 +408,27 @@ impl std::fmt::Debug for Node {
     }
 }
 
+/// How the table keeps its inodes: `-o inode_handles=`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HandleMode {
+    /// By file handle where the source has them, else by descriptor (said at mount).
+    #[default]
+    Prefer,
+    /// By file handle, or refuse to serve.
+    Mandatory,
+    /// By descriptor: one `O_PATH` descriptor per cached inode.
+    Never,
+}
+
+/// Where a looked-up inode's identity comes from.
+pub enum Found<'a> {
+    /// An `O_PATH` descriptor of it, opened by name (kept or cached if the inode is new).
+    Path(OwnedFd),
+    /// A file just opened (created) with a client's flags: the handle is taken from it,
+    /// and it is never kept as the inode's descriptor.
+    Opened(BorrowedFd<'a>),
+}
+
 /// The table.
 pub struct InodeTable {
     cache: InodeCache<Ops>,
@@ -307,6 +436,15 @@ pub struct InodeTable {
     root: Node,
     root_dev: u64,
     conns: usize,
+    fds: Arc<FdCache>,
+    /// The root's mount id when inodes are kept by handle.
+    by_handle: Option<i32>,
+    /// The root opened for reading: `open_by_handle_at` wants a descriptor of the
+    /// filesystem that is not `O_PATH`.
+    /// It is the root's own descriptor too.
+    mount_fd: Option<Arc<CachedFd>>,
+    /// Why inodes are kept by descriptor, when they are.
+    why_not: Option<String>,
 }
 
 /// Table counters.
@@ -328,25 +466,53 @@ fn mix(key: &BackingKey) -> u64 {
 }
 
 impl InodeTable {
-    /// A table for `conns` connections whose root is the source directory `root_fd`.
-    pub fn new(root_fd: OwnedFd, conns: usize) -> std::io::Result<InodeTable> {
+    /// A table for `conns` connections whose root is the source directory `root_fd`,
+    /// keeping inodes as `mode` asks (by handle only if the source makes handles and the
+    /// server may open them), their descriptors in `fds`.
+    pub fn new(
+        root_fd: OwnedFd,
+        conns: usize,
+        mode: HandleMode,
+        fds: Arc<FdCache>,
+    ) -> io::Result<InodeTable> {
         let st = crate::sys::stat_fd(root_fd.as_fd())?;
         let key = BackingKey {
             dev: st.st_dev,
             ino: st.st_ino,
         };
-        let cache = InodeCache::new(Settings::default());
-        let sb = cache.mount(Ops { conns });
+        let (by_handle, mount_fd, why_not) = match mode {
+            HandleMode::Never => (None, None, Some("inode_handles=never".to_owned())),
+            HandleMode::Prefer | HandleMode::Mandatory => match probe_handles(root_fd.as_fd(), key) {
+                Ok((mount_id, mount_fd)) => (Some(mount_id), Some(CachedFd::pinned(mount_fd)), None),
+                Err(why) if mode == HandleMode::Mandatory => {
+                    return Err(io::Error::other(format!("inode_handles=mandatory: {why}")))
+                }
+                Err(why) => (None, None, Some(why)),
+            },
+        };
+        // 2^18 chains: about four inodes a chain at a million cached.
+        let cache = InodeCache::new(Settings {
+            hash_bits: 18,
+            ..Settings::default()
+        });
+        let sb = cache.mount(Ops {
+            conns,
+            fds: fds.clone(),
+        });
         let root = match sb.iget5_locked(
             ROOT_ID,
             move |i| i.data().key == key,
             move || (ROOT_ID, Inode::new(ROOT_ID, key, Kind::Dir, conns)),
         ) {
             Some(Iget::New(n)) => {
-                let _ = n.data().fd.set(root_fd);
+                let own = match &mount_fd {
+                    Some(m) => m.clone(),
+                    None => CachedFd::pinned(root_fd),
+                };
+                n.data().fd.pin(own);
                 Node(n.unlock_new_inode())
             }
-            _ => return Err(std::io::Error::other("the root inode is already cached")),
+            _ => return Err(io::Error::other("the root inode is already cached")),
         };
         Ok(InodeTable {
             cache,
@@ -354,7 +520,26 @@ impl InodeTable {
             root,
             root_dev: st.st_dev,
             conns,
+            fds,
+            by_handle,
+            mount_fd,
+            why_not,
         })
+    }
+
+    /// Whether inodes are kept by file handle (else each holds a descriptor).
+    pub fn by_handle(&self) -> bool {
+        self.by_handle.is_some()
+    }
+
+    /// Why inodes are kept by descriptor, when they are.
+    pub fn why_not_by_handle(&self) -> Option<&str> {
+        self.why_not.as_deref()
+    }
+
+    /// The descriptor cache.
+    pub fn fd_cache(&self) -> &FdCache {
+        &self.fds
     }
 
     /// Number of connections the table counts lookups for.
@@ -365,6 +550,46 @@ impl InodeTable {
     /// The root inode.
     pub fn root(&self) -> &Node {
         &self.root
+    }
+
+    /// An `O_PATH` descriptor of `inode`: its own, or the cached one, or one opened by
+    /// its handle. `ESTALE` when the source file is gone.
+    pub fn fd(&self, inode: &Inode) -> io::Result<Arc<CachedFd>> {
+        self.fds.get_or_open(FdKey::Inode(inode.id), &inode.fd, || {
+            self.open_by_handle(inode, libc::O_PATH)
+        })
+    }
+
+    /// Opens `inode`'s source file anew with `flags` (an open's, never creating or
+    /// truncating): through its own descriptor, else by its handle.
+    pub fn open(&self, inode: &Inode, flags: i32) -> io::Result<OwnedFd> {
+        match inode.fd.pinned() {
+            Some(fd) => crate::sys::reopen(fd.as_fd(), flags),
+            None => self.open_by_handle(inode, flags),
+        }
+    }
+
+    /// `open_by_handle_at`, checked to have opened the inode's own source identity: a
+    /// handle names one inode for as long as it lives, and the check makes sure of it
+    /// (another file is `ESTALE`, never served).
+    fn open_by_handle(&self, inode: &Inode, flags: i32) -> io::Result<OwnedFd> {
+        let stale = || io::Error::from_raw_os_error(libc::ESTALE);
+        let h = inode.handle.get().ok_or_else(stale)?;
+        let fd = crate::sys::open_by_handle(self.mount_fd.as_ref().ok_or_else(stale)?.as_fd(), h, flags)?;
+        let st = crate::sys::stat_fd(fd.as_fd())?;
+        if (st.st_dev, st.st_ino) != (inode.key.dev, inode.key.ino) {
+            return Err(io::Error::from_raw_os_error(libc::ESTALE));
+        }
+        Ok(fd)
+    }
+
+    /// The source file of `inode` is about to lose a name through the mount: if it is
+    /// open and that may be its last name, it keeps a descriptor of its own from `fd`
+    /// (its handle will not open it once unlinked, and an open file must keep working).
+    pub fn keep_if_open(&self, inode: &Inode, fd: OwnedFd, nlink: u64) {
+        if inode.opens.load(Ordering::Acquire) > 0 && nlink <= 1 && !inode.fd.is_pinned() {
+            inode.fd.pin(CachedFd::pinned(fd));
+        }
     }
 
     /// The node id of a source identity.
@@ -386,10 +611,23 @@ impl InodeTable {
         self.sb.ilookup5(id, move |i| i.data().id == id).map(Node)
     }
 
-    /// Counts one lookup, on connection `conn`, of the inode `fd` refers to (its `stat`
-    /// is `st`): the cached inode if there is one (and `fd` is dropped), else a new one
-    /// loaded with `fd`. Concurrent lookups of one inode wait for its load (`I_NEW`).
-    pub fn lookup(&self, conn: usize, fd: OwnedFd, st: &libc::stat64) -> std::io::Result<Node> {
+    /// The cached inode of source identity `st`, without counting a lookup.
+    pub fn peek(&self, st: &libc::stat64) -> Option<Node> {
+        let key = BackingKey {
+            dev: st.st_dev,
+            ino: st.st_ino,
+        };
+        let id = self.id_for(&key);
+        if id == ROOT_ID {
+            return Some(self.root.clone());
+        }
+        self.sb.ilookup5(id, move |i| i.data().key == key).map(Node)
+    }
+
+    /// Counts one lookup, on connection `conn`, of the inode `found` refers to (its
+    /// `stat` is `st`): the cached inode if there is one, else a new one loaded from
+    /// `found`. Concurrent lookups of one inode wait for its load (`I_NEW`).
+    pub fn lookup(&self, conn: usize, found: Found<'_>, st: &libc::stat64) -> io::Result<Node> {
         let key = BackingKey {
             dev: st.st_dev,
             ino: st.st_ino,
@@ -403,7 +641,16 @@ impl InodeTable {
             move || (id, Inode::new(id, key, kind, conns)),
         );
         let node = match got {
-            Some(Iget::Cached(r)) => Node(r),
+            Some(Iget::Cached(r)) => {
+                let node = Node(r);
+                // A descriptor opened by name is as good as one opened by handle.
+                if let Found::Path(fd) = found {
+                    if node.handle.get().is_some() && node.fd.get().is_none() {
+                        self.fds.admit(FdKey::Inode(id), &node.fd, fd);
+                    }
+                }
+                node
+            }
             Some(Iget::New(n)) => {
                 if id & SYNTHETIC != 0
                     && self
@@ -412,15 +659,45 @@ impl InodeTable {
                         .is_some()
                 {
                     n.iget_failed();
-                    return Err(std::io::Error::other("node id collision"));
+                    return Err(io::Error::other("node id collision"));
                 }
-                let _ = n.data().fd.set(fd);
+                if let Err(e) = self.load(n.data(), found) {
+                    n.iget_failed();
+                    return Err(e);
+                }
                 Node(n.unlock_new_inode())
             }
-            None => return Err(std::io::Error::from_raw_os_error(libc::EAGAIN)),
+            None => return Err(io::Error::from_raw_os_error(libc::EAGAIN)),
         };
         Self::count_lookup(conn, &node);
         Ok(node)
+    }
+
+    /// Fills a new (`I_NEW`) inode: its handle, with its descriptor admitted to the
+    /// cache, or a descriptor of its own where it has no handle the root's mount opens.
+    fn load(&self, inode: &Inode, found: Found<'_>) -> io::Result<()> {
+        let file = match &found {
+            Found::Path(fd) => fd.as_fd(),
+            Found::Opened(fd) => *fd,
+        };
+        if let Some(root_mount) = self.by_handle {
+            if let Ok((h, mount)) = crate::sys::handle_of(file) {
+                if mount == root_mount {
+                    // SAFETY: `load` runs on an I_NEW inode, before its unlock.
+                    unsafe { inode.handle.set(h) };
+                    if let Found::Path(fd) = found {
+                        self.fds.admit(FdKey::Inode(inode.id), &inode.fd, fd);
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        let own = match found {
+            Found::Path(fd) => fd,
+            Found::Opened(fd) => crate::sys::reopen(fd, libc::O_PATH)?,
+        };
+        inode.fd.pin(CachedFd::pinned(own));
+        Ok(())
     }
 
     /// Counts one lookup, on connection `conn`, of the inode with identity `st` if the
@@ -501,10 +778,47 @@ impl InodeTable {
     }
 }
 
+/// Whether inodes of the source can be kept by handle: the root makes a handle, and
+/// opening it gives the root back. The root's mount id and the descriptor to open
+/// handles against, or why not.
+fn probe_handles(root: BorrowedFd<'_>, key: BackingKey) -> Result<(i32, OwnedFd), String> {
+    // FUSE makes handles, but (without the server's export support, which cannot be
+    // asked) they open only inodes its kernel still caches: a cached descriptor let go
+    // would turn a live file stale.
+    if nix::sys::statfs::fstatfs(root)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::FUSE_SUPER_MAGIC)
+    {
+        return Err("a FUSE source's handles open only the inodes its kernel caches".to_owned());
+    }
+    let (h, mount) = crate::sys::handle_of(root).map_err(|e| match e.raw_os_error() {
+        Some(libc::EOPNOTSUPP) => "the source filesystem makes no file handles".to_owned(),
+        _ => format!("name_to_handle_at: {e}"),
+    })?;
+    let mount_fd = crate::sys::reopen(root, libc::O_RDONLY | libc::O_DIRECTORY)
+        .map_err(|e| format!("opening the source: {e}"))?;
+    let fd = crate::sys::open_by_handle(mount_fd.as_fd(), &h, libc::O_PATH).map_err(|e| {
+        match e.raw_os_error() {
+            Some(libc::EPERM) => "open_by_handle_at needs CAP_DAC_READ_SEARCH (run as root)".to_owned(),
+            Some(libc::EOPNOTSUPP) => "the source filesystem does not open file handles".to_owned(),
+            _ => format!("open_by_handle_at: {e}"),
+        }
+    })?;
+    let st = crate::sys::stat_fd(fd.as_fd()).map_err(|e| format!("stat: {e}"))?;
+    if (st.st_dev, st.st_ino) != (key.dev, key.ino) {
+        return Err("the root's handle opens another inode".to_owned());
+    }
+    Ok((mount, mount_fd))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::ffi::CString;
+
+    fn table(dir: &std::path::Path, conns: usize, mode: HandleMode) -> InodeTable {
+        let root = crate::sys::open_root(dir).unwrap();
+        InodeTable::new(root, conns, mode, Arc::new(FdCache::new(64))).unwrap()
+    }
 
     fn open(dir: &std::path::Path, name: &str) -> (OwnedFd, libc::stat64) {
         let root = crate::sys::open_root(dir).unwrap();
@@ -528,14 +842,14 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         std::fs::write(d.join("f"), b"x").unwrap();
-        let table = Arc::new(InodeTable::new(crate::sys::open_root(&d).unwrap(), 2).unwrap());
+        let table = Arc::new(table(&d, 2, HandleMode::Never));
         let ids: Vec<u64> = std::thread::scope(|s| {
             let hs: Vec<_> = (0..8)
                 .map(|t| {
                     let (table, d) = (&table, &d);
                     s.spawn(move || {
                         let (fd, st) = open(d, "f");
-                        table.lookup(t % 2, fd, &st).unwrap().id
+                        table.lookup(t % 2, Found::Path(fd), &st).unwrap().id
                     })
                 })
                 .collect();
@@ -562,7 +876,7 @@ mod tests {
         assert_eq!(table.stats().inodes, 1);
         // Looked up again: a fresh inode, and a connection's end drops its lookups.
         let (fd, st) = open(&d, "f");
-        drop(table.lookup(1, fd, &st).unwrap());
+        drop(table.lookup(1, Found::Path(fd), &st).unwrap());
         assert!(table.get(st.st_ino).is_some());
         table.drop_connection(1);
         assert!(table.get(st.st_ino).is_none());
@@ -586,9 +900,9 @@ mod tests {
                 .filter(|t| t.to_string_lossy() == deleted)
                 .count()
         };
-        let table = InodeTable::new(crate::sys::open_root(&d).unwrap(), 1).unwrap();
+        let table = table(&d, 1, HandleMode::Never);
         let (fd, st) = open(&d, "f");
-        let node = table.lookup(0, fd, &st).unwrap();
+        let node = table.lookup(0, Found::Path(fd), &st).unwrap();
         let mgr = LockManager::new();
         let ctx = node.lock_context(&mgr).clone();
         assert_eq!(Arc::strong_count(&ctx), 2);

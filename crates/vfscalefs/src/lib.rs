@@ -14,10 +14,11 @@
 //! |---|---|---|
 //! | [`Server`] | here | what all connections share: inode table, handle table, lock manager |
 //! | [`fs::Conn`] | `fs.rs` | one connection (mountpoint): the FUSE operations |
-//! | [`inodes::InodeTable`] | `inodes.rs` | the `vfscale-icache` inode cache: node id ↔ `(st_dev, st_ino)`, `I_NEW`-coalesced lookups, lookup counts per connection, eviction when forgotten |
+//! | [`inodes::InodeTable`] | `inodes.rs` | the `vfscale-icache` inode cache: node id ↔ `(st_dev, st_ino)`, each inode's file handle, `I_NEW`-coalesced lookups, lookup counts per connection, eviction when forgotten |
+//! | [`fdcache::FdCache`] | `fdcache.rs` | the bounded cache of source descriptors (inodes' `O_PATH` descriptors, open files without passthrough), CLOCK per shard, reopened on a miss |
 //! | [`handles::Handles`] | `handles.rs` | open files: `fh` = a `vfscale-fdtable` descriptor |
 //! | [`locks::Locks`] | `locks.rs` | `GETLK`/`SETLK`/`SETLKW`/flock, parked waiters, `FLUSH`/`RELEASE`, `INTERRUPT` |
-//! | `sys` | `sys.rs` | `openat2(RESOLVE_BENEATH)`, `/proc/self/fd` reopening, per-thread credentials |
+//! | `sys` | `sys.rs` | `openat2(RESOLVE_BENEATH)`, file handles (`name_to_handle_at`, `open_by_handle_at`), `/proc/self/fd` reopening, per-thread credentials |
 //!
 //! # Invariants
 //!
@@ -25,8 +26,32 @@
 //!   component (not `.`/`..`, no `/`) and resolved with `openat2(RESOLVE_BENEATH |
 //!   RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)` under the `O_PATH` descriptor of its
 //!   parent; the server never follows a symbolic link (the client kernel reads and
-//!   follows them itself). Other calls act on an inode's own `O_PATH` descriptor, or on
+//!   follows them itself). Other calls act on an inode's `O_PATH` descriptor, or on
 //!   `/proc/self/fd/N` of it, never for a symbolic link.
+//! * **Descriptors do not grow with the tree or the opens.** Where the source makes file
+//!   handles that last (`-o inode_handles=prefer`, the default, as root; every local
+//!   filesystem, not FUSE), an inode is kept as its file handle and its `O_PATH`
+//!   descriptor lives in a bounded cache, opened again with `open_by_handle_at` on a
+//!   miss; an open file with kernel passthrough holds no server descriptor (the kernel
+//!   holds the backing file), and one without lives in the same cache, opened again
+//!   with the open's flags. The cache keeps the server at half of its `RLIMIT_NOFILE`
+//!   (`-o fd_cache=N` sizes it). Where handles cannot be used, each inode the kernel
+//!   holds keeps one descriptor (`inode_handles=never`; `mandatory` refuses to serve),
+//!   and the mount says which in one line. The server's own shortage of descriptors or
+//!   memory reaches a client as `ENFILE` or `ENOMEM`, never `EMFILE`, which would speak
+//!   of the client's own table.
+//! * **A handle never opens another file.** Only handles the server made, from names it
+//!   resolved beneath SOURCE, are ever opened; each open is checked to give the inode's
+//!   own `(st_dev, st_ino)`, else `ESTALE`. What a handle allows that a path walk would
+//!   not: a file renamed out of SOURCE on the source filesystem (not through the mount)
+//!   stays reachable through an inode the kernel still holds, as with knfsd's
+//!   `no_subtree_check`.
+//! * **Removed files, as a passthrough and as NFS.** A file unlinked through the mount
+//!   while open keeps a descriptor of its own until it is forgotten, so `fsync`,
+//!   `ftruncate`, `fchmod` and reads through its open descriptors keep working. A file
+//!   removed on the source directly, behind the server's back, behaves as under NFS:
+//!   once the server's cached descriptor of it has gone, what still needs it gets
+//!   `ESTALE` (reads and writes through kernel passthrough go on).
 //! * **Permissions are the kernel's** (`default_permissions`); `allow_other` only when
 //!   asked. Files, directories, nodes and symbolic links are created with the caller's
 //!   fs uid and gid (`setfsuid`/`setfsgid` on the dispatch thread), so they belong to the
@@ -36,9 +61,9 @@
 //!   lookup or any handle is open on it (a handle holds a reference).
 //! * **No source descriptor outlives its use**, however idle the server: `RELEASE`
 //!   (or the end of the connection) closes the handle's file and puts its inode at once,
-//!   and an inode's eviction closes its `O_PATH` descriptor and drops its lock context
-//!   there, not when the epoch-deferred memory of the inode goes (`handles.rs`,
-//!   `inodes.rs`). A file deleted on the source or through a
+//!   and an inode's eviction closes its descriptors (its own, its cached one) and drops
+//!   its lock context there, not when the epoch-deferred memory of the inode goes
+//!   (`handles.rs`, `inodes.rs`). A file deleted on the source or through a
 //!   mountpoint gives its space back once the kernels have forgotten it and closed it.
 //! * **No lock outlives its owner's close**: `FLUSH` drops the flushing owner's POSIX
 //!   locks, `RELEASE` what is left through the released file (OFD-style locks, the
@@ -49,7 +74,8 @@
 //! # Lock order
 //!
 //! A directory handle's position lock (`READDIR`/`READDIRPLUS`) → the inode cache (each
-//! `READDIRPLUS` entry is a lookup made under it). The inode cache's locks (inside
+//! `READDIRPLUS` entry is a lookup made under it) → a descriptor cache shard → an
+//! inode's or handle's descriptor slot. The inode cache's locks (inside
 //! `vfscale-icache`) are taken only inside its calls; an
 //! inode's `pin` is held around its lookup counts and released before the reference it
 //! held is put. Per inode: `lock_owners` → the lock context's inode lock (`flc_lock`,
@@ -79,6 +105,7 @@
 
 #![warn(missing_docs)]
 
+pub mod fdcache;
 pub mod fs;
 pub mod handles;
 pub mod inodes;
@@ -93,8 +120,9 @@ use std::time::Duration;
 
 use fuser::{Config, MountOption, Session, SessionACL};
 
-use crate::handles::Handles;
-use crate::inodes::InodeTable;
+use crate::fdcache::{CachedFd, FdCache, FdKey};
+use crate::handles::{Handle, Handles};
+use crate::inodes::{HandleMode, Inode, InodeTable};
 use crate::locks::Locks;
 
 /// How the server runs.
@@ -117,8 +145,13 @@ pub struct Options {
     /// Answer `READDIRPLUS` (entries with attributes, each one a lookup).
     pub readdirplus: bool,
     /// Descriptors `READDIRPLUS` leaves free for opens and lookups (`None`: an eighth of
-    /// the limit, 64 to 65,536).
+    /// the limit, 64 to 65,536) when inodes are kept by descriptor.
     pub fd_reserve: Option<u64>,
+    /// How inodes are kept: by file handle or by descriptor.
+    pub inode_handles: HandleMode,
+    /// Descriptors the cache keeps open (`None`: what keeps the server at half of its
+    /// `RLIMIT_NOFILE`, see [`Server::size_fd_cache`]).
+    pub fd_cache: Option<u64>,
 }
 
 impl Default for Options {
@@ -134,6 +167,8 @@ impl Default for Options {
             suid: false,
             readdirplus: true,
             fd_reserve: None,
+            inode_handles: HandleMode::Prefer,
+            fd_cache: None,
         }
     }
 }
@@ -162,6 +197,20 @@ impl Options {
                 "readdirplus" => self.readdirplus = true,
                 "noreaddirplus" => self.readdirplus = false,
                 "fd_reserve" => self.fd_reserve = Some(num(v)?),
+                "fd_cache" => self.fd_cache = Some(num(v)?.max(1)),
+                "inode_handles" => {
+                    self.inode_handles = match v {
+                        Some("prefer") => HandleMode::Prefer,
+                        Some("mandatory") => HandleMode::Mandatory,
+                        Some("never") => HandleMode::Never,
+                        _ => {
+                            return Err(format!(
+                                "option inode_handles: prefer, mandatory or never, not {:?}",
+                                v.unwrap_or("")
+                            ))
+                        }
+                    }
+                }
                 "threads" => self.threads = num(v)?.clamp(1, 1024) as usize,
                 "ttl" | "attr_timeout" | "entry_timeout" => self.ttl = Duration::from_millis(num(v)?),
                 _ => return Err(format!("unknown option {opt:?}")),
@@ -175,6 +224,10 @@ impl Options {
 pub struct Server {
     inodes: InodeTable,
     handles: Handles,
+    fds: Arc<FdCache>,
+    /// Whether files may be opened again (root: a file's mode no longer matters once it
+    /// was opened), so that a handle need not keep its file open.
+    reopen: bool,
     locks: Locks,
     opts: Options,
     stack_depth: u32,
@@ -189,11 +242,20 @@ impl Server {
             Ok(s) if s.filesystem_type() == nix::sys::statfs::OVERLAYFS_SUPER_MAGIC => 2,
             _ => 1,
         };
-        let inodes = InodeTable::new(root, conns).map_err(|e| Error::Source(source.to_owned(), e))?;
         let limit = nofile_limit();
+        let fds = Arc::new(FdCache::new(opts.fd_cache.unwrap_or(limit as u64 / 4) as usize));
+        let inodes = InodeTable::new(root, conns, opts.inode_handles, fds.clone())
+            .map_err(|e| Error::Source(source.to_owned(), e))?;
+        let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .unwrap_or(vfscale_fdtable::DEFAULT_NR_OPEN);
         Ok(Arc::new(Server {
             inodes,
-            handles: Handles::new(limit),
+            handles: Handles::new(nr_open.max(vfscale_fdtable::DEFAULT_NR_OPEN), fds.clone()),
+            fds,
+            // SAFETY: geteuid has no preconditions.
+            reopen: unsafe { libc::geteuid() } == 0,
             locks: Locks::new(),
             opts,
             stack_depth,
@@ -210,14 +272,18 @@ impl Server {
         &self.locks
     }
 
-    /// How many more source descriptors one `READDIRPLUS` reply may open: the descriptor
-    /// limit less the reserve (`Options::fd_reserve`) less one per cached inode (each
-    /// holds its `O_PATH` descriptor; an evicted inode closes it at its eviction, before
-    /// it leaves the count, though its memory goes a grace period later: see
-    /// `inodes.rs`). Open handles are not counted: `EMFILE` from the lookup itself is the
-    /// backstop.
+    /// How many more source descriptors one `READDIRPLUS` reply may open. Unbounded
+    /// when inodes are kept by handle (a lookup keeps no descriptor). Otherwise the
+    /// descriptor limit less the reserve (`Options::fd_reserve`) less one per cached
+    /// inode (each holds its `O_PATH` descriptor; an evicted inode closes it at its
+    /// eviction, before it leaves the count, though its memory goes a grace period
+    /// later: see `inodes.rs`). Open handles are not counted: `ENFILE` from the lookup
+    /// itself is the backstop.
     pub fn fd_budget(&self) -> u64 {
-        let limit = self.handles.limit() as u64;
+        if self.inodes.by_handle() {
+            return u64::MAX;
+        }
+        let limit = nofile_limit() as u64;
         let reserve = self.opts.fd_reserve.unwrap_or((limit / 8).clamp(64, 65_536));
         limit
             .saturating_sub(reserve)
@@ -227,6 +293,51 @@ impl Server {
     /// How many files the handle table can hold.
     pub fn handle_limit(&self) -> u32 {
         self.handles.limit()
+    }
+
+    /// An `O_PATH` descriptor of `inode` (see [`InodeTable::fd`]).
+    pub fn inode_fd(&self, inode: &Inode) -> std::io::Result<Arc<CachedFd>> {
+        self.inodes.fd(inode)
+    }
+
+    /// The source file of handle `fh`: the one it keeps, or the cached one, or the file
+    /// opened again with the open's flags.
+    pub fn handle_fd(&self, fh: u64, h: &Handle) -> std::io::Result<Arc<CachedFd>> {
+        self.fds
+            .get_or_open(FdKey::Handle(fh), &h.file, || self.inodes.open(&h.inode, h.flags))
+    }
+
+    /// Whether handles may give their file up (see the field).
+    pub fn reopens(&self) -> bool {
+        self.reopen
+    }
+
+    /// Sizes the descriptor cache once the mounts are made, unless `-o fd_cache` did:
+    /// half of `RLIMIT_NOFILE`, less what the server holds already (the root, each
+    /// connection's `/dev/fuse` descriptors), less two per dispatch thread (what its
+    /// request in flight may hold beyond the cache). At least 16.
+    pub fn size_fd_cache(&self, held: u64, threads: u64) -> u64 {
+        if let Some(n) = self.opts.fd_cache {
+            self.fds.set_capacity(n as usize);
+        } else {
+            let half = nofile_limit() as u64 / 2;
+            let n = half.saturating_sub(held + 2 * threads).max(16);
+            self.fds.set_capacity(n as usize);
+        }
+        self.fds.capacity()
+    }
+
+    /// One line for the operator: how inodes are kept and how many descriptors the cache
+    /// may hold.
+    pub fn mode_line(&self) -> String {
+        let limit = nofile_limit();
+        let cap = self.fds.capacity();
+        match self.inodes.why_not_by_handle() {
+            None => format!("inodes by file handle; descriptor cache of {cap} (RLIMIT_NOFILE {limit})"),
+            Some(why) => {
+                format!("inodes by descriptor, one per inode the kernel holds ({why}); RLIMIT_NOFILE {limit}")
+            }
+        }
     }
 }
 
@@ -304,9 +415,10 @@ fn write_stats(srv: &Server) {
         .map(|c| srv.handles.of_connection(c).len())
         .sum();
     let l = srv.locks.stats();
+    let f = srv.fds.stats();
     let line = format!(
-        "inodes={} lookups={} handles={open} lock_grants={} lock_blocks={} lock_wakeups={} lock_handoffs={} lock_held={} lock_wait_nodes={}\n",
-        s.inodes, s.lookups, l.grants, l.blocks, l.wakeups, l.handoffs, l.held, l.wait_nodes
+        "inodes={} lookups={} handles={open} fds_cached={} fds_capacity={} fds_opened={} lock_grants={} lock_blocks={} lock_wakeups={} lock_handoffs={} lock_held={} lock_wait_nodes={}\n",
+        s.inodes, s.lookups, f.cached, f.capacity, f.opened, l.grants, l.blocks, l.wakeups, l.handoffs, l.held, l.wait_nodes
     );
     let wrote = std::env::var_os("VFSCALEFS_STATS").is_some_and(|p| {
         std::fs::OpenOptions::new()
@@ -409,6 +521,14 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
             }
         }
     }
+
+    // Every mount is made: what the server holds now is its base.
+    let held = std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count() as u64)
+        .unwrap_or(0);
+    let dispatch = (opts.threads.max(1) * mountpoints.len()) as u64;
+    srv.size_fd_cache(held, dispatch);
+    eprintln!("vfscalefs: {}", srv.mode_line());
 
     let threads: Vec<_> = sessions
         .into_iter()

@@ -380,7 +380,7 @@ impl Locks {
             return;
         }
         mine.push(owner);
-        *h.inode.lock_owners.lock().entry(owner).or_insert(0) += 1;
+        *h.inode.lock_owners().lock().entry(owner).or_insert(0) += 1;
     }
 
     /// `GETLK`.
@@ -493,7 +493,7 @@ impl Locks {
             return;
         };
         if !owners.is_empty() {
-            let mut counts = h.inode.lock_owners.lock();
+            let mut counts = h.inode.lock_owners().lock();
             for o in owners {
                 let last = match counts.get_mut(&o) {
                     Some(c) => {

@@ -106,6 +106,137 @@ pub fn reopen(fd: BorrowedFd<'_>, flags: i32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(r) })
 }
 
+/// `MAX_HANDLE_SZ` of `linux/exportfs.h`: the largest file handle a filesystem makes.
+const MAX_HANDLE_SZ: usize = 128;
+
+/// A file handle as `name_to_handle_at(2)` makes it: the filesystem's type and opaque
+/// bytes that name one inode of one filesystem for as long as it exists (most
+/// filesystems put a generation number in it, so a reused inode number is another
+/// handle). Kept inline up to 12 bytes (tmpfs, ext4 and xfs make handles of 8 or 12),
+/// which keeps a cached inode small.
+#[derive(Clone, PartialEq, Eq)]
+pub enum FileHandle {
+    /// Up to 12 bytes.
+    Inline {
+        /// `handle_type`.
+        ty: i32,
+        /// Bytes used of `bytes`.
+        len: u8,
+        /// `f_handle`.
+        bytes: [u8; 12],
+    },
+    /// Longer handles.
+    Heap {
+        /// `handle_type`.
+        ty: i32,
+        /// `f_handle`.
+        bytes: Box<[u8]>,
+    },
+}
+
+impl std::fmt::Debug for FileHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FileHandle(type {}, ", self.ty())?;
+        for b in self.bytes() {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, ")")
+    }
+}
+
+impl FileHandle {
+    fn new(ty: i32, b: &[u8]) -> FileHandle {
+        if b.len() <= 12 {
+            let mut bytes = [0u8; 12];
+            bytes[..b.len()].copy_from_slice(b);
+            FileHandle::Inline {
+                ty,
+                len: b.len() as u8,
+                bytes,
+            }
+        } else {
+            FileHandle::Heap { ty, bytes: b.into() }
+        }
+    }
+
+    /// The filesystem's handle type.
+    pub fn ty(&self) -> i32 {
+        match self {
+            FileHandle::Inline { ty, .. } | FileHandle::Heap { ty, .. } => *ty,
+        }
+    }
+
+    /// The opaque bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            FileHandle::Inline { len, bytes, .. } => &bytes[..*len as usize],
+            FileHandle::Heap { bytes, .. } => bytes,
+        }
+    }
+}
+
+/// `struct file_handle` with room for the largest handle.
+#[repr(C)]
+struct RawHandle {
+    handle_bytes: u32,
+    handle_type: i32,
+    f_handle: [u8; MAX_HANDLE_SZ],
+}
+
+/// `name_to_handle_at(fd, "", AT_EMPTY_PATH)`: the file handle of the inode `fd` refers
+/// to (any descriptor, `O_PATH` included) and the id of the mount it was reached
+/// through. `EOPNOTSUPP` where the filesystem makes no handles.
+pub fn handle_of(fd: BorrowedFd<'_>) -> io::Result<(FileHandle, i32)> {
+    let mut raw = RawHandle {
+        handle_bytes: MAX_HANDLE_SZ as u32,
+        handle_type: 0,
+        f_handle: [0; MAX_HANDLE_SZ],
+    };
+    let mut mount_id: libc::c_int = 0;
+    // SAFETY: `raw` is a `struct file_handle` whose `handle_bytes` says how much room
+    // follows; the empty path is NUL-terminated; `mount_id` is writable.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_name_to_handle_at,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            &mut raw as *mut RawHandle,
+            &mut mount_id as *mut libc::c_int,
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    check(r)?;
+    let len = (raw.handle_bytes as usize).min(MAX_HANDLE_SZ);
+    Ok((FileHandle::new(raw.handle_type, &raw.f_handle[..len]), mount_id))
+}
+
+/// `open_by_handle_at(mount_fd, handle, flags | O_CLOEXEC)`: the inode `handle` names on
+/// the filesystem of `mount_fd`. `ESTALE` once the inode is gone; `EPERM` without
+/// `CAP_DAC_READ_SEARCH`. Only handles the server made itself are ever passed here.
+pub fn open_by_handle(mount_fd: BorrowedFd<'_>, handle: &FileHandle, flags: i32) -> io::Result<OwnedFd> {
+    let b = handle.bytes();
+    let mut raw = RawHandle {
+        handle_bytes: b.len() as u32,
+        handle_type: handle.ty(),
+        f_handle: [0; MAX_HANDLE_SZ],
+    };
+    raw.f_handle[..b.len()].copy_from_slice(b);
+    let flags = (flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_TRUNC)) | libc::O_CLOEXEC;
+    // SAFETY: `raw` is a `struct file_handle` of `handle_bytes` bytes; the kernel returns
+    // a new descriptor that we own.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            mount_fd.as_raw_fd(),
+            &mut raw as *mut RawHandle,
+            flags,
+        )
+    };
+    let fd = check(r)?;
+    // SAFETY: a fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
 /// `fstatat(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW)`.
 pub fn stat_fd(fd: BorrowedFd<'_>) -> io::Result<libc::stat64> {
     let mut st = std::mem::MaybeUninit::<libc::stat64>::uninit();

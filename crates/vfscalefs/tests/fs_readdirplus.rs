@@ -1,7 +1,8 @@
 //! READDIRPLUS: a directory of a few thousand entries listed and stat'ed through the
 //! mount matches the source, every entry handed out is a lookup the kernel later forgets
-//! (the server's inode table drains to the root), and with no descriptor to spare beyond
-//! the reserve the listing still goes on, one looked-up entry per reply.
+//! (the server's inode table drains to the root), with inodes kept by handle and by
+//! descriptor; and, by descriptor, with no descriptor to spare beyond the reserve the
+//! listing still goes on, one looked-up entry per reply.
 
 mod common;
 
@@ -133,12 +134,16 @@ fn readdirplus_matches_the_source_and_balances_lookups() {
         return say(&format!("SKIP: {why}"));
     }
     check_mount("", true);
+    // Inodes kept by descriptor, as on a source without file handles.
+    check_mount("inode_handles=never", true);
 }
 
+/// Inodes kept by descriptor (by handle a lookup keeps none, and the budget is not
+/// asked).
 #[test]
 fn without_descriptors_to_spare_the_listing_goes_on() {
     if let Some(why) = cannot_mount() {
         return say(&format!("SKIP: {why}"));
     }
-    check_mount("fd_reserve=4294967295", false);
+    check_mount("inode_handles=never,fd_reserve=4294967295", false);
 }

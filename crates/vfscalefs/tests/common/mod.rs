@@ -88,6 +88,17 @@ impl Mounted {
 
     /// As [`Mounted::start`], with environment variables for the server.
     pub fn start_env(n: usize, opts: &str, env: &[(&str, &Path)]) -> Result<Mounted, String> {
+        Self::start_limited(n, opts, env, None)
+    }
+
+    /// As [`Mounted::start_env`], the server started with `RLIMIT_NOFILE` set to
+    /// `nofile` (soft and hard) if given, as by `ulimit -n`.
+    pub fn start_limited(
+        n: usize,
+        opts: &str,
+        env: &[(&str, &Path)],
+        nofile: Option<u64>,
+    ) -> Result<Mounted, String> {
         let dir = TempDir::new("mnt");
         let source = dir.0.join("src");
         std::fs::create_dir(&source).unwrap();
@@ -104,6 +115,23 @@ impl Mounted {
         cmd.stdin(Stdio::null());
         for (k, v) in env {
             cmd.env(k, v);
+        }
+        if let Some(n) = nofile {
+            use std::os::unix::process::CommandExt as _;
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs in the child
+            // between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let r = libc::rlimit {
+                        rlim_cur: n,
+                        rlim_max: n,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                })
+            };
         }
         let child = cmd.spawn().map_err(|e| format!("spawn vfscalefs: {e}"))?;
         let mut m = Mounted {
