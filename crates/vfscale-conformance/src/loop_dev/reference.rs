@@ -261,8 +261,12 @@ impl Reference {
                 );
                 Outcome::Ok
             }
+            // do_ftruncate: a descriptor not open for writing is EINVAL.
             Op::TruncateBacking { name, size } => {
                 let f = self.files.get_mut(name).expect("tracked");
+                if !f.writable {
+                    return Outcome::errno(EINVAL);
+                }
                 f.data.resize(*size as usize, 0);
                 Outcome::Ok
             }
