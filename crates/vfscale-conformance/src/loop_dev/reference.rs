@@ -21,6 +21,9 @@
 //!
 //! No page cache is modelled: the format's runners drop it around every I/O step, so a
 //! read sees the backing file and a buffered write reaches it or fails at write-back.
+//! What the page cache leaves is kept per description: its readahead window and where
+//! its last read ended (`file->f_ra`), which decide whether a read at a logical block
+//! size above the page size makes a bio the block layer refuses.
 //!
 //! ```
 //! use vfscale_conformance::loop_dev::{reference, render_results, Scenario};
@@ -60,6 +63,11 @@ const PAGE: u64 = 4096;
 const MAX_BLOCK: u64 = 64 << 10;
 /// `MINORMASK >> part_shift` with `max_part=0`: the largest index `loop_add` accepts.
 const MAX_INDEX: i64 = (1 << 20) - 1;
+/// `VM_READAHEAD_PAGES`: a loop device's `read_ahead_kb` (128) in pages, whatever its
+/// block size (its queue sets no `io_opt`), copied into a description at its open.
+const RA_PAGES: u64 = 32;
+/// `bdi->io_pages`: a loop device's `max_sectors_kb` (1280) in pages.
+const IO_PAGES: u64 = 320;
 /// `CONFIG_BLK_DEV_LOOP_MIN_COUNT`.
 const MIN_COUNT: u32 = 8;
 /// `LOOP_CONFIGURE_SETTABLE_FLAGS`.
@@ -154,6 +162,10 @@ struct Desc {
     holders: u32,
     /// `file->f_wb_err`: the write-back errors this description has reported.
     wb_seen: u64,
+    /// `file->f_ra.ra_pages`: a quarter after each failed read.
+    ra_pages: u64,
+    /// `file->f_ra.prev_pos`: the end of the last read that returned data.
+    prev_pos: Option<u64>,
 }
 
 impl Desc {
@@ -220,27 +232,28 @@ impl Reference {
     /// Whether I/O through `handle` is sound in the format's sense (`docs/scenarios/loop.md`,
     /// "I/O"), so that Linux's answer does not depend on its page cache: the device is
     /// unbound or in rundown, or bound with its backing covering it and its size a whole
-    /// number of logical blocks of at most a page, and the same holds for every loop
-    /// device below it. `false` for a handle that is not open.
-    pub fn io_sound(&self, handle: &str) -> bool {
+    /// number of logical blocks, and the same holds for every loop device below it. A
+    /// `write` also needs logical blocks no larger than the page cache's blocks at each
+    /// level (write-back decides the rest). `false` for a handle that is not open.
+    pub fn io_sound(&self, handle: &str, write: bool) -> bool {
         self.handles
             .get(handle)
-            .is_some_and(|d| self.dev_sound(self.descs[*d].dev))
+            .is_some_and(|d| self.dev_sound(self.descs[*d].dev, write))
     }
 
-    fn dev_sound(&self, i: u32) -> bool {
+    fn dev_sound(&self, i: u32, write: bool) -> bool {
         let dev = &self.devs[&i];
         if dev.state != State::Bound {
             return true;
         }
-        if dev.lbs > PAGE || !dev.size().is_multiple_of(dev.lbs) {
+        if !dev.size().is_multiple_of(dev.lbs) || (write && dev.lbs > PAGE && dev.cache_block < dev.lbs) {
             return false;
         }
         match dev.backing.as_ref().expect("bound") {
             BackRef::File(f) => dev.offset + dev.size() <= self.files[f].data.len() as u64,
             BackRef::Desc(l) => {
                 let li = self.descs[*l].dev;
-                dev.offset + dev.size() <= self.devs[&li].size() && self.dev_sound(li)
+                dev.offset + dev.size() <= self.devs[&li].size() && self.dev_sound(li, write)
             }
         }
     }
@@ -499,6 +512,8 @@ impl Reference {
             handle: true,
             holders: 0,
             wb_seen: wb,
+            ra_pages: RA_PAGES,
+            prev_pos: None,
         });
         let d = self.devs.get_mut(&i).expect("present");
         if excl {
@@ -870,12 +885,53 @@ impl Reference {
     /// `pread` on a device handle (`blkdev_read_iter`): nothing at or past the end, the
     /// rest cut at the end; the data come from the backing (`loop_queue_rq` →
     /// `lo_rw_aio`), which fails with `EIO` unless the device (and every one below) is
-    /// bound.
-    fn handle_read(&self, d: usize, pos: u64, len: u64) -> Res<Vec<u8>> {
+    /// bound, or when the readahead window is not whole logical blocks
+    /// ([`Reference::readahead_aligned`]). A failed read shrinks the description's
+    /// readahead; one that returns data moves its `prev_pos`.
+    fn handle_read(&mut self, d: usize, pos: u64, len: u64) -> Res<Vec<u8>> {
         if pos > i64::MAX as u64 || pos.checked_add(len).is_none_or(|e| e > i64::MAX as u64) {
             return Err(EINVAL);
         }
-        self.dev_read(self.descs[d].dev, pos, len)
+        let size = self.dev_of(d).size();
+        if pos >= size || len == 0 {
+            return Ok(Vec::new());
+        }
+        let n = len.min(size - pos);
+        let r = if self.readahead_aligned(d, pos, n) {
+            self.dev_read(self.descs[d].dev, pos, len)
+        } else {
+            Err(EIO)
+        };
+        let desc = &mut self.descs[d];
+        match r {
+            Ok(_) => desc.prev_pos = Some(pos + n),
+            // filemap_read_folio: shrink_readahead_size_eio.
+            Err(_) => desc.ra_pages /= 4,
+        }
+        r
+    }
+
+    /// Whether the block layer accepts the read that a buffered read of `n` bytes at
+    /// `pos` through description `d` makes, the page cache being empty: the readahead
+    /// window ([`sync_ra_window`]) is read in folios of the page cache's block size (at
+    /// least a page, `mapping_min_folio_order` from `set_init_blocksize` at the first
+    /// open), and `blk_mq_submit_bio` fails a bio that is not whole logical blocks
+    /// (`bio_unaligned`) with `EIO`. Only a block size above the page size, set after
+    /// the first open, can make such a bio.
+    fn readahead_aligned(&self, d: usize, pos: u64, n: u64) -> bool {
+        let desc = &self.descs[d];
+        let dev = self.dev_of(d);
+        if dev.lbs <= PAGE {
+            return true;
+        }
+        let folio = dev.cache_block.max(PAGE);
+        let (first, pages) = sync_ra_window(desc.ra_pages, desc.prev_pos, pos, n);
+        let start = first * PAGE / folio * folio;
+        // Blocks past the end are not read (block_read_full_folio, do_mpage_readpage).
+        let eof = dev.size().div_ceil(dev.cache_block) * dev.cache_block;
+        let end = ((first + pages) * PAGE).div_ceil(folio) * folio;
+        let end = end.min(eof).max(start);
+        start.is_multiple_of(dev.lbs) && (end - start).is_multiple_of(dev.lbs)
     }
 
     fn dev_read(&self, i: u32, pos: u64, len: u64) -> Res<Vec<u8>> {
@@ -1043,6 +1099,43 @@ fn init_blocksize(lbs: u64, size: u64) -> u64 {
         b <<= 1;
     }
     b
+}
+
+/// The pages `page_cache_sync_ra` (Linux 6.18) reads for a read of `n` bytes at `pos`
+/// that finds nothing cached, as (first page, pages): with `ra_pages` 0 one page
+/// (`force_page_cache_ra`); at the start of the device, for a request above the window,
+/// or right after the last read (`prev_pos`), a fresh window (`get_init_ra_size`); else
+/// the request as it is (`do_page_cache_ra`, a small random read).
+fn sync_ra_window(ra_pages: u64, prev_pos: Option<u64>, pos: u64, n: u64) -> (u64, u64) {
+    let index = pos / PAGE;
+    let req = (pos + n).div_ceil(PAGE) - index;
+    if ra_pages == 0 {
+        return (index, 1);
+    }
+    // ractl_max_pages: a request above the window may use the device's io_pages.
+    let max = if req > ra_pages && IO_PAGES > ra_pages {
+        req.min(IO_PAGES)
+    } else {
+        ra_pages
+    };
+    let sequential = prev_pos.is_some_and(|p| index >= p / PAGE && index - p / PAGE <= 1);
+    if index == 0 || req > max || sequential {
+        (index, init_ra_size(req, max))
+    } else {
+        (index, req)
+    }
+}
+
+/// `get_init_ra_size`: the first readahead window for a request of `req` pages.
+fn init_ra_size(req: u64, max: u64) -> u64 {
+    let size = req.next_power_of_two();
+    if size <= max / 32 {
+        size * 4
+    } else if size <= max / 4 {
+        size * 2
+    } else {
+        max
+    }
 }
 
 /// `lo_file_name`: at most `LO_NAME_SIZE - 1` bytes, up to the first NUL.
