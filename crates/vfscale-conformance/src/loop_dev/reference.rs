@@ -164,8 +164,8 @@ struct Desc {
     wb_seen: u64,
     /// `file->f_ra.ra_pages`: a quarter after each failed read.
     ra_pages: u64,
-    /// `file->f_ra.prev_pos`: the end of the last read that returned data.
-    prev_pos: Option<u64>,
+    /// `file->f_ra.prev_pos`: the end of the last read that returned data, -1 before one.
+    prev_pos: i64,
 }
 
 impl Desc {
@@ -513,7 +513,7 @@ impl Reference {
             holders: 0,
             wb_seen: wb,
             ra_pages: RA_PAGES,
-            prev_pos: None,
+            prev_pos: -1,
         });
         let d = self.devs.get_mut(&i).expect("present");
         if excl {
@@ -904,7 +904,7 @@ impl Reference {
         };
         let desc = &mut self.descs[d];
         match r {
-            Ok(_) => desc.prev_pos = Some(pos + n),
+            Ok(_) => desc.prev_pos = (pos + n) as i64,
             // filemap_read_folio: shrink_readahead_size_eio.
             Err(_) => desc.ra_pages /= 4,
         }
@@ -1101,28 +1101,32 @@ fn init_blocksize(lbs: u64, size: u64) -> u64 {
     b
 }
 
-/// The pages `page_cache_sync_ra` (Linux 6.18) reads for a read of `n` bytes at `pos`
-/// that finds nothing cached, as (first page, pages): with `ra_pages` 0 one page
-/// (`force_page_cache_ra`); at the start of the device, for a request above the window,
-/// or right after the last read (`prev_pos`), a fresh window (`get_init_ra_size`); else
-/// the request as it is (`do_page_cache_ra`, a small random read).
-fn sync_ra_window(ra_pages: u64, prev_pos: Option<u64>, pos: u64, n: u64) -> (u64, u64) {
+/// `page_cache_sync_ra` (Linux 6.18) for a read of `n` bytes at `pos` that finds nothing
+/// cached: the pages it reads, as (first page, count), given the description's
+/// `ra_pages` and `prev_pos` (-1 before its first read).
+fn sync_ra_window(ra_pages: u64, prev_pos: i64, pos: u64, n: u64) -> (u64, u64) {
     let index = pos / PAGE;
-    let req = (pos + n).div_ceil(PAGE) - index;
+    let req_count = (pos + n).div_ceil(PAGE) - index;
     if ra_pages == 0 {
+        // force_page_cache_ra(ractl, 1)
         return (index, 1);
     }
-    // ractl_max_pages: a request above the window may use the device's io_pages.
-    let max = if req > ra_pages && IO_PAGES > ra_pages {
-        req.min(IO_PAGES)
+    let max_pages = ractl_max_pages(ra_pages, req_count);
+    let prev_index = prev_pos as u64 / PAGE;
+    if index == 0 || req_count > max_pages || index.wrapping_sub(prev_index) <= 1 {
+        return (index, init_ra_size(req_count, max_pages));
+    }
+    // page_cache_prev_miss finds page index - 1 missing (the cache was dropped), so
+    // contig_count is 0: do_page_cache_ra of the request.
+    (index, req_count)
+}
+
+/// `ractl_max_pages`: a request above the window may grow it to the device's `io_pages`.
+fn ractl_max_pages(ra_pages: u64, req_size: u64) -> u64 {
+    if req_size > ra_pages && IO_PAGES > ra_pages {
+        IO_PAGES.min(req_size)
     } else {
         ra_pages
-    };
-    let sequential = prev_pos.is_some_and(|p| index >= p / PAGE && index - p / PAGE <= 1);
-    if index == 0 || req > max || sequential {
-        (index, init_ra_size(req, max))
-    } else {
-        (index, req)
     }
 }
 
