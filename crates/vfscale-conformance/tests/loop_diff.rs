@@ -143,15 +143,15 @@ fn arb_step() -> impl Strategy<Value = Op> {
         1 => (h.clone(), any::<bool>()).prop_map(|(handle, on)| Op::SetDirectIo { handle, on }),
         1 => h.clone().prop_map(|handle| Op::Size { handle }),
         1 => h.clone().prop_map(|handle| Op::Ro { handle }),
-        8 => (h.clone(), io_off, prop::sample::select(vec![512u64, 1000, 4096, 8192, 32768, 65536])).prop_map(|(handle, offset, len)| Op::Read {
+        8 => (h.clone(), io_off.clone(), prop::sample::select(vec![512u64, 1000, 4096, 8192, 32768, 65536])).prop_map(|(handle, offset, len)| Op::Read {
             handle,
             offset,
             len
         }),
-        2 => (h.clone(), prop::sample::select(vec![0u64, 4096, 61440, 65536]), any::<u8>()).prop_map(|(handle, offset, byte)| Op::Write {
+        3 => (h.clone(), io_off, prop::sample::select(vec![512u64, 1000, 4096, 8192, 65536]), any::<u8>()).prop_map(|(handle, offset, len, byte)| Op::Write {
             handle,
             offset,
-            len: 4096,
+            len,
             byte
         }),
         1 => h.clone().prop_map(|handle| Op::Fsync { handle }),

@@ -204,8 +204,9 @@ pub struct LoopDevice {
     /// Block size of the device's page cache, as Linux sets it at the first open
     /// (`set_init_blocksize`), for the answer to writes during rundown.
     cache_block: AtomicU64,
-    /// Write-back failures so far (`mapping->wb_err`): writes the page cache took but
-    /// could not store (during rundown, or when a device below refuses them).
+    /// Write-back failures (`mapping->wb_err`, an `errseq_t`): writes the page cache took
+    /// but could not store. 0 before the first; then a counter above bit 0, which is
+    /// [`WB_SEEN`] once a description has reported the latest failure.
     wb_err: AtomicU64,
     queue: Queue<IoConfig>,
     /// Live handles, for nothing but debugging leaks.
@@ -218,7 +219,8 @@ pub(crate) struct OpenDesc {
     pub(crate) dev: Arc<LoopDevice>,
     pub(crate) write: bool,
     pub(crate) excl: bool,
-    /// `file->f_wb_err`: the device's write-back failures this description has reported.
+    /// `file->f_wb_err`: the device's `wb_err` when this description last reported one
+    /// (or sampled it at open).
     pub(crate) wb_seen: AtomicU64,
     /// `file->f_ra.ra_pages`: divided by 4 at each failed read.
     ra_pages: AtomicU64,
@@ -266,6 +268,58 @@ fn window_size(file_size: u64, offset: u64, sizelimit: u64) -> u64 {
         size = sizelimit;
     }
     size & !(SECTOR - 1)
+}
+
+/// `ERRSEQ_SEEN` of a device's `wb_err`.
+const WB_SEEN: u64 = 1;
+
+impl LoopDevice {
+    /// `mapping_set_error` -> `errseq_set`: a new failure bumps the counter only once the
+    /// last one was seen, so failures nobody reported yet count as one.
+    fn set_wb_err(&self) {
+        let _ = self
+            .wb_err
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| match v {
+                0 => Some(2),
+                v if v & WB_SEEN != 0 => Some((v & !WB_SEEN) + 2),
+                v => Some(v),
+            });
+    }
+
+    /// `errseq_sample` at open: a failure nobody has reported yet is left for the new
+    /// description to report too.
+    fn sample_wb_err(&self) -> u64 {
+        let v = self.wb_err.load(Ordering::Acquire);
+        if v & WB_SEEN == 0 {
+            0
+        } else {
+            v
+        }
+    }
+
+    /// A write when the page cache's blocks are smaller than the logical block size:
+    /// Linux reads a block the write covers in part (`block_write_begin`) and writes
+    /// blocks back (`block_write_full_folio`) one bio per cache block, which the device
+    /// refuses (`bio_unaligned`). The folios before the first one that needs a read are
+    /// taken (`EIO` when there are none) and lost at write-back.
+    fn write_lost(&self, pos: u64, n: u64, cb: u64) -> Result<usize, Errno> {
+        let folio = cb.max(PAGE);
+        let end = pos + n;
+        if !pos.is_multiple_of(cb) {
+            return Err(Errno::EIO);
+        }
+        // Folio boundaries are cache-block boundaries: only the last folio can be partial.
+        let taken = if end.is_multiple_of(cb) {
+            end
+        } else {
+            (end / folio * folio).max(pos)
+        };
+        if taken == pos {
+            return Err(Errno::EIO);
+        }
+        self.set_wb_err();
+        Ok((taken - pos) as usize)
+    }
 }
 
 /// The pages Linux 6.18's `page_cache_sync_ra` reads for a read of `n` bytes at `pos`
@@ -451,7 +505,7 @@ impl LoopDevice {
                 dev: this.clone(),
                 write: mode.write,
                 excl: mode.excl,
-                wb_seen: AtomicU64::new(this.wb_err.load(Ordering::Acquire)),
+                wb_seen: AtomicU64::new(this.sample_wb_err()),
                 ra_pages: AtomicU64::new(RA_PAGES),
                 prev_pos: AtomicU64::new(NO_PREV_POS),
             }),
@@ -946,7 +1000,7 @@ impl LoopHandle {
             // a partial block needs a read, which fails.
             let cb = dev.cache_block.load(Ordering::Relaxed);
             return if pos.is_multiple_of(cb) && (n as u64).is_multiple_of(cb) {
-                dev.wb_err.fetch_add(1, Ordering::AcqRel);
+                dev.set_wb_err();
                 Ok(n)
             } else {
                 Err(Errno::EIO)
@@ -957,6 +1011,10 @@ impl LoopHandle {
         };
         if cfg.read_only {
             return Err(Errno::EIO);
+        }
+        let cb = dev.cache_block.load(Ordering::Relaxed);
+        if cb < u64::from(dev.block_size()) {
+            return dev.write_lost(pos, n as u64, cb);
         }
         let at = cfg.offset + pos;
         let put = match &cfg.backing {
@@ -985,7 +1043,7 @@ impl LoopHandle {
                         return Err(Errno::EIO);
                     }
                 }
-                dev.wb_err.fetch_add(1, Ordering::AcqRel);
+                dev.set_wb_err();
                 Ok(n)
             }
         }
@@ -996,11 +1054,15 @@ impl LoopHandle {
     /// that cache belongs to a device that is no longer bound.
     pub fn flush(&self) -> Result<(), Errno> {
         let dev = self.dev();
-        // file_write_and_wait_range: a write-back failure this description has not
-        // reported yet.
+        // file_write_and_wait_range -> errseq_check_and_advance: a write-back failure
+        // this description has not reported yet, which is then marked seen.
         let failed = dev.wb_err.load(Ordering::Acquire);
-        if self.desc.wb_seen.load(Ordering::Acquire) < failed {
-            self.desc.wb_seen.store(failed, Ordering::Release);
+        if self.desc.wb_seen.load(Ordering::Acquire) != failed {
+            let seen = failed | WB_SEEN;
+            let _ = dev
+                .wb_err
+                .compare_exchange(failed, seen, Ordering::AcqRel, Ordering::Acquire);
+            self.desc.wb_seen.store(seen, Ordering::Release);
             return Err(Errno::EIO);
         }
         if !dev.write_cache() {

@@ -120,8 +120,11 @@ struct Dev {
     holder: Option<usize>,
     /// The block size of the device's page cache (`i_blkbits` of the bdev inode).
     cache_block: u64,
-    /// `mapping->wb_err`: write-back failures so far.
+    /// `mapping->wb_err`: how many times a write-back failure was recorded after the
+    /// last one had been reported (`errseq_set` bumps its counter only then); 0 for none.
     wb_err: u64,
+    /// `ERRSEQ_SEEN` of `wb_err`: a description has reported the latest failure.
+    wb_reported: bool,
 }
 
 impl Dev {
@@ -142,6 +145,7 @@ impl Dev {
             holder: None,
             cache_block: PAGE,
             wb_err: 0,
+            wb_reported: false,
         }
     }
 
@@ -160,7 +164,8 @@ struct Desc {
     handle: bool,
     /// Devices that hold it as their backing file.
     holders: u32,
-    /// `file->f_wb_err`: the write-back errors this description has reported.
+    /// `file->f_wb_err`: the device's `wb_err` this description has reported, or sampled
+    /// at open (`errseq_sample`: 0 while a failure is unreported, so it reports it too).
     wb_seen: u64,
     /// `file->f_ra.ra_pages`: a quarter after each failed read.
     ra_pages: u64,
@@ -233,27 +238,28 @@ impl Reference {
     /// "I/O"), so that Linux's answer does not depend on its page cache: the device is
     /// unbound or in rundown, or bound with its backing covering it and its size a whole
     /// number of logical blocks, and the same holds for every loop device below it. A
-    /// `write` also needs logical blocks no larger than the page cache's blocks at each
-    /// level (write-back decides the rest). `false` for a handle that is not open.
+    /// `write` also needs logical blocks no larger than the page cache's blocks in every
+    /// device below (whose write-back the upper device does not see). `false` for a
+    /// handle that is not open.
     pub fn io_sound(&self, handle: &str, write: bool) -> bool {
         self.handles
             .get(handle)
-            .is_some_and(|d| self.dev_sound(self.descs[*d].dev, write))
+            .is_some_and(|d| self.dev_sound(self.descs[*d].dev, write, false))
     }
 
-    fn dev_sound(&self, i: u32, write: bool) -> bool {
+    fn dev_sound(&self, i: u32, write: bool, below: bool) -> bool {
         let dev = &self.devs[&i];
         if dev.state != State::Bound {
             return true;
         }
-        if !dev.size().is_multiple_of(dev.lbs) || (write && dev.lbs > PAGE && dev.cache_block < dev.lbs) {
+        if !dev.size().is_multiple_of(dev.lbs) || (write && below && dev.cache_block < dev.lbs) {
             return false;
         }
         match dev.backing.as_ref().expect("bound") {
             BackRef::File(f) => dev.offset + dev.size() <= self.files[f].data.len() as u64,
             BackRef::Desc(l) => {
                 let li = self.descs[*l].dev;
-                dev.offset + dev.size() <= self.devs[&li].size() && self.dev_sound(li, write)
+                dev.offset + dev.size() <= self.devs[&li].size() && self.dev_sound(li, write, true)
             }
         }
     }
@@ -503,7 +509,7 @@ impl Reference {
         if d.state == State::Rundown {
             return Err(ENXIO);
         }
-        let wb = d.wb_err;
+        let wb = if d.wb_reported { d.wb_err } else { 0 };
         let id = self.descs.len();
         self.descs.push(Desc {
             dev: i,
@@ -1033,6 +1039,11 @@ impl Reference {
         // later LOOP_SET_BLOCK_SIZE does not change it.
         let block = dev.cache_block;
         let folio = block.max(PAGE);
+        // Buffer heads of the cache's block size are read (block_write_begin) and written
+        // back (block_write_full_folio) one bio each: below the logical block size such a
+        // bio is refused (bio_unaligned), a partial block cannot be read and whole blocks
+        // are lost at write-back.
+        let whole_blocks = block >= dev.lbs;
         // generic_perform_write, one folio at a time.
         let mut done = pos;
         while done < end {
@@ -1041,7 +1052,7 @@ impl Reference {
             if partial {
                 let rb = done / block * block;
                 let re = chunk_end.div_ceil(block) * block;
-                if !self.dev_readable(i, rb, re - rb) {
+                if !whole_blocks || !self.dev_readable(i, rb, re - rb) {
                     break;
                 }
             }
@@ -1051,10 +1062,15 @@ impl Reference {
             return Err(EIO);
         }
         let n = done - pos;
-        if self.dev_writable(i, pos, n) {
+        if whole_blocks && self.dev_writable(i, pos, n) {
             self.dev_store(i, pos, &vec![byte; n as usize]);
         } else {
-            self.devs.get_mut(&i).expect("present").wb_err += 1;
+            // errseq_set
+            let dev = self.devs.get_mut(&i).expect("present");
+            if dev.wb_err == 0 || dev.wb_reported {
+                dev.wb_err += 1;
+                dev.wb_reported = false;
+            }
         }
         Ok(n)
     }
@@ -1065,9 +1081,11 @@ impl Reference {
     /// `vfs_fsync` of the backing file.
     fn fsync(&mut self, d: usize) -> Res<()> {
         let i = self.descs[d].dev;
+        // errseq_check_and_advance
         let wb = self.devs[&i].wb_err;
-        if self.descs[d].wb_seen < wb {
+        if self.descs[d].wb_seen != wb {
             self.descs[d].wb_seen = wb;
+            self.devs.get_mut(&i).expect("present").wb_reported = true;
             return Err(EIO);
         }
         self.flush(i)
