@@ -237,10 +237,10 @@ impl Reference {
     /// Whether I/O through `handle` is sound in the format's sense (`docs/scenarios/loop.md`,
     /// "I/O"), so that Linux's answer does not depend on its page cache: the device is
     /// unbound or in rundown, or bound with its backing covering it and its size a whole
-    /// number of logical blocks, and the same holds for every loop device below it. A
-    /// `write` also needs logical blocks no larger than the page cache's blocks in every
-    /// device below (whose write-back the upper device does not see). `false` for a
-    /// handle that is not open.
+    /// number of logical blocks, and the same holds for every loop device below it. Every
+    /// device below must also take whole bios of its page cache: its logical blocks no
+    /// larger than those cache blocks, for a `read` only where the logical block is
+    /// larger than a page. `false` for a handle that is not open.
     pub fn io_sound(&self, handle: &str, write: bool) -> bool {
         self.handles
             .get(handle)
@@ -252,7 +252,11 @@ impl Reference {
         if dev.state != State::Bound {
             return true;
         }
-        if !dev.size().is_multiple_of(dev.lbs) || (write && below && dev.cache_block < dev.lbs) {
+        // A device below is read and written through its page cache with the upper
+        // device's bios, and its failures shrink the readahead of the description the
+        // upper device holds more than once each (block_read_full_folio retries).
+        let refuses = dev.cache_block < dev.lbs && (write || dev.lbs > PAGE);
+        if !dev.size().is_multiple_of(dev.lbs) || (below && refuses) {
             return false;
         }
         match dev.backing.as_ref().expect("bound") {
