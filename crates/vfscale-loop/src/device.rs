@@ -297,11 +297,12 @@ impl LoopDevice {
         }
     }
 
-    /// A write when the page cache's blocks are smaller than the logical block size:
-    /// Linux reads a block the write covers in part (`block_write_begin`) and writes
-    /// blocks back (`block_write_full_folio`) one bio per cache block, which the device
-    /// refuses (`bio_unaligned`). The folios before the first one that needs a read are
-    /// taken (`EIO` when there are none) and lost at write-back.
+    /// A write whose blocks the device cannot read or store: during rundown, or when the
+    /// page cache's blocks are smaller than the logical block size (Linux reads a block
+    /// the write covers in part, `block_write_begin`, and writes blocks back,
+    /// `block_write_full_folio`, one bio per cache block, which the device refuses:
+    /// `bio_unaligned`). The folios before the first one that needs a read are taken
+    /// (`EIO` when there are none) and lost at write-back.
     fn write_lost(&self, pos: u64, n: u64, cb: u64) -> Result<usize, Errno> {
         let folio = cb.max(PAGE);
         let end = pos + n;
@@ -998,13 +999,7 @@ impl LoopHandle {
         if dev.state() != LoopState::Bound {
             // Linux's page cache takes whole cached blocks and loses them at the detach;
             // a partial block needs a read, which fails.
-            let cb = dev.cache_block.load(Ordering::Relaxed);
-            return if pos.is_multiple_of(cb) && (n as u64).is_multiple_of(cb) {
-                dev.set_wb_err();
-                Ok(n)
-            } else {
-                Err(Errno::EIO)
-            };
+            return dev.write_lost(pos, n as u64, dev.cache_block.load(Ordering::Relaxed));
         }
         let Some(cfg) = q.cfg() else {
             return Err(Errno::EIO);
