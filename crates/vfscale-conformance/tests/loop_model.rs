@@ -67,9 +67,27 @@ fn arb_step() -> impl Strategy<Value = Op> {
     let flags = || prop::sample::select(vec![0u32, 1, 4, 8, 16, 5, 20, 2, 64]);
     let off = || prop::sample::select(vec![0u64, 512, 4096, 100, 8192, 65536, 1 << 63]);
     let limit = || prop::sample::select(vec![0u64, 0, 8192, 1000, 32768, u64::MAX]);
-    let bs = || prop::sample::select(vec![0u64, 512, 1024, 2048, 4096, 1000, 8192, 65536, 1 << 32]);
-    let io_off = || prop::sample::select(vec![0u64, 512, 4096, 100, 28672, 61440, 65536, 131072]);
-    let io_len = || prop::sample::select(vec![0u64, 512, 4096, 8192, 1000]);
+    let bs = || {
+        prop::sample::select(vec![
+            0u64,
+            512,
+            1024,
+            2048,
+            4096,
+            1000,
+            8192,
+            16384,
+            32768,
+            65536,
+            1 << 32,
+        ])
+    };
+    let io_off = || {
+        prop::sample::select(vec![
+            0u64, 512, 4096, 100, 8192, 28672, 32768, 61440, 65536, 131072,
+        ])
+    };
+    let io_len = || prop::sample::select(vec![0u64, 512, 4096, 8192, 1000, 32768, 65536, 131072]);
     prop_oneof![
         8 => (h(), dev(), any::<bool>(), prop::bool::weighted(0.2)).prop_map(|(handle, dev, rw, excl)| Op::Open {
             dev,
@@ -115,7 +133,9 @@ fn arb_step() -> impl Strategy<Value = Op> {
             byte
         }),
         2 => h().prop_map(|handle| Op::Fsync { handle }),
-        1 => Just(Op::TruncateBacking { name: "rw".into(), size: 131072 }),
+        2 => (prop::sample::select(BACKINGS.to_vec()), prop::sample::select(vec![4096u64, 65536, 131072])).prop_map(
+            |(n, size)| Op::TruncateBacking { name: n.to_string(), size }
+        ),
         1 => (prop::sample::select(BACKINGS.to_vec()), io_off()).prop_map(|(n, offset)| Op::ReadBacking {
             name: n.to_string(),
             offset,
@@ -131,7 +151,8 @@ fn arb_step() -> impl Strategy<Value = Op> {
 /// Turns random steps into a valid scenario, replaying it on the reference as it goes:
 /// the backing files first; a step on a handle that is not open (or an open of a name
 /// that is) is dropped, as is I/O the format calls unsound (the device's size not whole
-/// logical blocks, a backing that does not cover it, block sizes above a page). Which
+/// logical blocks, a backing that does not cover it, writes at block sizes above a page
+/// and above the page cache's). Which
 /// opens succeed is the reference's answer; the comparison checks it.
 fn settle(ops: Vec<Op>) -> Scenario {
     let mut steps = vec![
@@ -163,9 +184,8 @@ fn settle(ops: Vec<Op>) -> Scenario {
             | Op::ChangeFd { handle, backing } => {
                 open.contains(handle) && !matches!(backing, Backing::Handle(b) if !open.contains(b))
             }
-            Op::Read { handle, .. } | Op::Write { handle, .. } => {
-                open.contains(handle) && model.io_sound(handle)
-            }
+            Op::Read { handle, .. } => open.contains(handle) && model.io_sound(handle, false),
+            Op::Write { handle, .. } => open.contains(handle) && model.io_sound(handle, true),
             o => o.handle().is_none_or(|h| open.contains(h)),
         };
         if !ok {

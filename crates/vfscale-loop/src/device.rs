@@ -30,6 +30,13 @@ pub const LO_NAME_SIZE: usize = 64;
 
 const SECTOR: u64 = 512;
 const PAGE: u64 = 4096;
+/// A description's first readahead window in pages: a loop device's `read_ahead_kb`
+/// (128, `VM_READAHEAD_PAGES`; its queue sets no `io_opt`).
+const RA_PAGES: u64 = 32;
+/// `bdi->io_pages`: the device's `max_sectors_kb` (1280) in pages.
+const IO_PAGES: u64 = 320;
+/// `prev_pos` before the first read (Linux's -1).
+const NO_PREV_POS: u64 = u64::MAX;
 /// The largest logical block size (`BLK_MAX_BLOCK_SIZE`).
 pub const MAX_BLOCK_SIZE: u64 = 64 << 10;
 
@@ -197,8 +204,9 @@ pub struct LoopDevice {
     /// Block size of the device's page cache, as Linux sets it at the first open
     /// (`set_init_blocksize`), for the answer to writes during rundown.
     cache_block: AtomicU64,
-    /// Write-back failures so far (`mapping->wb_err`): writes the page cache took but
-    /// could not store (during rundown, or when a device below refuses them).
+    /// Write-back failures (`mapping->wb_err`, an `errseq_t`): writes the page cache took
+    /// but could not store. 0 before the first; then a counter above bit 0, which is
+    /// [`WB_SEEN`] once a description has reported the latest failure.
     wb_err: AtomicU64,
     queue: Queue<IoConfig>,
     /// Live handles, for nothing but debugging leaks.
@@ -211,8 +219,13 @@ pub(crate) struct OpenDesc {
     pub(crate) dev: Arc<LoopDevice>,
     pub(crate) write: bool,
     pub(crate) excl: bool,
-    /// `file->f_wb_err`: the device's write-back failures this description has reported.
+    /// `file->f_wb_err`: the device's `wb_err` when this description last reported one
+    /// (or sampled it at open).
     pub(crate) wb_seen: AtomicU64,
+    /// `file->f_ra.ra_pages`: divided by 4 at each failed read.
+    ra_pages: AtomicU64,
+    /// `file->f_ra.prev_pos`: where the last read that returned data ended.
+    prev_pos: AtomicU64,
 }
 
 /// An open handle of a loop device (`/dev/loopN` opened once). Clones share the open
@@ -255,6 +268,89 @@ fn window_size(file_size: u64, offset: u64, sizelimit: u64) -> u64 {
         size = sizelimit;
     }
     size & !(SECTOR - 1)
+}
+
+/// `ERRSEQ_SEEN` of a device's `wb_err`.
+const WB_SEEN: u64 = 1;
+
+impl LoopDevice {
+    /// `mapping_set_error` -> `errseq_set`: a new failure bumps the counter only once the
+    /// last one was seen, so failures nobody reported yet count as one.
+    fn set_wb_err(&self) {
+        let _ = self
+            .wb_err
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| match v {
+                0 => Some(2),
+                v if v & WB_SEEN != 0 => Some((v & !WB_SEEN) + 2),
+                v => Some(v),
+            });
+    }
+
+    /// `errseq_sample` at open: a failure nobody has reported yet is left for the new
+    /// description to report too.
+    fn sample_wb_err(&self) -> u64 {
+        let v = self.wb_err.load(Ordering::Acquire);
+        if v & WB_SEEN == 0 {
+            0
+        } else {
+            v
+        }
+    }
+
+    /// A write whose blocks the device cannot read or store: during rundown, or when the
+    /// page cache's blocks are smaller than the logical block size (Linux reads a block
+    /// the write covers in part, `block_write_begin`, and writes blocks back,
+    /// `block_write_full_folio`, one bio per cache block, which the device refuses:
+    /// `bio_unaligned`). The folios before the first one that needs a read are taken
+    /// (`EIO` when there are none) and lost at write-back.
+    fn write_lost(&self, pos: u64, n: u64, cb: u64) -> Result<usize, Errno> {
+        let folio = cb.max(PAGE);
+        let end = pos + n;
+        if !pos.is_multiple_of(cb) {
+            return Err(Errno::EIO);
+        }
+        // Folio boundaries are cache-block boundaries: only the last folio can be partial.
+        let taken = if end.is_multiple_of(cb) {
+            end
+        } else {
+            (end / folio * folio).max(pos)
+        };
+        if taken == pos {
+            return Err(Errno::EIO);
+        }
+        self.set_wb_err();
+        Ok((taken - pos) as usize)
+    }
+}
+
+/// The pages Linux 6.18's `page_cache_sync_ra` reads for a read of `n` bytes at `pos`
+/// that finds nothing cached, as (first page, count): one page once the window is 0
+/// (`force_page_cache_ra`); a fresh window (`get_init_ra_size`) at page 0, for a
+/// request above the window, or for a read that follows the last one; else just the
+/// request (`do_page_cache_ra`).
+fn readahead_window(ra_pages: u64, prev_pos: u64, pos: u64, n: u64) -> (u64, u64) {
+    let index = pos / PAGE;
+    let req = (pos + n).div_ceil(PAGE) - index;
+    if ra_pages == 0 {
+        return (index, 1);
+    }
+    // ractl_max_pages
+    let max = if req > ra_pages && IO_PAGES > ra_pages {
+        req.min(IO_PAGES)
+    } else {
+        ra_pages
+    };
+    let follows = prev_pos != NO_PREV_POS && (prev_pos / PAGE..=prev_pos / PAGE + 1).contains(&index);
+    if index != 0 && req <= max && !follows {
+        return (index, req);
+    }
+    let want = req.next_power_of_two();
+    let window = match want {
+        w if w <= max / 32 => w * 4,
+        w if w <= max / 4 => w * 2,
+        _ => max,
+    };
+    (index, window)
 }
 
 fn cache_block_for(lbs: u64, size: u64) -> u64 {
@@ -410,7 +506,9 @@ impl LoopDevice {
                 dev: this.clone(),
                 write: mode.write,
                 excl: mode.excl,
-                wb_seen: AtomicU64::new(this.wb_err.load(Ordering::Acquire)),
+                wb_seen: AtomicU64::new(this.sample_wb_err()),
+                ra_pages: AtomicU64::new(RA_PAGES),
+                prev_pos: AtomicU64::new(NO_PREV_POS),
             }),
         })
     }
@@ -796,9 +894,62 @@ impl LoopHandle {
     }
 
     /// Reads at byte `pos` of the device (`pread`): 0 at or past the end, a short count
-    /// at the end, `EIO` when the device is running down or the backing file does not
-    /// cover the range. Takes no lock: it enters the device's queue.
+    /// at the end, `EIO` when the device is running down, the backing file does not
+    /// cover the range, or Linux's page cache would read blocks the device refuses (see
+    /// [`readahead_window`]). Takes no lock: it enters the device's queue.
     pub fn read_at(&self, buf: &mut [u8], pos: u64) -> Result<usize, Errno> {
+        let cap = self.dev().size();
+        if pos >= cap || buf.is_empty() {
+            return Ok(0);
+        }
+        let n = (cap - pos).min(buf.len() as u64);
+        let r = if self.readahead_aligned(pos, n) {
+            self.read_through(buf, pos)
+        } else {
+            Err(Errno::EIO)
+        };
+        match r {
+            Ok(_) => self.desc.prev_pos.store(pos + n, Ordering::Relaxed),
+            // filemap_read_folio -> shrink_readahead_size_eio: a quarter of the window.
+            Err(_) => {
+                let ra = self.desc.ra_pages.load(Ordering::Relaxed);
+                self.desc.ra_pages.store(ra / 4, Ordering::Relaxed);
+            }
+        }
+        r
+    }
+
+    /// Whether the bio Linux's readahead makes for this read is whole logical blocks
+    /// (`bio_unaligned` in `blk_mq_submit_bio` fails it with `EIO`). The page cache reads
+    /// in folios of its block size, fixed at the first open (`set_init_blocksize` sets
+    /// `mapping_min_folio_order`), so only a block size above a page set after that
+    /// open can be refused.
+    fn readahead_aligned(&self, pos: u64, n: u64) -> bool {
+        let dev = self.dev();
+        let lbs = u64::from(dev.block_size());
+        if lbs <= PAGE {
+            return true;
+        }
+        let cb = dev.cache_block.load(Ordering::Relaxed);
+        let folio = cb.max(PAGE);
+        let (first, pages) = readahead_window(
+            self.desc.ra_pages.load(Ordering::Relaxed),
+            self.desc.prev_pos.load(Ordering::Relaxed),
+            pos,
+            n,
+        );
+        let start = first * PAGE / folio * folio;
+        // Blocks past the end of the device are not read.
+        let end = ((first + pages) * PAGE)
+            .div_ceil(folio)
+            .saturating_mul(folio)
+            .min(dev.size().div_ceil(cb) * cb)
+            .max(start);
+        start.is_multiple_of(lbs) && (end - start).is_multiple_of(lbs)
+    }
+
+    /// The read itself, below the page cache.
+    fn read_through(&self, buf: &mut [u8], pos: u64) -> Result<usize, Errno> {
         let dev = self.dev();
         let cap = dev.size();
         if pos >= cap || buf.is_empty() {
@@ -816,7 +967,7 @@ impl LoopHandle {
         let at = cfg.offset + pos;
         let got = match &cfg.backing {
             Backing::File(f) => f.read_at(buf, at, cfg.dio),
-            Backing::Loop(d) => (LoopHandle { desc: d.clone() }).read_at(buf, at),
+            Backing::Loop(d) => (LoopHandle { desc: d.clone() }).read_through(buf, at),
         };
         match got {
             Ok(k) if k == n => Ok(n),
@@ -848,19 +999,17 @@ impl LoopHandle {
         if dev.state() != LoopState::Bound {
             // Linux's page cache takes whole cached blocks and loses them at the detach;
             // a partial block needs a read, which fails.
-            let cb = dev.cache_block.load(Ordering::Relaxed);
-            return if pos.is_multiple_of(cb) && (n as u64).is_multiple_of(cb) {
-                dev.wb_err.fetch_add(1, Ordering::AcqRel);
-                Ok(n)
-            } else {
-                Err(Errno::EIO)
-            };
+            return dev.write_lost(pos, n as u64, dev.cache_block.load(Ordering::Relaxed));
         }
         let Some(cfg) = q.cfg() else {
             return Err(Errno::EIO);
         };
         if cfg.read_only {
             return Err(Errno::EIO);
+        }
+        let cb = dev.cache_block.load(Ordering::Relaxed);
+        if cb < u64::from(dev.block_size()) {
+            return dev.write_lost(pos, n as u64, cb);
         }
         let at = cfg.offset + pos;
         let put = match &cfg.backing {
@@ -882,14 +1031,14 @@ impl LoopHandle {
                     let got = match &cfg.backing {
                         Backing::File(f) => f.read_at(&mut tmp, cfg.offset + start, cfg.dio),
                         Backing::Loop(d) => {
-                            (LoopHandle { desc: d.clone() }).read_at(&mut tmp, cfg.offset + start)
+                            (LoopHandle { desc: d.clone() }).read_through(&mut tmp, cfg.offset + start)
                         }
                     };
                     if got.is_err() {
                         return Err(Errno::EIO);
                     }
                 }
-                dev.wb_err.fetch_add(1, Ordering::AcqRel);
+                dev.set_wb_err();
                 Ok(n)
             }
         }
@@ -900,11 +1049,15 @@ impl LoopHandle {
     /// that cache belongs to a device that is no longer bound.
     pub fn flush(&self) -> Result<(), Errno> {
         let dev = self.dev();
-        // file_write_and_wait_range: a write-back failure this description has not
-        // reported yet.
+        // file_write_and_wait_range -> errseq_check_and_advance: a write-back failure
+        // this description has not reported yet, which is then marked seen.
         let failed = dev.wb_err.load(Ordering::Acquire);
-        if self.desc.wb_seen.load(Ordering::Acquire) < failed {
-            self.desc.wb_seen.store(failed, Ordering::Release);
+        if self.desc.wb_seen.load(Ordering::Acquire) != failed {
+            let seen = failed | WB_SEEN;
+            let _ = dev
+                .wb_err
+                .compare_exchange(failed, seen, Ordering::AcqRel, Ordering::Acquire);
+            self.desc.wb_seen.store(seen, Ordering::Release);
             return Err(Errno::EIO);
         }
         if !dev.write_cache() {

@@ -504,18 +504,11 @@ impl Runner {
                 self.backings.insert(name.clone(), f);
                 Outcome::Ok
             }
-            Op::TruncateBacking { name, size } => {
-                let path = self.dir.join(name);
-                // Truncate through the path: the scenario's descriptor may be read-only.
-                match File::options()
-                    .write(true)
-                    .open(&path)
-                    .and_then(|f| f.set_len(*size))
-                {
-                    Ok(()) => Outcome::Ok,
-                    Err(e) => Outcome::errno(e.raw_os_error().unwrap_or(libc::EIO)),
-                }
-            }
+            // ftruncate(2) on the scenario's descriptor: one opened read-only gives EINVAL.
+            Op::TruncateBacking { name, size } => match self.backings[name].set_len(*size) {
+                Ok(()) => Outcome::Ok,
+                Err(e) => Outcome::errno(e.raw_os_error().unwrap_or(libc::EIO)),
+            },
             Op::ReadBacking { name, offset, len } => {
                 let f = &self.backings[name];
                 let mut buf = vec![0u8; *len as usize];

@@ -120,17 +120,11 @@ impl LibraryReplay {
                 self.backings.insert(name.clone(), f);
                 Outcome::Ok
             }
-            Op::TruncateBacking { name, size } => {
-                let path = self.dir.join(name);
-                match File::options()
-                    .write(true)
-                    .open(&path)
-                    .and_then(|f| f.set_len(*size))
-                {
-                    Ok(()) => Outcome::Ok,
-                    Err(e) => Outcome::errno(e.raw_os_error().unwrap_or(libc::EIO)),
-                }
-            }
+            // ftruncate(2) on the scenario's descriptor, as the kernel runner does.
+            Op::TruncateBacking { name, size } => match self.backings[name].set_len(*size) {
+                Ok(()) => Outcome::Ok,
+                Err(e) => Outcome::errno(e.raw_os_error().unwrap_or(libc::EIO)),
+            },
             Op::ReadBacking { name, offset, len } => {
                 if *offset > i64::MAX as u64 {
                     return Ok(Outcome::errno(libc::EINVAL));

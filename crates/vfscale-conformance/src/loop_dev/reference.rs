@@ -21,6 +21,9 @@
 //!
 //! No page cache is modelled: the format's runners drop it around every I/O step, so a
 //! read sees the backing file and a buffered write reaches it or fails at write-back.
+//! What the page cache leaves is kept per description: its readahead window and where
+//! its last read ended (`file->f_ra`), which decide whether a read at a logical block
+//! size above the page size makes a bio the block layer refuses.
 //!
 //! ```
 //! use vfscale_conformance::loop_dev::{reference, render_results, Scenario};
@@ -60,6 +63,11 @@ const PAGE: u64 = 4096;
 const MAX_BLOCK: u64 = 64 << 10;
 /// `MINORMASK >> part_shift` with `max_part=0`: the largest index `loop_add` accepts.
 const MAX_INDEX: i64 = (1 << 20) - 1;
+/// `VM_READAHEAD_PAGES`: a loop device's `read_ahead_kb` (128) in pages, whatever its
+/// block size (its queue sets no `io_opt`), copied into a description at its open.
+const RA_PAGES: u64 = 32;
+/// `bdi->io_pages`: a loop device's `max_sectors_kb` (1280) in pages.
+const IO_PAGES: u64 = 320;
 /// `CONFIG_BLK_DEV_LOOP_MIN_COUNT`.
 const MIN_COUNT: u32 = 8;
 /// `LOOP_CONFIGURE_SETTABLE_FLAGS`.
@@ -112,8 +120,11 @@ struct Dev {
     holder: Option<usize>,
     /// The block size of the device's page cache (`i_blkbits` of the bdev inode).
     cache_block: u64,
-    /// `mapping->wb_err`: write-back failures so far.
+    /// `mapping->wb_err`: how many times a write-back failure was recorded after the
+    /// last one had been reported (`errseq_set` bumps its counter only then); 0 for none.
     wb_err: u64,
+    /// `ERRSEQ_SEEN` of `wb_err`: a description has reported the latest failure.
+    wb_reported: bool,
 }
 
 impl Dev {
@@ -134,6 +145,7 @@ impl Dev {
             holder: None,
             cache_block: PAGE,
             wb_err: 0,
+            wb_reported: false,
         }
     }
 
@@ -152,8 +164,13 @@ struct Desc {
     handle: bool,
     /// Devices that hold it as their backing file.
     holders: u32,
-    /// `file->f_wb_err`: the write-back errors this description has reported.
+    /// `file->f_wb_err`: the device's `wb_err` this description has reported, or sampled
+    /// at open (`errseq_sample`: 0 while a failure is unreported, so it reports it too).
     wb_seen: u64,
+    /// `file->f_ra.ra_pages`: a quarter after each failed read.
+    ra_pages: u64,
+    /// `file->f_ra.prev_pos`: the end of the last read that returned data, -1 before one.
+    prev_pos: i64,
 }
 
 impl Desc {
@@ -220,27 +237,33 @@ impl Reference {
     /// Whether I/O through `handle` is sound in the format's sense (`docs/scenarios/loop.md`,
     /// "I/O"), so that Linux's answer does not depend on its page cache: the device is
     /// unbound or in rundown, or bound with its backing covering it and its size a whole
-    /// number of logical blocks of at most a page, and the same holds for every loop
-    /// device below it. `false` for a handle that is not open.
-    pub fn io_sound(&self, handle: &str) -> bool {
+    /// number of logical blocks, and the same holds for every loop device below it. Every
+    /// device below must also take whole bios of its page cache: its logical blocks no
+    /// larger than those cache blocks, for a `read` only where the logical block is
+    /// larger than a page. `false` for a handle that is not open.
+    pub fn io_sound(&self, handle: &str, write: bool) -> bool {
         self.handles
             .get(handle)
-            .is_some_and(|d| self.dev_sound(self.descs[*d].dev))
+            .is_some_and(|d| self.dev_sound(self.descs[*d].dev, write, false))
     }
 
-    fn dev_sound(&self, i: u32) -> bool {
+    fn dev_sound(&self, i: u32, write: bool, below: bool) -> bool {
         let dev = &self.devs[&i];
         if dev.state != State::Bound {
             return true;
         }
-        if dev.lbs > PAGE || !dev.size().is_multiple_of(dev.lbs) {
+        // A device below is read and written through its page cache with the upper
+        // device's bios, and its failures shrink the readahead of the description the
+        // upper device holds more than once each (block_read_full_folio retries).
+        let refuses = dev.cache_block < dev.lbs && (write || dev.lbs > PAGE);
+        if !dev.size().is_multiple_of(dev.lbs) || (below && refuses) {
             return false;
         }
         match dev.backing.as_ref().expect("bound") {
             BackRef::File(f) => dev.offset + dev.size() <= self.files[f].data.len() as u64,
             BackRef::Desc(l) => {
                 let li = self.descs[*l].dev;
-                dev.offset + dev.size() <= self.devs[&li].size() && self.dev_sound(li)
+                dev.offset + dev.size() <= self.devs[&li].size() && self.dev_sound(li, write, true)
             }
         }
     }
@@ -261,8 +284,12 @@ impl Reference {
                 );
                 Outcome::Ok
             }
+            // do_ftruncate: a descriptor not open for writing is EINVAL.
             Op::TruncateBacking { name, size } => {
                 let f = self.files.get_mut(name).expect("tracked");
+                if !f.writable {
+                    return Outcome::errno(EINVAL);
+                }
                 f.data.resize(*size as usize, 0);
                 Outcome::Ok
             }
@@ -486,7 +513,7 @@ impl Reference {
         if d.state == State::Rundown {
             return Err(ENXIO);
         }
-        let wb = d.wb_err;
+        let wb = if d.wb_reported { d.wb_err } else { 0 };
         let id = self.descs.len();
         self.descs.push(Desc {
             dev: i,
@@ -495,6 +522,8 @@ impl Reference {
             handle: true,
             holders: 0,
             wb_seen: wb,
+            ra_pages: RA_PAGES,
+            prev_pos: -1,
         });
         let d = self.devs.get_mut(&i).expect("present");
         if excl {
@@ -866,12 +895,53 @@ impl Reference {
     /// `pread` on a device handle (`blkdev_read_iter`): nothing at or past the end, the
     /// rest cut at the end; the data come from the backing (`loop_queue_rq` →
     /// `lo_rw_aio`), which fails with `EIO` unless the device (and every one below) is
-    /// bound.
-    fn handle_read(&self, d: usize, pos: u64, len: u64) -> Res<Vec<u8>> {
+    /// bound, or when the readahead window is not whole logical blocks
+    /// ([`Reference::readahead_aligned`]). A failed read shrinks the description's
+    /// readahead; one that returns data moves its `prev_pos`.
+    fn handle_read(&mut self, d: usize, pos: u64, len: u64) -> Res<Vec<u8>> {
         if pos > i64::MAX as u64 || pos.checked_add(len).is_none_or(|e| e > i64::MAX as u64) {
             return Err(EINVAL);
         }
-        self.dev_read(self.descs[d].dev, pos, len)
+        let size = self.dev_of(d).size();
+        if pos >= size || len == 0 {
+            return Ok(Vec::new());
+        }
+        let n = len.min(size - pos);
+        let r = if self.readahead_aligned(d, pos, n) {
+            self.dev_read(self.descs[d].dev, pos, len)
+        } else {
+            Err(EIO)
+        };
+        let desc = &mut self.descs[d];
+        match r {
+            Ok(_) => desc.prev_pos = (pos + n) as i64,
+            // filemap_read_folio: shrink_readahead_size_eio.
+            Err(_) => desc.ra_pages /= 4,
+        }
+        r
+    }
+
+    /// Whether the block layer accepts the read that a buffered read of `n` bytes at
+    /// `pos` through description `d` makes, the page cache being empty: the readahead
+    /// window ([`sync_ra_window`]) is read in folios of the page cache's block size (at
+    /// least a page, `mapping_min_folio_order` from `set_init_blocksize` at the first
+    /// open), and `blk_mq_submit_bio` fails a bio that is not whole logical blocks
+    /// (`bio_unaligned`) with `EIO`. Only a block size above the page size, set after
+    /// the first open, can make such a bio.
+    fn readahead_aligned(&self, d: usize, pos: u64, n: u64) -> bool {
+        let desc = &self.descs[d];
+        let dev = self.dev_of(d);
+        if dev.lbs <= PAGE {
+            return true;
+        }
+        let folio = dev.cache_block.max(PAGE);
+        let (first, pages) = sync_ra_window(desc.ra_pages, desc.prev_pos, pos, n);
+        let start = first * PAGE / folio * folio;
+        // Blocks past the end are not read (block_read_full_folio, do_mpage_readpage).
+        let eof = dev.size().div_ceil(dev.cache_block) * dev.cache_block;
+        let end = ((first + pages) * PAGE).div_ceil(folio) * folio;
+        let end = end.min(eof).max(start);
+        start.is_multiple_of(dev.lbs) && (end - start).is_multiple_of(dev.lbs)
     }
 
     fn dev_read(&self, i: u32, pos: u64, len: u64) -> Res<Vec<u8>> {
@@ -973,6 +1043,11 @@ impl Reference {
         // later LOOP_SET_BLOCK_SIZE does not change it.
         let block = dev.cache_block;
         let folio = block.max(PAGE);
+        // Buffer heads of the cache's block size are read (block_write_begin) and written
+        // back (block_write_full_folio) one bio each: below the logical block size such a
+        // bio is refused (bio_unaligned), a partial block cannot be read and whole blocks
+        // are lost at write-back.
+        let whole_blocks = block >= dev.lbs;
         // generic_perform_write, one folio at a time.
         let mut done = pos;
         while done < end {
@@ -981,7 +1056,7 @@ impl Reference {
             if partial {
                 let rb = done / block * block;
                 let re = chunk_end.div_ceil(block) * block;
-                if !self.dev_readable(i, rb, re - rb) {
+                if !whole_blocks || !self.dev_readable(i, rb, re - rb) {
                     break;
                 }
             }
@@ -991,10 +1066,15 @@ impl Reference {
             return Err(EIO);
         }
         let n = done - pos;
-        if self.dev_writable(i, pos, n) {
+        if whole_blocks && self.dev_writable(i, pos, n) {
             self.dev_store(i, pos, &vec![byte; n as usize]);
         } else {
-            self.devs.get_mut(&i).expect("present").wb_err += 1;
+            // errseq_set
+            let dev = self.devs.get_mut(&i).expect("present");
+            if dev.wb_err == 0 || dev.wb_reported {
+                dev.wb_err += 1;
+                dev.wb_reported = false;
+            }
         }
         Ok(n)
     }
@@ -1005,9 +1085,11 @@ impl Reference {
     /// `vfs_fsync` of the backing file.
     fn fsync(&mut self, d: usize) -> Res<()> {
         let i = self.descs[d].dev;
+        // errseq_check_and_advance
         let wb = self.devs[&i].wb_err;
-        if self.descs[d].wb_seen < wb {
+        if self.descs[d].wb_seen != wb {
             self.descs[d].wb_seen = wb;
+            self.devs.get_mut(&i).expect("present").wb_reported = true;
             return Err(EIO);
         }
         self.flush(i)
@@ -1039,6 +1121,47 @@ fn init_blocksize(lbs: u64, size: u64) -> u64 {
         b <<= 1;
     }
     b
+}
+
+/// `page_cache_sync_ra` (Linux 6.18) for a read of `n` bytes at `pos` that finds nothing
+/// cached: the pages it reads, as (first page, count), given the description's
+/// `ra_pages` and `prev_pos` (-1 before its first read).
+fn sync_ra_window(ra_pages: u64, prev_pos: i64, pos: u64, n: u64) -> (u64, u64) {
+    let index = pos / PAGE;
+    let req_count = (pos + n).div_ceil(PAGE) - index;
+    if ra_pages == 0 {
+        // force_page_cache_ra(ractl, 1)
+        return (index, 1);
+    }
+    let max_pages = ractl_max_pages(ra_pages, req_count);
+    let prev_index = prev_pos as u64 / PAGE;
+    if index == 0 || req_count > max_pages || index.wrapping_sub(prev_index) <= 1 {
+        return (index, init_ra_size(req_count, max_pages));
+    }
+    // page_cache_prev_miss finds page index - 1 missing (the cache was dropped), so
+    // contig_count is 0: do_page_cache_ra of the request.
+    (index, req_count)
+}
+
+/// `ractl_max_pages`: a request above the window may grow it to the device's `io_pages`.
+fn ractl_max_pages(ra_pages: u64, req_size: u64) -> u64 {
+    if req_size > ra_pages && IO_PAGES > ra_pages {
+        IO_PAGES.min(req_size)
+    } else {
+        ra_pages
+    }
+}
+
+/// `get_init_ra_size`: the first readahead window for a request of `req` pages.
+fn init_ra_size(req: u64, max: u64) -> u64 {
+    let size = req.next_power_of_two();
+    if size <= max / 32 {
+        size * 4
+    } else if size <= max / 4 {
+        size * 2
+    } else {
+        max
+    }
 }
 
 /// `lo_file_name`: at most `LO_NAME_SIZE - 1` bytes, up to the first NUL.
