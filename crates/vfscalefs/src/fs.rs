@@ -181,6 +181,26 @@ impl Conn {
     fn lookup_entry(&self, parent: &Inode, name: &OsStr) -> io::Result<(Node, FileAttr)> {
         let c = sys::component(name)?;
         let pfd = self.srv.inode_fd(parent)?;
+        // An inode the table has needs no descriptor: one stat of the name finds it.
+        let st = sys::stat_at(pfd.as_fd(), &c)?;
+        if let Some(inode) = self.srv.inodes.lookup_cached(self.idx, &st) {
+            let a = attr(&inode, &st);
+            return Ok((inode, a));
+        }
+        // A new inode kept by handle needs no descriptor either: the name's handle, taken
+        // between two stats that agree. (Were the name replaced twice in between, the
+        // inode would hold another file's handle, which opens as ESTALE: every open by
+        // handle is checked against the inode's identity.)
+        if let Some(mount) = self.srv.inodes.handle_mount() {
+            if let Ok((h, m)) = sys::handle_at(pfd.as_fd(), &c) {
+                let again = sys::stat_at(pfd.as_fd(), &c)?;
+                if m == mount && (again.st_dev, again.st_ino) == (st.st_dev, st.st_ino) {
+                    let inode = self.srv.inodes.lookup(self.idx, Found::Handle(h), &again)?;
+                    let a = attr(&inode, &again);
+                    return Ok((inode, a));
+                }
+            }
+        }
         let fd = sys::openat_beneath(pfd.as_fd(), &c, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
         let st = sys::stat_fd(fd.as_fd())?;
         let inode = self.srv.inodes.lookup(self.idx, Found::Path(fd), &st)?;
@@ -891,7 +911,10 @@ impl Filesystem for Conn {
         let _g = pos.lock();
         let f = tri!(self.file(fh, &h), reply);
         tri!(sys::seek_to(f.as_fd(), offset as i64), reply);
-        let mut buf = vec![0u8; 32 * 1024];
+        // About what one reply holds (the kernel asks a page at a time): every request
+        // reads the directory from its offset again, and what does not fit is read for
+        // nothing.
+        let mut buf = vec![0u8; 8 * 1024];
         'outer: loop {
             let entries = tri!(sys::getdents(f.as_fd(), &mut buf), reply);
             if entries.is_empty() {
@@ -927,7 +950,8 @@ impl Filesystem for Conn {
         let f = tri!(self.file(fh, &h), reply);
         tri!(sys::seek_to(f.as_fd(), offset as i64), reply);
         let ttl = self.ttl();
-        let mut buf = vec![0u8; 32 * 1024];
+        // An entry with attributes takes about four times its dirent: see readdir.
+        let mut buf = vec![0u8; 2 * 1024];
         let mut added = 0usize;
         let mut budget = self.srv.fd_budget();
         'outer: loop {

@@ -427,6 +427,8 @@ pub enum Found<'a> {
     /// A file just opened (created) with a client's flags: the handle is taken from it,
     /// and it is never kept as the inode's descriptor.
     Opened(BorrowedFd<'a>),
+    /// Its file handle, made on the root's mount (see [`InodeTable::handle_mount`]).
+    Handle(FileHandle),
 }
 
 /// The table.
@@ -530,6 +532,12 @@ impl InodeTable {
     /// Whether inodes are kept by file handle (else each holds a descriptor).
     pub fn by_handle(&self) -> bool {
         self.by_handle.is_some()
+    }
+
+    /// The mount id a handle must come from to be kept ([`Found::Handle`]), when inodes
+    /// are kept by handle.
+    pub fn handle_mount(&self) -> Option<i32> {
+        self.by_handle
     }
 
     /// Why inodes are kept by descriptor, when they are.
@@ -679,6 +687,11 @@ impl InodeTable {
         let file = match &found {
             Found::Path(fd) => fd.as_fd(),
             Found::Opened(fd) => *fd,
+            Found::Handle(h) => {
+                // SAFETY: `load` runs on an I_NEW inode, before its unlock.
+                unsafe { inode.handle.set(h.clone()) };
+                return Ok(());
+            }
         };
         if let Some(root_mount) = self.by_handle {
             if let Ok((h, mount)) = crate::sys::handle_of(file) {
@@ -695,6 +708,7 @@ impl InodeTable {
         let own = match found {
             Found::Path(fd) => fd,
             Found::Opened(fd) => crate::sys::reopen(fd, libc::O_PATH)?,
+            Found::Handle(_) => unreachable!("a handle is kept above"),
         };
         inode.fd.pin(CachedFd::pinned(own));
         Ok(())
