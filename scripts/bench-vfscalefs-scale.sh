@@ -23,6 +23,7 @@ if [ -z "${BIN:-}" ]; then
   BIN=target/release
 fi
 mkdir -p "$OUT"
+: >"$OUT/ratios.txt"
 BASE=$(mktemp -d /dev/shm/vfscalefs-scale.XXXXXX)
 mkdir "$BASE/src" "$BASE/vf" "$BASE/bf"
 cleanup() {

@@ -294,18 +294,25 @@ impl Conn {
         flags: i32,
         backing: Option<Arc<fuser::BackingId>>,
     ) -> Result<u64, Errno> {
-        let (pinned, cache) = if backing.is_some() {
-            (None, None)
-        } else if self.srv.reopens() {
-            (None, Some(file))
+        let keep = backing.is_none();
+        // Counted open from here on; had an unlink through the mount come first, the
+        // file has no link left and its handle will not open it again.
+        let h = Handle::new(inode, flags, self.idx, backing);
+        if self.srv.inodes.by_handle()
+            && !h.inode.has_own_fd()
+            && sys::stat_fd(file.as_fd()).is_ok_and(|st| st.st_nlink == 0)
+        {
+            if let Ok(fd) = sys::reopen(file.as_fd(), libc::O_PATH) {
+                self.srv.inodes.keep_if_open(&h.inode, fd);
+            }
+        }
+        let cache = if keep && !self.srv.reopens() {
+            h.file.pin(CachedFd::pinned(file));
+            None
         } else {
-            (Some(file), None)
+            keep.then_some(file)
         };
-        let (fh, h) = self
-            .srv
-            .handles
-            .insert(Handle::new(inode, pinned, flags, self.idx, backing))
-            .map_err(Errno::from_i32)?;
+        let (fh, h) = self.srv.handles.insert(h).map_err(Errno::from_i32)?;
         if let Some(file) = cache {
             self.srv.fds.admit(FdKey::Handle(fh), &h.file, file);
         }
@@ -329,24 +336,29 @@ impl Conn {
         Ok((fd, p))
     }
 
-    /// Before `name` in `dir` loses its link: if its inode is open through the mount and
-    /// this is its last link, the inode keeps a descriptor of its own (see
-    /// `InodeTable::keep_if_open`).
-    fn keep_victim(&self, dir: BorrowedFd<'_>, name: &CString) {
-        let Ok(st) = sys::stat_at(dir, name) else { return };
-        if st.st_nlink > 1 || st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-            return;
+    /// Before `name` in `dir` may lose its last link: its cached inode with an `O_PATH`
+    /// descriptor of it, to be kept if the inode is open once the link is gone
+    /// ([`Conn::keep_victim`]). Taken whether or not the inode is open now: an `OPEN`
+    /// may count itself between this call and the unlink.
+    fn victim(&self, dir: BorrowedFd<'_>, name: &CString) -> Option<(Node, OwnedFd)> {
+        let st = sys::stat_at(dir, name).ok()?;
+        if st.st_nlink > 1 && st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return None;
         }
-        let Some(node) = self.srv.inodes.peek(&st) else {
-            return;
-        };
-        if node.has_own_fd() || !node.is_open() {
-            return;
+        let node = self.srv.inodes.peek(&st)?;
+        if node.has_own_fd() {
+            return None;
         }
-        if let Ok(fd) = sys::openat_beneath(dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0) {
-            if sys::stat_fd(fd.as_fd()).is_ok_and(|s| (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino)) {
-                self.srv.inodes.keep_if_open(&node, fd, st.st_nlink);
-            }
+        let fd = sys::openat_beneath(dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0).ok()?;
+        let again = sys::stat_fd(fd.as_fd()).ok()?;
+        ((again.st_dev, again.st_ino) == (st.st_dev, st.st_ino)).then_some((node, fd))
+    }
+
+    /// After the link `victim` named is gone: an open inode keeps the descriptor (its
+    /// handle no longer opens it, and its open files must keep working).
+    fn keep_victim(&self, victim: Option<(Node, OwnedFd)>) {
+        if let Some((node, fd)) = victim {
+            self.srv.inodes.keep_if_open(&node, fd);
         }
     }
 
@@ -629,12 +641,13 @@ impl Filesystem for Conn {
         };
         let c = tri!(sys::component(name), reply);
         let pfd = tri!(self.srv.inode_fd(&p), reply);
-        self.keep_victim(pfd.as_fd(), &c);
+        let victim = self.victim(pfd.as_fd(), &c);
         // SAFETY: as in mknod.
         tri!(
             sys::cvt(unsafe { libc::unlinkat(pfd.as_raw_fd(), c.as_ptr(), 0) }),
             reply
         );
+        self.keep_victim(victim);
         reply.ok();
     }
 
@@ -645,11 +658,13 @@ impl Filesystem for Conn {
         };
         let c = tri!(sys::component(name), reply);
         let pfd = tri!(self.srv.inode_fd(&p), reply);
+        let victim = self.victim(pfd.as_fd(), &c);
         // SAFETY: as in mknod.
         tri!(
             sys::cvt(unsafe { libc::unlinkat(pfd.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) }),
             reply
         );
+        self.keep_victim(victim);
         reply.ok();
     }
 
@@ -688,9 +703,11 @@ impl Filesystem for Conn {
         let nc = tri!(sys::component(newname), reply);
         let pfd = tri!(self.srv.inode_fd(&p), reply);
         let npfd = tri!(self.srv.inode_fd(&np), reply);
-        if !flags.contains(RenameFlags::RENAME_EXCHANGE) {
-            self.keep_victim(npfd.as_fd(), &nc);
-        }
+        let victim = if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            None
+        } else {
+            self.victim(npfd.as_fd(), &nc)
+        };
         // SAFETY: NUL-terminated single components relative to O_PATH directories.
         let r = unsafe {
             libc::renameat2(
@@ -702,6 +719,7 @@ impl Filesystem for Conn {
             )
         };
         tri!(sys::cvt(r), reply);
+        self.keep_victim(victim);
         reply.ok();
     }
 

@@ -130,6 +130,8 @@ impl Kind {
 pub struct Ops {
     conns: usize,
     fds: Arc<FdCache>,
+    /// The table's count of descriptors inodes keep of their own.
+    own_fds: Arc<AtomicU64>,
 }
 
 impl SuperOperations for Ops {
@@ -153,6 +155,9 @@ impl SuperOperations for Ops {
         // invariant ("Evictable fields") no borrow of its evictable fields is alive or
         // can start.
         unsafe { inode.data().release() };
+        if inode.data().fd.unpin().is_some() {
+            self.own_fds.fetch_sub(1, Ordering::Relaxed);
+        }
         // Its cached descriptor too: the node id may name another inode next.
         self.fds.remove(FdKey::Inode(inode.data().id));
     }
@@ -378,7 +383,6 @@ impl Inode {
     unsafe fn release(&self) {
         // SAFETY: by the contract.
         drop(unsafe { self.used.take() });
-        drop(self.fd.unpin());
     }
 
     fn total_lookups(&self) -> u64 {
@@ -447,6 +451,8 @@ pub struct InodeTable {
     mount_fd: Option<Arc<CachedFd>>,
     /// Why inodes are kept by descriptor, when they are.
     why_not: Option<String>,
+    /// Descriptors inodes keep of their own, shared with [`Ops`].
+    own_fds: Arc<AtomicU64>,
 }
 
 /// Table counters.
@@ -497,9 +503,11 @@ impl InodeTable {
             hash_bits: 18,
             ..Settings::default()
         });
+        let own_fds = Arc::new(AtomicU64::new(0));
         let sb = cache.mount(Ops {
             conns,
             fds: fds.clone(),
+            own_fds: own_fds.clone(),
         });
         let root = match sb.iget5_locked(
             ROOT_ID,
@@ -512,6 +520,7 @@ impl InodeTable {
                     None => CachedFd::pinned(root_fd),
                 };
                 n.data().fd.pin(own);
+                own_fds.fetch_add(1, Ordering::Relaxed);
                 Node(n.unlock_new_inode())
             }
             _ => return Err(io::Error::other("the root inode is already cached")),
@@ -526,6 +535,7 @@ impl InodeTable {
             by_handle,
             mount_fd,
             why_not,
+            own_fds,
         })
     }
 
@@ -591,13 +601,26 @@ impl InodeTable {
         Ok(fd)
     }
 
-    /// The source file of `inode` is about to lose a name through the mount: if it is
-    /// open and that may be its last name, it keeps a descriptor of its own from `fd`
-    /// (its handle will not open it once unlinked, and an open file must keep working).
-    pub fn keep_if_open(&self, inode: &Inode, fd: OwnedFd, nlink: u64) {
-        if inode.opens.load(Ordering::Acquire) > 0 && nlink <= 1 && !inode.fd.is_pinned() {
-            inode.fd.pin(CachedFd::pinned(fd));
+    /// The source file of `inode` lost its last name through the mount: if it is open,
+    /// it keeps `fd` as a descriptor of its own (its handle will not open it any more,
+    /// and an open file must keep working).
+    pub fn keep_if_open(&self, inode: &Inode, fd: OwnedFd) {
+        if inode.opens.load(Ordering::Acquire) > 0 {
+            self.pin(inode, fd);
         }
+    }
+
+    /// `inode` keeps `fd` as its own descriptor (unless it has one), counted in
+    /// [`InodeTable::own_fds`] until its eviction.
+    fn pin(&self, inode: &Inode, fd: OwnedFd) {
+        if inode.fd.pin_if_unpinned(CachedFd::pinned(fd)) {
+            self.own_fds.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Descriptors inodes keep of their own (see [`Inode::has_own_fd`]).
+    pub fn own_fds(&self) -> u64 {
+        self.own_fds.load(Ordering::Relaxed)
     }
 
     /// The node id of a source identity.
@@ -710,7 +733,7 @@ impl InodeTable {
             Found::Opened(fd) => crate::sys::reopen(fd, libc::O_PATH)?,
             Found::Handle(_) => unreachable!("a handle is kept above"),
         };
-        inode.fd.pin(CachedFd::pinned(own));
+        self.pin(inode, own);
         Ok(())
     }
 
