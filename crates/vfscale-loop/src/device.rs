@@ -896,7 +896,7 @@ impl LoopHandle {
     /// Reads at byte `pos` of the device (`pread`): 0 at or past the end, a short count
     /// at the end, `EIO` when the device is running down, the backing file does not
     /// cover the range, or Linux's page cache would read blocks the device refuses (see
-    /// [`readahead_window`]). Takes no lock: it enters the device's queue.
+    /// `readahead_window`). Takes no lock: it enters the device's queue.
     pub fn read_at(&self, buf: &mut [u8], pos: u64) -> Result<usize, Errno> {
         let cap = self.dev().size();
         if pos >= cap || buf.is_empty() {
