@@ -589,7 +589,9 @@ impl Locks {
         };
         let open = |flags| inodes.open(&h.inode, flags);
         match req.attempt(m, ctx, Some(&open)) {
-            MirrorAttempt::Done(res) => self.answer(r.conn, &h.inode, res, reply),
+            MirrorAttempt::Done(res) => {
+                self.answer(r.conn, &h.inode, fl.l_type != LockType::Unlock, res, reply)
+            }
             MirrorAttempt::Parked(p, id) => {
                 let done = Self::unreserve_when_done(h.clone(), id, self.grant_hook.clone(), r.conn);
                 self.finish(Ok(Some(p)), r.unique, intr, reply, Some(done));
@@ -635,11 +637,12 @@ impl Locks {
         })
     }
 
-    /// Answers a request done at once; a grant invalidates the client's caches first.
-    fn answer(&self, conn: usize, inode: &Inode, res: Result<(), Errno>, reply: ReplyEmpty) {
+    /// Answers a request done at once; a lock granted (`lock`: not an unlock)
+    /// invalidates the client's caches first.
+    fn answer(&self, conn: usize, inode: &Inode, lock: bool, res: Result<(), Errno>, reply: ReplyEmpty) {
         match res {
             Ok(()) => {
-                if let Some(hook) = self.grant_hook.get() {
+                if let (true, Some(hook)) = (lock, self.grant_hook.get()) {
                     hook(conn, inode.id);
                 }
                 reply.ok()
@@ -780,6 +783,11 @@ impl Locks {
             nb,
             key: (r.conn, r.fh),
         };
+        if fop == FlockOp::Unlock {
+            // No description to open for it.
+            let res = req.unlock(m, ctx);
+            return self.finish(res.map(|_| None), r.unique, intr, reply, None);
+        }
         let open = || inodes.open(&h.inode, libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK);
         let fd = {
             let mut st = m.state.lock();
@@ -788,13 +796,13 @@ impl Locks {
                 Err(_) => {
                     // Out of descriptors for the source: the clients' lock alone.
                     drop(st);
-                    let res = ctx.flock_lock(who, file, fop, nb || fop == FlockOp::Unlock);
+                    let res = ctx.flock_lock(who, file, fop, nb);
                     return self.finish(res, r.unique, intr, reply, None);
                 }
             }
         };
         match req.attempt(m, ctx, &fd, false) {
-            MirrorAttempt::Done(res) => self.answer(r.conn, &h.inode, res, reply),
+            MirrorAttempt::Done(res) => self.answer(r.conn, &h.inode, true, res, reply),
             MirrorAttempt::Parked(p, _) => {
                 let done = Self::flock_gone_unless_granted(h.clone(), req.key, self.grant_hook.clone());
                 self.finish(Ok(Some(p)), r.unique, intr, reply, Some(done));
@@ -1017,6 +1025,14 @@ struct FlockReq {
 }
 
 impl FlockReq {
+    /// `LOCK_UN`: among the clients, then on the source.
+    fn unlock(&self, m: &Mirror, ctx: &Arc<FileLockContext>) -> Result<(), Errno> {
+        let mut st = m.state.lock();
+        let res = ctx.flock_lock(self.who, self.file, FlockOp::Unlock, true);
+        m.flock_gone(&mut st, self.key);
+        res.map(|_| ())
+    }
+
     /// The source's flock on the client file's description first (`held`: taken already,
     /// by a wait), then `vfscale-locks`, under the mirror's mutex.
     fn attempt(
@@ -1029,9 +1045,8 @@ impl FlockReq {
         let mut st = m.state.lock();
         let (op, ty) = match self.fop {
             FlockOp::Unlock => {
-                let res = ctx.flock_lock(self.who, self.file, self.fop, true);
-                m.flock_gone(&mut st, self.key);
-                return MirrorAttempt::Done(res.map(|_| ()));
+                drop(st);
+                return MirrorAttempt::Done(self.unlock(m, ctx));
             }
             FlockOp::Shared => (libc::LOCK_SH, LockType::Read),
             FlockOp::Exclusive => (libc::LOCK_EX, LockType::Write),

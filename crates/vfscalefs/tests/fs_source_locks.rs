@@ -436,3 +436,91 @@ fn source_locks_off_keeps_them_apart() {
         .status(&format!("flock {}", libc::LOCK_EX | libc::LOCK_NB))
         .expect("off: the host's flock lock is not seen");
 }
+
+/// The server's descriptions of `file` opened for source locks (`O_NONBLOCK`, which the
+/// server's other opens of a regular file do not use).
+fn lock_descriptions(m: &Mounted, file: &Path) -> usize {
+    let name = file.to_string_lossy().into_owned();
+    m.source_fds()
+        .into_iter()
+        .filter(|(fd, t)| {
+            *t == name
+                && std::fs::read_to_string(format!("/proc/{}/fdinfo/{fd}", m.pid())).is_ok_and(|i| {
+                    i.lines()
+                        .find_map(|l| l.strip_prefix("flags:"))
+                        .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
+                        .is_some_and(|f| f & libc::O_NONBLOCK as u32 != 0)
+                })
+        })
+        .count()
+}
+
+/// A description held for locks on the source closes once it holds nothing: a file
+/// locked once keeps no descriptor (and, deleted, no space) while the client caches it.
+#[test]
+fn lock_descriptions_close_when_unlocked() {
+    if let Some(why) = skip() {
+        return say(&format!("SKIP: {why}"));
+    }
+    let (m, _host, mut client) = setup("");
+    let f = m.source.join("f");
+    client.status(&lk(SETLK, WR, 0, 10)).unwrap();
+    client.status(&format!("flock {}", libc::LOCK_SH)).unwrap();
+    assert_eq!(
+        lock_descriptions(&m, &f),
+        2,
+        "the record-lock and the flock descriptions"
+    );
+    client.status(&lk(SETLK, UN, 0, 10)).unwrap();
+    assert_eq!(lock_descriptions(&m, &f), 1, "the record-lock description closed");
+    client.status(&format!("flock {}", libc::LOCK_UN)).unwrap();
+    assert_eq!(lock_descriptions(&m, &f), 0, "the flock description closed");
+    client.status(&lk(OFD_SETLK, RD, 0, 0)).unwrap();
+    assert_eq!(lock_descriptions(&m, &f), 1);
+    client.status("close").unwrap();
+    // RELEASE comes just after close(2).
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while lock_descriptions(&m, &f) != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the description outlived the OFD lock's RELEASE"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A client granted a lock sees what a process on the source changed under its own: the
+/// file's size, and an entry of its directory that it deleted (a journal).
+#[test]
+fn a_grant_sees_the_hosts_changes() {
+    if let Some(why) = skip() {
+        return say(&format!("SKIP: {why}"));
+    }
+    let (m, mut host, mut client) = setup("");
+    let (src, mnt) = (&m.source, &m.mounts[0]);
+    // The first grant marks the directory.
+    client.status(&lk(SETLK, WR, 0, 0)).unwrap();
+    client.status(&lk(SETLK, UN, 0, 0)).unwrap();
+    assert_eq!(std::fs::metadata(mnt.join("f")).unwrap().len(), 4096);
+    host.status(&lk(SETLK, WR, 0, 0)).unwrap();
+    std::fs::write(src.join("f-journal"), b"j").unwrap();
+    assert!(mnt.join("f-journal").exists(), "the journal through the mount");
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(src.join("f"))
+        .unwrap();
+    f.write_all(&[1u8; 100]).unwrap();
+    drop(f);
+    std::fs::remove_file(src.join("f-journal")).unwrap();
+    host.status(&lk(SETLK, UN, 0, 0)).unwrap();
+    client.status(&lk(SETLK, RD, 0, 0)).unwrap();
+    assert_eq!(
+        std::fs::metadata(mnt.join("f")).unwrap().len(),
+        4196,
+        "the size the host left, after the grant"
+    );
+    assert!(
+        !mnt.join("f-journal").exists(),
+        "the journal the host deleted still shows through the mount"
+    );
+}
