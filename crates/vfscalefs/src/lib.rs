@@ -111,9 +111,11 @@
 //!   its range on the source meanwhile (a host request for it waits too), and flock
 //!   waiters, clients' included, are ordered by the kernel.
 //! * At a grant the client's cached attributes and data of the file are invalidated
-//!   (`FUSE_NOTIFY_INVAL_INODE`, sent from the granting thread), and the file's directory
-//!   answers entries with no cache time from then on (a journal deleted on the source
-//!   must not still show); entries cached before the first grant are not invalidated.
+//!   before the answer (`FUSE_NOTIFY_INVAL_INODE`, from a notify thread: the kernel may
+//!   wait there for a page that a read waiting for a dispatch thread holds, so a grant
+//!   waits at most 100 ms for it), and the file's directory answers entries with no
+//!   cache time from then on (a journal deleted on the source must not still show);
+//!   entries cached before the first grant are not invalidated.
 //! * The mirrors' descriptions are a quarter of the server's descriptor share: past it a
 //!   lock is the clients' alone (said once on stderr). A description is closed once it
 //!   holds nothing.
@@ -396,7 +398,8 @@ impl Server {
 
     /// Before a lock granted to a client on connection `conn` is answered: what the
     /// client's kernel caches of the inode goes (attributes and data, which processes on
-    /// the source may have changed under their locks), and the first time, the file's
+    /// the source may have changed under their locks; from the notify thread, see
+    /// `serve`), and the first time, the file's
     /// directory on the source is marked so that its entries are answered with no cache
     /// time (see `fs.rs`). Entries the client cached before that first grant are not
     /// invalidated: the server does not know their names.
@@ -534,6 +537,9 @@ fn write_stats(srv: &Server) {
     }
 }
 
+/// How long a grant waits for its cache invalidation (see `serve`).
+const GRANT_NOTIFY_WAIT: Duration = Duration::from_millis(100);
+
 /// Lazily detaches the mount at `p` (the last resort when it is busy).
 fn detach(p: &Path) {
     // SAFETY: geteuid has no preconditions.
@@ -633,9 +639,25 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
     if srv.locks.source_locks() == SourceLocks::Mirror {
         let notifiers: Vec<Notifier> = sessions.iter().map(|(_, s)| s.notifier()).collect();
         let weak = Arc::downgrade(&srv);
+        let (tx, rx) = std::sync::mpsc::channel::<(usize, u64, std::sync::mpsc::SyncSender<()>)>();
+        // The invalidation waits for the pages' locks, which a read waiting for a dispatch
+        // thread may hold: it is sent from a thread of its own, and a grant waits for it
+        // only so long (then it is answered, and the invalidation ends after).
+        std::thread::Builder::new()
+            .name("vfscalefs-notify".into())
+            .spawn(move || {
+                for (conn, id, done) in rx {
+                    if let (Some(srv), Some(n)) = (weak.upgrade(), notifiers.get(conn)) {
+                        srv.grant_coherence(n, id);
+                    }
+                    let _ = done.send(());
+                }
+            })
+            .map_err(|e| Error::Source(source.to_owned(), e))?;
         srv.locks.set_grant_hook(Box::new(move |conn, id| {
-            if let (Some(srv), Some(n)) = (weak.upgrade(), notifiers.get(conn)) {
-                srv.grant_coherence(n, id);
+            let (done, wait) = std::sync::mpsc::sync_channel(1);
+            if tx.send((conn, id, done)).is_ok() {
+                let _ = wait.recv_timeout(GRANT_NOTIFY_WAIT);
             }
         }));
     }
