@@ -113,12 +113,13 @@
 //! * At a grant the client's cached attributes and data of the file are invalidated
 //!   before the answer (`FUSE_NOTIFY_INVAL_INODE`, from a notify thread: the kernel may
 //!   wait there for a page that a read waiting for a dispatch thread holds, so a grant
-//!   waits at most 100 ms for it), and the file's directory answers entries with no
-//!   cache time from then on (a journal deleted on the source must not still show);
-//!   entries cached before the first grant are not invalidated.
+//!   waits at most 100 ms for it), unless the file's times and size are those the
+//!   client's last grant saw; and the file's directory answers entries with no cache
+//!   time from then on (a journal deleted on the source must not still show); entries
+//!   cached before the first grant are not invalidated.
 //! * The mirrors' descriptions are a quarter of the server's descriptor share: past it a
-//!   lock is the clients' alone (said once on stderr). A description is closed once it
-//!   holds nothing.
+//!   lock is the clients' alone (said once on stderr). A description is kept while the
+//!   client's file is open and closed at its `RELEASE` once it holds nothing.
 //! * A source without OFD locks makes the mount say so and fall back to `off`, where the
 //!   clients' locks are the server's alone.
 //!
@@ -403,6 +404,22 @@ impl Server {
     /// directory on the source is marked so that its entries are answered with no cache
     /// time (see `fs.rs`). Entries the client cached before that first grant are not
     /// invalidated: the server does not know their names.
+    /// Whether a grant of inode `id` to connection `conn` has to invalidate the client's
+    /// caches: the source file changed since the last one did (see
+    /// `Mirror::source_changed`), or it cannot tell.
+    fn grant_sees_change(&self, conn: usize, id: u64) -> bool {
+        let Some(node) = self.inodes.get(id) else {
+            return false;
+        };
+        let Some(m) = node.source_mirror_if_any() else {
+            return true;
+        };
+        match self.inode_fd(&node).and_then(|fd| sys::stat_fd(fd.as_fd())) {
+            Ok(st) => m.source_changed(conn, &st),
+            Err(_) => true,
+        }
+    }
+
     fn grant_coherence(&self, notifier: &Notifier, id: u64) {
         let _ = notifier.inval_inode(INodeNo(id), 0, 0);
         let Some(node) = self.inodes.get(id) else { return };
@@ -639,6 +656,7 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
     if srv.locks.source_locks() == SourceLocks::Mirror {
         let notifiers: Vec<Notifier> = sessions.iter().map(|(_, s)| s.notifier()).collect();
         let weak = Arc::downgrade(&srv);
+        let weak_hook = weak.clone();
         let (tx, rx) = std::sync::mpsc::channel::<(usize, u64, std::sync::mpsc::SyncSender<()>)>();
         // The invalidation waits for the pages' locks, which a read waiting for a dispatch
         // thread may hold: it is sent from a thread of its own, and a grant waits for it
@@ -655,6 +673,13 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
             })
             .map_err(|e| Error::Source(source.to_owned(), e))?;
         srv.locks.set_grant_hook(Box::new(move |conn, id| {
+            // A file nobody changed since this client's last grant needs nothing.
+            if !weak_hook
+                .upgrade()
+                .is_some_and(|srv| srv.grant_sees_change(conn, id))
+            {
+                return;
+            }
             let (done, wait) = std::sync::mpsc::sync_channel(1);
             if tx.send((conn, id, done)).is_ok() {
                 let _ = wait.recv_timeout(GRANT_NOTIFY_WAIT);

@@ -968,7 +968,8 @@ impl Locks {
         if let Some(m) = h.inode.source_mirror_if_any() {
             let mut st = m.state.lock();
             m.lower(&mut st, ctx, 0, OFFSET_MAX);
-            m.flock_gone(&mut st, (h.conn, fh));
+            m.flock_closed(&mut st, (h.conn, fh));
+            m.close_if_idle(&mut st);
         }
     }
 }

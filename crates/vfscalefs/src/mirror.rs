@@ -55,7 +55,12 @@
 //! Each client open file that holds a flock lock has a description of its own on the
 //! source, holding the same flock lock: flock's owners are open files, so the kernel
 //! sees the clients' as it sees its own processes' (and a conversion drops the old lock
-//! first on both sides). The description is closed when the lock goes.
+//! first on both sides). The description is closed when the lock goes. The description
+//! is locked first, then `vfscale-locks`, under the mirror mutex, and unlocked after
+//! `vfscale-locks` under it too: so a request that conflicts, whether with the host or
+//! with another client's description, waits in a thread blocked in `flock(2)` on its own
+//! description, and the kernel orders flock waiters, the clients' included (one thread
+//! per waiting flock request, where record-lock waits among clients stay parked).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -289,6 +294,20 @@ impl AsRawFd for MirrorFd {
     }
 }
 
+/// How far after a file's change time a remembered stat must be taken for equal times
+/// to mean "unchanged" (see [`Mirror::source_changed`]).
+pub const MIRROR_TICK_NS: i128 = 50_000_000;
+
+/// The source file as a grant's invalidation saw it: change and modification times,
+/// size, and when (nanoseconds since the epoch).
+#[derive(Clone, Copy, Debug)]
+struct MirrorSeen {
+    ctime: (i64, i64),
+    mtime: (i64, i64),
+    size: i64,
+    at: i128,
+}
+
 /// A reservation: the range and type of a request parked among clients.
 #[derive(Clone, Copy, Debug)]
 struct Reservation {
@@ -310,20 +329,23 @@ pub struct MirrorLocks {
     next_id: u64,
     /// Host waits in flight on the mirror description: it stays open for them.
     waits: u32,
-    /// The flock description of each client open file (connection, `fh`) that holds a
-    /// flock lock, with the lock's type.
-    flocks: HashMap<(usize, u64), (Arc<MirrorFd>, LockType)>,
+    /// The flock description of each client open file (connection, `fh`) that asked for
+    /// a flock lock, with the type it holds; closed at the file's `RELEASE`.
+    flocks: HashMap<(usize, u64), (Arc<MirrorFd>, Option<LockType>)>,
 }
 
 /// How a mirror opens its inode's source file (`InodeTable::open` with these flags).
 pub type MirrorOpen<'a> = &'a dyn Fn(i32) -> io::Result<OwnedFd>;
 
 /// One inode's mirror (made at its first lock, dropped at its eviction). Its description
-/// is opened at the first lock and closed once it holds nothing: a file locked once keeps
-/// no descriptor on the source (and a deleted one its space) for as long as the client
-/// caches it. The kernel drops the mirrored locks when the descriptions close.
+/// is opened at the first lock and closed at a `RELEASE` once it holds nothing: a file
+/// locked once keeps no descriptor on the source (and a deleted one its space) for as
+/// long as the client caches it. The kernel drops the mirrored locks when the
+/// descriptions close.
 pub struct Mirror {
     budget: Arc<MirrorBudget>,
+    /// Per connection, the source file as its last grant's invalidation saw it.
+    seen: Mutex<Vec<Option<MirrorSeen>>>,
     /// Serializes raise → `vfscale-locks` → lower per inode (lock order: this, then the
     /// inode's lock owners, then `vfscale-locks`'s own).
     pub state: Mutex<MirrorLocks>,
@@ -344,8 +366,42 @@ impl Mirror {
     pub fn new(budget: &Arc<MirrorBudget>) -> Mirror {
         Mirror {
             budget: budget.clone(),
+            seen: Mutex::new(Vec::new()),
             state: Mutex::new(MirrorLocks::default()),
         }
+    }
+
+    /// Whether the source file (`st` now) may have changed since connection `conn`'s
+    /// last grant invalidated its caches; if so, `st` is remembered for the next grant.
+    /// Unchanged means the same change and modification times and size, remembered at
+    /// least [`MIRROR_TICK_NS`] after the change time: timestamps come from a coarse
+    /// clock, so a change within the same tick as the remembered one would not show.
+    /// (Writes through a shared mapping update the times late: such a change may be
+    /// missed.)
+    pub fn source_changed(&self, conn: usize, st: &libc::stat64) -> bool {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as i128)
+            .unwrap_or(0);
+        let cur = MirrorSeen {
+            ctime: (st.st_ctime, st.st_ctime_nsec),
+            mtime: (st.st_mtime, st.st_mtime_nsec),
+            size: st.st_size,
+            at: now,
+        };
+        let mut seen = self.seen.lock();
+        if seen.len() <= conn {
+            seen.resize(conn + 1, None);
+        }
+        let same = seen[conn].is_some_and(|p| {
+            let changed_at = p.ctime.0 as i128 * 1_000_000_000 + p.ctime.1 as i128;
+            (p.ctime, p.mtime, p.size) == (cur.ctime, cur.mtime, cur.size)
+                && p.at - changed_at >= MIRROR_TICK_NS
+        });
+        if !same {
+            seen[conn] = Some(cur);
+        }
+        !same
     }
 
     /// The mirror description, opened by `open` (read-write where allowed) if it is not
@@ -370,7 +426,8 @@ impl Mirror {
     }
 
     /// Closes the mirror description if it holds and reserves nothing and no wait uses
-    /// it.
+    /// it: at the `RELEASE` of a handle of the inode (kept open between a client's lock
+    /// and unlock cycles, it costs no open and close each time), and after a host wait.
     pub fn close_if_idle(&self, st: &mut MirrorLocks) {
         if st.held.is_empty() && st.reserved.is_empty() && st.waits == 0 {
             st.fd = None;
@@ -400,12 +457,9 @@ impl Mirror {
         e: i64,
     ) -> Option<(LockType, i64, i64, i32)> {
         let mut st = self.state.lock();
-        let found = self
-            .desc(&mut st, Some(open))
+        self.desc(&mut st, Some(open))
             .ok()
-            .and_then(|(fd, _)| mirror_getlk(fd.as_raw_fd(), ty, s, e).ok().flatten());
-        self.close_if_idle(&mut st);
-        found
+            .and_then(|(fd, _)| mirror_getlk(fd.as_raw_fd(), ty, s, e).ok().flatten())
     }
 
     /// Raises the mirror to `ty` over `[s, e]` (step 1 of the module docs); false: a
@@ -426,7 +480,7 @@ impl Mirror {
             return true;
         };
         let fd = desc.as_raw_fd();
-        let ok = match ty {
+        match ty {
             LockType::Write if writable => match mirror_ofd(fd, libc::F_OFD_SETLK, Some(ty), s, e) {
                 Ok(()) => {
                     st.held.set(s, e, Some(ty));
@@ -436,9 +490,7 @@ impl Mirror {
             },
             LockType::Write | LockType::Unlock => true,
             LockType::Read => self.raise_read(st, fd, s, e),
-        };
-        self.close_if_idle(st);
-        ok
+        }
     }
 
     /// Raises the ranges of `[s, e]` the mirror does not hold to read (undone if one
@@ -481,7 +533,6 @@ impl Mirror {
                 }
             }
         }
-        self.close_if_idle(st);
     }
 
     /// What the mirror should hold over `[s, e]`: the clients' locks (write over read)
@@ -527,7 +578,6 @@ impl Mirror {
             let r = st.reserved.swap_remove(i);
             self.lower(st, ctx, r.s, r.e);
         }
-        self.close_if_idle(st);
     }
 
     /// Reads back what the mirror description holds (after a wait on it, which changed
@@ -574,28 +624,38 @@ impl Mirror {
             return Ok(fd.clone());
         }
         let token = self.budget.take()?;
-        Ok(Arc::new(MirrorFd {
+        let fd = Arc::new(MirrorFd {
             fd: open()?,
             _token: token,
-        }))
+        });
+        st.flocks.insert(key, (fd.clone(), None));
+        Ok(fd)
     }
 
     /// Client file `key` holds a flock lock of type `ty` on `fd` now.
     pub fn flock_held(&self, st: &mut MirrorLocks, key: (usize, u64), fd: Arc<MirrorFd>, ty: LockType) {
-        st.flocks.insert(key, (fd, ty));
+        st.flocks.insert(key, (fd, Some(ty)));
     }
 
-    /// Client file `key` holds no flock lock any more: its lock on the source goes (and
-    /// its description closes once no wait uses it).
+    /// Client file `key` holds no flock lock any more: its lock on the source goes.
     pub fn flock_gone(&self, st: &mut MirrorLocks, key: (usize, u64)) {
-        if let Some((fd, _)) = st.flocks.remove(&key) {
-            let _ = mirror_flock_op(&fd, libc::LOCK_UN);
+        if let Some((fd, held)) = st.flocks.get_mut(&key) {
+            if held.take().is_some() {
+                let _ = mirror_flock_op(&**fd, libc::LOCK_UN);
+            }
         }
+    }
+
+    /// Client file `key` was released: its flock description closes (once no wait uses
+    /// it), and with it any lock it still held.
+    pub fn flock_closed(&self, st: &mut MirrorLocks, key: (usize, u64)) {
+        self.flock_gone(st, key);
+        st.flocks.remove(&key);
     }
 
     /// Whether client file `key` holds a flock lock on the source.
     pub fn flock_holds(&self, st: &MirrorLocks, key: (usize, u64)) -> bool {
-        st.flocks.contains_key(&key)
+        st.flocks.get(&key).is_some_and(|(_, held)| held.is_some())
     }
 }
 
