@@ -128,6 +128,18 @@ impl FdSlot {
         drop(old);
     }
 
+    /// As [`FdSlot::pin`] if the owner keeps no descriptor yet: whether it did now.
+    pub fn pin_if_unpinned(&self, fd: Arc<CachedFd>) -> bool {
+        let mut s = self.0.lock();
+        if matches!(&*s, Slot::Pinned(_)) {
+            return false;
+        }
+        let old = std::mem::replace(&mut *s, Slot::Pinned(fd));
+        drop(s);
+        drop(old);
+        true
+    }
+
     /// Gives up the descriptor the owner keeps, if any.
     pub fn unpin(&self) -> Option<Arc<CachedFd>> {
         let mut s = self.0.lock();
@@ -171,10 +183,14 @@ pub struct FdCache {
 }
 
 impl FdCache {
-    /// A cache of `capacity` descriptors (at least one per shard).
+    /// A cache of `capacity` descriptors: shards for four times the CPUs, fewer where
+    /// each would hold under eight (a shard's share is a whole number, never rounded up).
     pub fn new(capacity: usize) -> FdCache {
         let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
-        let n = (4 * cpus).next_power_of_two().clamp(4, 256);
+        let mut n = (4 * cpus).next_power_of_two().min(256);
+        while n > 1 && capacity / n < 8 {
+            n /= 2;
+        }
         let c = FdCache {
             shards: (0..n)
                 .map(|_| {
@@ -192,10 +208,11 @@ impl FdCache {
         c
     }
 
-    /// Resizes the cache to hold about `capacity` descriptors: each shard gets an equal
-    /// share, at least one. A shrink takes effect at the shards' next admissions.
+    /// Resizes the cache to hold at most `capacity` descriptors (at least one per
+    /// shard): each shard gets an equal share. A shrink takes effect at the shards' next
+    /// admissions.
     pub fn set_capacity(&self, capacity: usize) {
-        let per = capacity.div_ceil(self.shards.len()).max(1);
+        let per = (capacity / self.shards.len()).max(1);
         self.per_shard.store(per as u64, Ordering::Relaxed);
     }
 

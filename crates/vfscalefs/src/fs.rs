@@ -182,6 +182,26 @@ impl Conn {
     fn lookup_entry(&self, parent: &Inode, name: &OsStr) -> io::Result<(Node, FileAttr)> {
         let c = sys::component(name)?;
         let pfd = self.srv.inode_fd(parent)?;
+        // An inode the table has needs no descriptor: one stat of the name finds it.
+        let st = sys::stat_at(pfd.as_fd(), &c)?;
+        if let Some(inode) = self.srv.inodes.lookup_cached(self.idx, &st) {
+            let a = attr(&inode, &st);
+            return Ok((inode, a));
+        }
+        // A new inode kept by handle needs no descriptor either: the name's handle, taken
+        // between two stats that agree. (Were the name replaced twice in between, the
+        // inode would hold another file's handle, which opens as ESTALE: every open by
+        // handle is checked against the inode's identity.)
+        if let Some(mount) = self.srv.inodes.handle_mount() {
+            if let Ok((h, m)) = sys::handle_at(pfd.as_fd(), &c) {
+                let again = sys::stat_at(pfd.as_fd(), &c)?;
+                if m == mount && (again.st_dev, again.st_ino) == (st.st_dev, st.st_ino) {
+                    let inode = self.srv.inodes.lookup(self.idx, Found::Handle(h), &again)?;
+                    let a = attr(&inode, &again);
+                    return Ok((inode, a));
+                }
+            }
+        }
         let fd = sys::openat_beneath(pfd.as_fd(), &c, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
         let st = sys::stat_fd(fd.as_fd())?;
         let inode = self.srv.inodes.lookup(self.idx, Found::Path(fd), &st)?;
@@ -275,18 +295,25 @@ impl Conn {
         flags: i32,
         backing: Option<Arc<fuser::BackingId>>,
     ) -> Result<u64, Errno> {
-        let (pinned, cache) = if backing.is_some() {
-            (None, None)
-        } else if self.srv.reopens() {
-            (None, Some(file))
+        let keep = backing.is_none();
+        // Counted open from here on; had an unlink through the mount come first, the
+        // file has no link left and its handle will not open it again.
+        let h = Handle::new(inode, flags, self.idx, backing);
+        if self.srv.inodes.by_handle()
+            && !h.inode.has_own_fd()
+            && sys::stat_fd(file.as_fd()).is_ok_and(|st| st.st_nlink == 0)
+        {
+            if let Ok(fd) = sys::reopen(file.as_fd(), libc::O_PATH) {
+                self.srv.inodes.keep_if_open(&h.inode, fd);
+            }
+        }
+        let cache = if keep && !self.srv.reopens() {
+            h.file.pin(CachedFd::pinned(file));
+            None
         } else {
-            (Some(file), None)
+            keep.then_some(file)
         };
-        let (fh, h) = self
-            .srv
-            .handles
-            .insert(Handle::new(inode, pinned, flags, self.idx, backing))
-            .map_err(Errno::from_i32)?;
+        let (fh, h) = self.srv.handles.insert(h).map_err(Errno::from_i32)?;
         if let Some(file) = cache {
             self.srv.fds.admit(FdKey::Handle(fh), &h.file, file);
         }
@@ -310,24 +337,29 @@ impl Conn {
         Ok((fd, p))
     }
 
-    /// Before `name` in `dir` loses its link: if its inode is open through the mount and
-    /// this is its last link, the inode keeps a descriptor of its own (see
-    /// `InodeTable::keep_if_open`).
-    fn keep_victim(&self, dir: BorrowedFd<'_>, name: &CString) {
-        let Ok(st) = sys::stat_at(dir, name) else { return };
-        if st.st_nlink > 1 || st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-            return;
+    /// Before `name` in `dir` may lose its last link: its cached inode with an `O_PATH`
+    /// descriptor of it, to be kept if the inode is open once the link is gone
+    /// ([`Conn::keep_victim`]). Taken whether or not the inode is open now: an `OPEN`
+    /// may count itself between this call and the unlink.
+    fn victim(&self, dir: BorrowedFd<'_>, name: &CString) -> Option<(Node, OwnedFd)> {
+        let st = sys::stat_at(dir, name).ok()?;
+        if st.st_nlink > 1 && st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return None;
         }
-        let Some(node) = self.srv.inodes.peek(&st) else {
-            return;
-        };
-        if node.has_own_fd() || !node.is_open() {
-            return;
+        let node = self.srv.inodes.peek(&st)?;
+        if node.has_own_fd() {
+            return None;
         }
-        if let Ok(fd) = sys::openat_beneath(dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0) {
-            if sys::stat_fd(fd.as_fd()).is_ok_and(|s| (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino)) {
-                self.srv.inodes.keep_if_open(&node, fd, st.st_nlink);
-            }
+        let fd = sys::openat_beneath(dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0).ok()?;
+        let again = sys::stat_fd(fd.as_fd()).ok()?;
+        ((again.st_dev, again.st_ino) == (st.st_dev, st.st_ino)).then_some((node, fd))
+    }
+
+    /// After the link `victim` named is gone: an open inode keeps the descriptor (its
+    /// handle no longer opens it, and its open files must keep working).
+    fn keep_victim(&self, victim: Option<(Node, OwnedFd)>) {
+        if let Some((node, fd)) = victim {
+            self.srv.inodes.keep_if_open(&node, fd);
         }
     }
 
@@ -622,12 +654,13 @@ impl Filesystem for Conn {
         };
         let c = tri!(sys::component(name), reply);
         let pfd = tri!(self.srv.inode_fd(&p), reply);
-        self.keep_victim(pfd.as_fd(), &c);
+        let victim = self.victim(pfd.as_fd(), &c);
         // SAFETY: as in mknod.
         tri!(
             sys::cvt(unsafe { libc::unlinkat(pfd.as_raw_fd(), c.as_ptr(), 0) }),
             reply
         );
+        self.keep_victim(victim);
         reply.ok();
     }
 
@@ -638,11 +671,13 @@ impl Filesystem for Conn {
         };
         let c = tri!(sys::component(name), reply);
         let pfd = tri!(self.srv.inode_fd(&p), reply);
+        let victim = self.victim(pfd.as_fd(), &c);
         // SAFETY: as in mknod.
         tri!(
             sys::cvt(unsafe { libc::unlinkat(pfd.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) }),
             reply
         );
+        self.keep_victim(victim);
         reply.ok();
     }
 
@@ -681,9 +716,11 @@ impl Filesystem for Conn {
         let nc = tri!(sys::component(newname), reply);
         let pfd = tri!(self.srv.inode_fd(&p), reply);
         let npfd = tri!(self.srv.inode_fd(&np), reply);
-        if !flags.contains(RenameFlags::RENAME_EXCHANGE) {
-            self.keep_victim(npfd.as_fd(), &nc);
-        }
+        let victim = if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            None
+        } else {
+            self.victim(npfd.as_fd(), &nc)
+        };
         // SAFETY: NUL-terminated single components relative to O_PATH directories.
         let r = unsafe {
             libc::renameat2(
@@ -695,6 +732,7 @@ impl Filesystem for Conn {
             )
         };
         tri!(sys::cvt(r), reply);
+        self.keep_victim(victim);
         reply.ok();
     }
 
@@ -904,7 +942,10 @@ impl Filesystem for Conn {
         let _g = pos.lock();
         let f = tri!(self.file(fh, &h), reply);
         tri!(sys::seek_to(f.as_fd(), offset as i64), reply);
-        let mut buf = vec![0u8; 32 * 1024];
+        // About what one reply holds (the kernel asks a page at a time): every request
+        // reads the directory from its offset again, and what does not fit is read for
+        // nothing.
+        let mut buf = vec![0u8; 8 * 1024];
         'outer: loop {
             let entries = tri!(sys::getdents(f.as_fd(), &mut buf), reply);
             if entries.is_empty() {
@@ -940,7 +981,8 @@ impl Filesystem for Conn {
         let f = tri!(self.file(fh, &h), reply);
         tri!(sys::seek_to(f.as_fd(), offset as i64), reply);
         let ttl = self.ttl();
-        let mut buf = vec![0u8; 32 * 1024];
+        // An entry with attributes takes about four times its dirent: see readdir.
+        let mut buf = vec![0u8; 2 * 1024];
         let mut added = 0usize;
         let mut budget = self.srv.fd_budget();
         'outer: loop {

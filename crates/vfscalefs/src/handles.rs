@@ -17,14 +17,13 @@
 //! still using the handle holds its own reference, and the handle goes when that request
 //! ends. (`vfscale-fdtable` itself drops a closed entry at its last reference too.)
 
-use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use vfscale_fdtable::{AllocPolicy, Fd, FdTable, Settings};
 use vfscale_locks::{AccessMode, OwnerId};
 
-use crate::fdcache::{CachedFd, FdCache, FdKey, FdSlot};
+use crate::fdcache::{FdCache, FdKey, FdSlot};
 use crate::inodes::Node;
 
 /// One open file description.
@@ -49,14 +48,8 @@ pub struct Handle {
 }
 
 impl Handle {
-    /// A handle on `inode` opened with `flags`, which keeps `pinned` open if given.
-    pub fn new(
-        inode: Node,
-        pinned: Option<OwnedFd>,
-        flags: i32,
-        conn: usize,
-        backing: Option<Arc<fuser::BackingId>>,
-    ) -> Handle {
+    /// A handle on `inode` opened with `flags`, its file not yet kept or cached.
+    pub fn new(inode: Node, flags: i32, conn: usize, backing: Option<Arc<fuser::BackingId>>) -> Handle {
         let mode = match flags & libc::O_ACCMODE {
             libc::O_WRONLY => AccessMode::Write,
             libc::O_RDWR => AccessMode::ReadWrite,
@@ -66,13 +59,7 @@ impl Handle {
         inode.open_started();
         Handle {
             inode,
-            file: {
-                let slot = FdSlot::default();
-                if let Some(f) = pinned {
-                    slot.pin(CachedFd::pinned(f));
-                }
-                slot
-            },
+            file: FdSlot::default(),
             flags,
             mode,
             conn,

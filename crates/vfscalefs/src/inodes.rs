@@ -130,6 +130,8 @@ impl Kind {
 pub struct Ops {
     conns: usize,
     fds: Arc<FdCache>,
+    /// The table's count of descriptors inodes keep of their own.
+    own_fds: Arc<AtomicU64>,
 }
 
 impl SuperOperations for Ops {
@@ -153,6 +155,9 @@ impl SuperOperations for Ops {
         // invariant ("Evictable fields") no borrow of its evictable fields is alive or
         // can start.
         unsafe { inode.data().release() };
+        if inode.data().fd.unpin().is_some() {
+            self.own_fds.fetch_sub(1, Ordering::Relaxed);
+        }
         // Its cached descriptor too: the node id may name another inode next.
         self.fds.remove(FdKey::Inode(inode.data().id));
     }
@@ -414,7 +419,6 @@ impl Inode {
     unsafe fn release(&self) {
         // SAFETY: by the contract.
         drop(unsafe { self.used.take() });
-        drop(self.fd.unpin());
     }
 
     fn total_lookups(&self) -> u64 {
@@ -463,6 +467,8 @@ pub enum Found<'a> {
     /// A file just opened (created) with a client's flags: the handle is taken from it,
     /// and it is never kept as the inode's descriptor.
     Opened(BorrowedFd<'a>),
+    /// Its file handle, made on the root's mount (see [`InodeTable::handle_mount`]).
+    Handle(FileHandle),
 }
 
 /// The table.
@@ -481,6 +487,8 @@ pub struct InodeTable {
     mount_fd: Option<Arc<CachedFd>>,
     /// Why inodes are kept by descriptor, when they are.
     why_not: Option<String>,
+    /// Descriptors inodes keep of their own, shared with [`Ops`].
+    own_fds: Arc<AtomicU64>,
 }
 
 /// Table counters.
@@ -531,9 +539,11 @@ impl InodeTable {
             hash_bits: 18,
             ..Settings::default()
         });
+        let own_fds = Arc::new(AtomicU64::new(0));
         let sb = cache.mount(Ops {
             conns,
             fds: fds.clone(),
+            own_fds: own_fds.clone(),
         });
         let root = match sb.iget5_locked(
             ROOT_ID,
@@ -546,6 +556,7 @@ impl InodeTable {
                     None => CachedFd::pinned(root_fd),
                 };
                 n.data().fd.pin(own);
+                own_fds.fetch_add(1, Ordering::Relaxed);
                 Node(n.unlock_new_inode())
             }
             _ => return Err(io::Error::other("the root inode is already cached")),
@@ -560,12 +571,19 @@ impl InodeTable {
             by_handle,
             mount_fd,
             why_not,
+            own_fds,
         })
     }
 
     /// Whether inodes are kept by file handle (else each holds a descriptor).
     pub fn by_handle(&self) -> bool {
         self.by_handle.is_some()
+    }
+
+    /// The mount id a handle must come from to be kept ([`Found::Handle`]), when inodes
+    /// are kept by handle.
+    pub fn handle_mount(&self) -> Option<i32> {
+        self.by_handle
     }
 
     /// Why inodes are kept by descriptor, when they are.
@@ -619,13 +637,26 @@ impl InodeTable {
         Ok(fd)
     }
 
-    /// The source file of `inode` is about to lose a name through the mount: if it is
-    /// open and that may be its last name, it keeps a descriptor of its own from `fd`
-    /// (its handle will not open it once unlinked, and an open file must keep working).
-    pub fn keep_if_open(&self, inode: &Inode, fd: OwnedFd, nlink: u64) {
-        if inode.opens.load(Ordering::Acquire) > 0 && nlink <= 1 && !inode.fd.is_pinned() {
-            inode.fd.pin(CachedFd::pinned(fd));
+    /// The source file of `inode` lost its last name through the mount: if it is open,
+    /// it keeps `fd` as a descriptor of its own (its handle will not open it any more,
+    /// and an open file must keep working).
+    pub fn keep_if_open(&self, inode: &Inode, fd: OwnedFd) {
+        if inode.opens.load(Ordering::Acquire) > 0 {
+            self.pin(inode, fd);
         }
+    }
+
+    /// `inode` keeps `fd` as its own descriptor (unless it has one), counted in
+    /// [`InodeTable::own_fds`] until its eviction.
+    fn pin(&self, inode: &Inode, fd: OwnedFd) {
+        if inode.fd.pin_if_unpinned(CachedFd::pinned(fd)) {
+            self.own_fds.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Descriptors inodes keep of their own (see [`Inode::has_own_fd`]).
+    pub fn own_fds(&self) -> u64 {
+        self.own_fds.load(Ordering::Relaxed)
     }
 
     /// The node id of a source identity.
@@ -715,6 +746,11 @@ impl InodeTable {
         let file = match &found {
             Found::Path(fd) => fd.as_fd(),
             Found::Opened(fd) => *fd,
+            Found::Handle(h) => {
+                // SAFETY: `load` runs on an I_NEW inode, before its unlock.
+                unsafe { inode.handle.set(h.clone()) };
+                return Ok(());
+            }
         };
         if let Some(root_mount) = self.by_handle {
             if let Ok((h, mount)) = crate::sys::handle_of(file) {
@@ -731,8 +767,9 @@ impl InodeTable {
         let own = match found {
             Found::Path(fd) => fd,
             Found::Opened(fd) => crate::sys::reopen(fd, libc::O_PATH)?,
+            Found::Handle(_) => unreachable!("a handle is kept above"),
         };
-        inode.fd.pin(CachedFd::pinned(own));
+        self.pin(inode, own);
         Ok(())
     }
 

@@ -53,6 +53,12 @@
 //!   removed on the source directly, behind the server's back, behaves as under NFS:
 //!   once the server's cached descriptor of it has gone, what still needs it gets
 //!   `ESTALE` (reads and writes through kernel passthrough go on).
+//! * **What the cache does not bound.** Descriptors inodes keep of their own (files
+//!   unlinked while open, inodes on another mount than the root's) are outside the
+//!   cache; `READDIRPLUS` counts them in its budget ([`Server::fd_budget`]), but a
+//!   client holding many unlinked files open makes the server hold as many. And a
+//!   write-back error of a source such as NFS, reported at `close` of a cached
+//!   descriptor the cache lets go, is not seen by a later `fsync` through the mount.
 //! * **Permissions are the kernel's** (`default_permissions`); `allow_other` only when
 //!   asked. Files, directories, nodes and symbolic links are created with the caller's
 //!   fs uid and gid (`setfsuid`/`setfsgid` on the dispatch thread), so they belong to the
@@ -341,19 +347,23 @@ impl Server {
         &self.locks
     }
 
-    /// How many more source descriptors one `READDIRPLUS` reply may open. Unbounded
-    /// when inodes are kept by handle (a lookup keeps no descriptor). Otherwise the
-    /// descriptor limit less the reserve (`Options::fd_reserve`) less one per cached
+    /// How many more source descriptors one `READDIRPLUS` reply may open. When inodes
+    /// are kept by handle, a lookup keeps none unless its inode must keep one of its own:
+    /// half of the limit less the reserve less those. Otherwise the descriptor limit less the reserve (`Options::fd_reserve`) less one per cached
     /// inode (each holds its `O_PATH` descriptor; an evicted inode closes it at its
     /// eviction, before it leaves the count, though its memory goes a grace period
     /// later: see `inodes.rs`). Open handles are not counted: `ENFILE` from the lookup
     /// itself is the backstop.
     pub fn fd_budget(&self) -> u64 {
-        if self.inodes.by_handle() {
-            return u64::MAX;
-        }
         let limit = nofile_limit() as u64;
         let reserve = self.opts.fd_reserve.unwrap_or((limit / 8).clamp(64, 65_536));
+        if self.inodes.by_handle() {
+            // Only inodes that keep a descriptor of their own count (those reached on
+            // another mount, say): the other half of the limit is the cache's.
+            return (limit / 2)
+                .saturating_sub(reserve)
+                .saturating_sub(self.inodes.own_fds());
+        }
         limit
             .saturating_sub(reserve)
             .saturating_sub(self.inodes.nr_inodes())
@@ -382,13 +392,15 @@ impl Server {
     }
 
     /// Sizes the descriptor cache once the mounts are made, unless `-o fd_cache` did:
-    /// half of `RLIMIT_NOFILE`, less what the server holds already (the root, each
-    /// connection's `/dev/fuse` descriptors), less two per dispatch thread (what its
-    /// request in flight may hold beyond the cache). At least 16. With source locks, a
-    /// quarter of that goes to the descriptions that hold locks on the source instead.
+    /// half of `RLIMIT_NOFILE`, less what the server holds (`held`: the root, each
+    /// connection's `/dev/fuse` descriptors, and the one more each of its dispatch
+    /// threads but the first opens), less three per dispatch thread (what a request in
+    /// flight may hold beyond the cache: two parents and a victim). At least 16. With
+    /// source locks, a quarter of that goes to the descriptions that hold locks on the
+    /// source instead.
     pub fn size_fd_cache(&self, held: u64, threads: u64) -> u64 {
         let half = nofile_limit() as u64 / 2;
-        let mut n = half.saturating_sub(held + 2 * threads).max(16);
+        let mut n = half.saturating_sub(held + 3 * threads).max(16);
         if self.locks.source_locks() == SourceLocks::Mirror {
             self.locks.set_mirror_budget(n / 4);
             n -= n / 4;
@@ -687,12 +699,14 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
         }));
     }
 
-    // Every mount is made: what the server holds now is its base.
+    // Every mount is made: what the server holds now is its base, and each connection's
+    // dispatch threads but the first will open a /dev/fuse descriptor of their own.
+    let threads = opts.threads.max(1) as u64;
+    let conns = mountpoints.len() as u64;
     let held = std::fs::read_dir("/proc/self/fd")
         .map(|d| d.count() as u64)
         .unwrap_or(0);
-    let dispatch = (opts.threads.max(1) * mountpoints.len()) as u64;
-    srv.size_fd_cache(held, dispatch);
+    srv.size_fd_cache(held + (threads - 1) * conns, threads * conns);
     eprintln!("vfscalefs: {}", srv.mode_line());
 
     let threads: Vec<_> = sessions

@@ -187,6 +187,17 @@ struct RawHandle {
 /// to (any descriptor, `O_PATH` included) and the id of the mount it was reached
 /// through. `EOPNOTSUPP` where the filesystem makes no handles.
 pub fn handle_of(fd: BorrowedFd<'_>) -> io::Result<(FileHandle, i32)> {
+    name_to_handle(fd, c"", libc::AT_EMPTY_PATH)
+}
+
+/// `name_to_handle_at(dir, name, 0)` of one path component (checked by [`component`]),
+/// without following a final symbolic link: the handle and mount id of what `name`
+/// names now.
+pub fn handle_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<(FileHandle, i32)> {
+    name_to_handle(dir, name, 0)
+}
+
+fn name_to_handle(fd: BorrowedFd<'_>, name: &CStr, flags: i32) -> io::Result<(FileHandle, i32)> {
     let mut raw = RawHandle {
         handle_bytes: MAX_HANDLE_SZ as u32,
         handle_type: 0,
@@ -194,15 +205,15 @@ pub fn handle_of(fd: BorrowedFd<'_>) -> io::Result<(FileHandle, i32)> {
     };
     let mut mount_id: libc::c_int = 0;
     // SAFETY: `raw` is a `struct file_handle` whose `handle_bytes` says how much room
-    // follows; the empty path is NUL-terminated; `mount_id` is writable.
+    // follows; `name` is NUL-terminated; `mount_id` is writable.
     let r = unsafe {
         libc::syscall(
             libc::SYS_name_to_handle_at,
             fd.as_raw_fd(),
-            c"".as_ptr(),
+            name.as_ptr(),
             &mut raw as *mut RawHandle,
             &mut mount_id as *mut libc::c_int,
-            libc::AT_EMPTY_PATH,
+            flags,
         )
     };
     check(r)?;
