@@ -263,6 +263,28 @@ fn waits_end_promptly_and_can_be_interrupted() {
     );
     let t = time_of(&host.run(&lk(SETLK, UN, 0, 10)));
     prompt(&mut client, t, "client behind host");
+    client.status(&lk(SETLK, UN, 0, 0)).unwrap();
+    // A read wait (it waits on a description of its own), behind a host writer, beside
+    // the client's own write lock, over part of which it reaches.
+    client.status(&lk(SETLK, WR, 0, 5)).unwrap();
+    host.status(&lk(SETLK, WR, 20, 10)).unwrap();
+    client.send(&lk(SETLKW, RD, 3, 30));
+    assert!(
+        client.answer(short).is_none(),
+        "the client's read wait ended while the host wrote"
+    );
+    let t = time_of(&host.run(&lk(SETLK, UN, 20, 10)));
+    prompt(&mut client, t, "client read behind host");
+    assert_eq!(
+        host.status(&lk(SETLK, WR, 4, 1)),
+        Err(EAGAIN),
+        "the client's read lock on the source"
+    );
+    host.status(&lk(SETLK, RD, 0, 40))
+        .expect_err("the client's write lock at 0-2 on the source");
+    host.status(&lk(SETLK, RD, 3, 40))
+        .expect("reads beside the client's reads");
+    host.status(&lk(SETLK, UN, 0, 0)).unwrap();
     // A host F_SETLKW behind the client's lock, ended by an unlock.
     host.send(&lk(SETLKW, RD, 0, 100));
     assert!(
