@@ -126,6 +126,9 @@
 //! * The mirrors' descriptions are a quarter of the server's descriptor share: past it a
 //!   lock is the clients' alone (said once on stderr). A description is kept while the
 //!   client's file is open and closed at its `RELEASE` once it holds nothing.
+//! * A source file the server may open only for reading holds the clients' read locks but
+//!   not their write locks (an OFD write lock needs a writable description); one it
+//!   cannot open at all holds none of them.
 //! * A source without OFD locks makes the mount say so and fall back to `off`, where the
 //!   clients' locks are the server's alone.
 //!
