@@ -375,8 +375,8 @@ fn getlk_sees_across() {
     );
 }
 
-/// sqlite3, 4 writers on the source and 4 through the mount, rollback journal: every
-/// row is there and the database is sound.
+/// sqlite3, 4 writers on the source and 4 through the mount, rollback journal, then WAL:
+/// every row is there and the database is sound.
 #[test]
 fn sqlite_writers_on_both_sides() {
     if let Some(why) = skip().or_else(|| missing_tool("sqlite3")) {
@@ -389,31 +389,55 @@ fn sqlite_writers_on_both_sides() {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
-    let src = m.source.join("t.db");
-    sql(
-        &src,
-        "PRAGMA journal_mode=delete; CREATE TABLE t(p INTEGER, i INTEGER, pad TEXT);",
-    );
-    let start = Instant::now();
-    let children: Vec<_> = (0..8)
-        .map(|p| {
-            // Even writers on the source, odd ones through the mount.
-            let dir = if p % 2 == 0 { &m.source } else { &m.mounts[0] };
-            common::sqlite_writer(&dir.join("t.db"), p, ROWS)
-        })
-        .collect();
-    common::sqlite_writers_done(children, "both sides");
-    assert_eq!(sql(&src, "SELECT count(*) FROM t;"), (8 * ROWS).to_string());
-    assert_eq!(
-        sql(&src, "SELECT count(DISTINCT p*1000+i) FROM t;"),
-        (8 * ROWS).to_string()
-    );
-    assert_eq!(sql(&src, "PRAGMA integrity_check;"), "ok");
-    say(&format!(
-        "sqlite3: 4 writers on the source and 4 through the mount, {} rows, integrity_check ok, in {:.1} s",
-        8 * ROWS,
-        start.elapsed().as_secs_f64()
-    ));
+    // WAL maps its index (-shm) on both sides: coherent only with kernel passthrough
+    // (Linux 6.9 and later, as root).
+    let modes: &[&str] = if passthrough_kernel() {
+        &["delete", "wal"]
+    } else {
+        say("sqlite3 wal on both sides: SKIP (no FUSE passthrough before Linux 6.9)");
+        &["delete"]
+    };
+    for &mode in modes {
+        let name = format!("t-{mode}.db");
+        let src = m.source.join(&name);
+        sql(
+            &src,
+            &format!("PRAGMA journal_mode={mode}; CREATE TABLE t(p INTEGER, i INTEGER, pad TEXT);"),
+        );
+        let start = Instant::now();
+        let children: Vec<_> = (0..8)
+            .map(|p| {
+                // Even writers on the source, odd ones through the mount.
+                let dir = if p % 2 == 0 { &m.source } else { &m.mounts[0] };
+                common::sqlite_writer(&dir.join(&name), p, ROWS)
+            })
+            .collect();
+        common::sqlite_writers_done(children, mode);
+        assert_eq!(
+            sql(&src, "SELECT count(*) FROM t;"),
+            (8 * ROWS).to_string(),
+            "{mode}"
+        );
+        assert_eq!(
+            sql(&src, "SELECT count(DISTINCT p*1000+i) FROM t;"),
+            (8 * ROWS).to_string(),
+            "{mode}"
+        );
+        assert_eq!(sql(&src, "PRAGMA integrity_check;"), "ok", "{mode}");
+        say(&format!(
+            "sqlite3 {mode}: 4 writers on the source and 4 through the mount, {} rows, integrity_check ok, in {:.1} s",
+            8 * ROWS,
+            start.elapsed().as_secs_f64()
+        ));
+    }
+}
+
+/// Whether the kernel has FUSE passthrough (6.9 and later).
+fn passthrough_kernel() -> bool {
+    let rel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut v = rel.split(['.', '-']).map(|x| x.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
+    (major, minor) >= (6, 9)
 }
 
 /// After SIGKILL of the server a host process gets every lock at once: nothing is left
