@@ -202,9 +202,11 @@ impl Drop for Mounted {
         if self.child.is_some() {
             let _ = self.stop_with(nix::sys::signal::Signal::SIGINT, Duration::from_secs(5));
         }
-        // The last resort: never leave a mount behind.
+        // The last resort: never leave a mount behind (one whose server died answers
+        // ENOTCONN, and is still mounted).
         for p in &self.mounts {
-            if is_fuse(p) {
+            let dead = matches!(nix::sys::statfs::statfs(p), Err(nix::errno::Errno::ENOTCONN));
+            if is_fuse(p) || dead {
                 let _ = nix::mount::umount2(p.as_path(), nix::mount::MntFlags::MNT_DETACH);
             }
         }
