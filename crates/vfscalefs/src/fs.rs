@@ -22,6 +22,7 @@ use crate::fdcache::{CachedFd, FdKey};
 use crate::handles::Handle;
 use crate::inodes::{Found, Inode, Kind, Node};
 use crate::locks::{Interrupts, LockReq};
+use crate::mirror::SourceLocks;
 use crate::sys::{self, AsCaller};
 use crate::Server;
 
@@ -404,9 +405,21 @@ impl Conn {
         self.srv.inodes.drop_connection(self.idx);
     }
 
+    /// How long the kernel may keep an entry of `parent`: not at all in a directory where
+    /// files locked through the mount live, since processes on the source change its
+    /// entries under their locks (a rollback journal deleted on the source must not
+    /// still show through the mount).
+    fn entry_ttl(&self, parent: &Inode) -> Duration {
+        if parent.is_lock_dir() && self.srv.locks.source_locks() == SourceLocks::Mirror {
+            Duration::ZERO
+        } else {
+            self.ttl()
+        }
+    }
+
     fn entry_after_create(&self, parent: &Inode, name: &OsStr, reply: ReplyEntry) {
         match self.lookup_entry(parent, name) {
-            Ok((_, a)) => reply.entry(&self.ttl(), &a, Generation(0)),
+            Ok((_, a)) => reply.entry(&self.entry_ttl(parent), &a, Generation(0)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -497,7 +510,7 @@ impl Filesystem for Conn {
             Err(e) => return reply.error(e),
         };
         let (_, a) = tri!(self.lookup_entry(&p, name), reply);
-        reply.entry(&self.ttl(), &a, Generation(0));
+        reply.entry(&self.entry_ttl(&p), &a, Generation(0));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -1186,7 +1199,7 @@ impl Filesystem for Conn {
         };
         match backing {
             Some(b) => reply.created_passthrough(
-                &self.ttl(),
+                &self.entry_ttl(&p),
                 &a,
                 Generation(0),
                 FileHandle(fh),
@@ -1194,7 +1207,7 @@ impl Filesystem for Conn {
                 &b,
             ),
             None => reply.created(
-                &self.ttl(),
+                &self.entry_ttl(&p),
                 &a,
                 Generation(0),
                 FileHandle(fh),
@@ -1217,7 +1230,7 @@ impl Filesystem for Conn {
     ) {
         let h = some!(self.handle(fh), reply, Errno::EBADF);
         let r = self.lock_req(req, fh, lock_owner, start, end, typ, pid);
-        self.srv.locks.getlk(&h, &r, reply);
+        self.srv.locks.getlk(&self.srv.inodes, &h, &r, reply);
     }
 
     fn setlk(
@@ -1235,7 +1248,9 @@ impl Filesystem for Conn {
     ) {
         let h = some!(self.handle(fh), reply, Errno::EBADF);
         let r = self.lock_req(req, fh, lock_owner, start, end, typ, pid);
-        self.srv.locks.setlk(&h, &r, sleep, &self.intr, reply);
+        self.srv
+            .locks
+            .setlk(&self.srv.inodes, &h, &r, sleep, &self.intr, reply);
     }
 
     fn flock(
@@ -1249,7 +1264,9 @@ impl Filesystem for Conn {
     ) {
         let h = some!(self.handle(fh), reply, Errno::EBADF);
         let r = self.lock_req(req, fh, lock_owner, 0, 0, 0, req.pid());
-        self.srv.locks.flock(&h, &r, op, &self.intr, reply);
+        self.srv
+            .locks
+            .flock(&self.srv.inodes, &h, &r, op, &self.intr, reply);
     }
 
     fn interrupt(&self, _req: &Request, unique: RequestId) -> Result<(), Errno> {

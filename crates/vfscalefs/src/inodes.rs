@@ -76,7 +76,7 @@ use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
@@ -241,6 +241,11 @@ pub struct Inode {
     pub kind: Kind,
     /// Open handles on it (see [`InodeTable::keep_if_open`]).
     opens: AtomicU32,
+    /// A directory where files locked through the mount live: its entries are answered
+    /// with no cache time (see `Server::grant_coherence`).
+    lock_dir: AtomicBool,
+    /// A file whose directory was marked `lock_dir` already.
+    lock_dir_marked: AtomicBool,
     /// Its source descriptor: one it keeps for itself, closed at eviction (the root's,
     /// the mount descriptor handles are opened against; every inode's when inodes are
     /// kept by descriptor; one reached on another mount than the root's; one whose file
@@ -268,6 +273,8 @@ struct InodeUse {
     /// Per connection, the kernel passthrough backing file registered for this inode
     /// while a handle uses it (the kernel wants one per inode).
     backing: Box<[Mutex<Weak<fuser::BackingId>>]>,
+    /// The clients' locks held on the source (`mirror.rs`), made at the first lock.
+    mirror: OnceLock<crate::mirror::Mirror>,
 }
 
 /// Lookup counts, one per connection, inline for the usual one or two.
@@ -303,6 +310,8 @@ impl Inode {
             key,
             kind,
             opens: AtomicU32::new(0),
+            lock_dir: AtomicBool::new(false),
+            lock_dir_marked: AtomicBool::new(false),
             fd: FdSlot::default(),
             handle: LoadCell(UnsafeCell::new(None)),
             lookups: if conns <= 2 {
@@ -322,6 +331,7 @@ impl Inode {
                 locks: OnceLock::new(),
                 lock_owners: Mutex::new(HashMap::new()),
                 backing: (0..self.lookups.len()).map(|_| Mutex::new(Weak::new())).collect(),
+                mirror: OnceLock::new(),
             })
         })
     }
@@ -347,6 +357,21 @@ impl Inode {
         self.opens.fetch_sub(1, Ordering::AcqRel);
     }
 
+    /// Whether files locked through the mount live in this directory.
+    pub fn is_lock_dir(&self) -> bool {
+        self.lock_dir.load(Ordering::Relaxed)
+    }
+
+    /// Files locked through the mount live in this directory.
+    pub fn mark_lock_dir(&self) {
+        self.lock_dir.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether this file's directory is to be marked (true the first time only).
+    pub fn first_lock_grant(&self) -> bool {
+        !self.lock_dir_marked.swap(true, Ordering::Relaxed)
+    }
+
     /// Whether a handle is open on the inode.
     pub fn is_open(&self) -> bool {
         self.opens.load(Ordering::Acquire) > 0
@@ -369,13 +394,24 @@ impl Inode {
         })
     }
 
+    /// The inode's mirror on the source, made by `make` at first use.
+    pub fn source_mirror(&self, make: impl FnOnce() -> crate::mirror::Mirror) -> &crate::mirror::Mirror {
+        self.used().mirror.get_or_init(make)
+    }
+
+    /// The inode's mirror on the source, if one was made.
+    pub fn source_mirror_if_any(&self) -> Option<&crate::mirror::Mirror> {
+        self.used.get()?.mirror.get()
+    }
+
     /// The lock context if one was made (no lock was ever asked for otherwise).
     pub fn lock_context_if_any(&self) -> Option<&Arc<FileLockContext>> {
         self.used.get()?.locks.get()
     }
 
-    /// Gives up what the inode holds besides memory: its descriptor and its lock context
-    /// (the lock owners' counts and the backing-file `Weak`s are memory only).
+    /// Gives up what the inode holds besides memory: its descriptor, its lock context and
+    /// its mirror's descriptions (the lock owners' counts and the backing-file `Weak`s
+    /// are memory only).
     ///
     /// # Safety
     /// The inode is being evicted: no borrow of its evictable fields is alive or can

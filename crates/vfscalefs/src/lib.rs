@@ -18,6 +18,7 @@
 //! | [`fdcache::FdCache`] | `fdcache.rs` | the bounded cache of source descriptors (inodes' `O_PATH` descriptors, open files without passthrough), CLOCK per shard, reopened on a miss |
 //! | [`handles::Handles`] | `handles.rs` | open files: `fh` = a `vfscale-fdtable` descriptor |
 //! | [`locks::Locks`] | `locks.rs` | `GETLK`/`SETLK`/`SETLKW`/flock, parked waiters, `FLUSH`/`RELEASE`, `INTERRUPT` |
+//! | [`mirror::Mirror`] | `mirror.rs` | per locked inode: the clients' locks held on the source file, host waits |
 //! | `sys` | `sys.rs` | `openat2(RESOLVE_BENEATH)`, file handles (`name_to_handle_at`, `open_by_handle_at`), `/proc/self/fd` reopening, per-thread credentials |
 //!
 //! # Invariants
@@ -84,10 +85,52 @@
 //! inode's or handle's descriptor slot. The inode cache's locks (inside
 //! `vfscale-icache`) are taken only inside its calls; an
 //! inode's `pin` is held around its lookup counts and released before the reference it
-//! held is put. Per inode: `lock_owners` → the lock context's inode lock (`flc_lock`,
-//! inside `vfscale-locks`) → a waiter's state. A connection's interrupt table → a
-//! waiter's state (interrupting). The driver's task map and queue are leaves. No path
+//! held is put. Per inode: the mirror's state (`mirror.rs`: held across a request's
+//! raise on the source, `vfscale-locks` and the lowering) → `lock_owners` → the lock
+//! context's inode lock (`flc_lock`, inside `vfscale-locks`) → a waiter's state. A
+//! connection's interrupt table → a waiter's state (interrupting). The driver's task map and queue are leaves. No path
 //! holds two inodes' locks, or any lock across a reply.
+//!
+//! # Locks on the source
+//!
+//! With `-o source_locks=mirror` (the default) the clients' locks are held on the source
+//! too, so that processes using the source directly and the mount's clients agree
+//! (`mirror.rs` has the design): the union of the clients' POSIX and OFD locks as OFD
+//! locks on one description per locked inode, each client file's flock lock as a flock
+//! lock on a description of its own. The lock space among clients stays
+//! `vfscale-locks`: owners, merging and splitting, the close rules, `EDEADLK` among
+//! clients, the wait tree and the hand-off are as without mirroring. Per request the
+//! source is asked first (`F_OFD_SETLK`: `EAGAIN` for `F_SETLK`, a wait in a thread of
+//! its own for `F_SETLKW`), then `vfscale-locks`, then the mirror is lowered to what the
+//! clients hold; so a client is answered only once the source holds its lock, and the
+//! source lets a lock go only after `vfscale-locks` has. What it gives and cannot give:
+//!
+//! * A holder on the source makes a conflicting client request fail or wait, and a
+//!   client's lock a host's; `F_GETLK` through the mount reports a host holder (a POSIX
+//!   holder's pid, 0 for an OFD holder; -1 through `F_OFD_GETLK`), and `F_GETLK` on the
+//!   source the server's OFD lock (pid -1), clients' ranges merged.
+//! * If the server dies, the kernel drops every mirrored lock with its descriptions
+//!   (never passthrough backing files, which the kernel would keep open).
+//! * A cycle of waits through a host process is not detected (Linux detects none through
+//!   OFD locks); such a waiter can still be interrupted. Between client waiters and host
+//!   waiters the kernel decides the order; a client waiting for another client reserves
+//!   its range on the source meanwhile (a host request for it waits too), and flock
+//!   waiters, clients' included, are ordered by the kernel.
+//! * At a grant the client's cached attributes and data of the file are invalidated
+//!   before the answer (`FUSE_NOTIFY_INVAL_INODE`, from a notify thread: the kernel may
+//!   wait there for a page that a read waiting for a dispatch thread holds, so a grant
+//!   waits at most 100 ms for it), unless the file's times and size are those the
+//!   client's last grant saw; and the file's directory answers entries with no cache
+//!   time from then on (a journal deleted on the source must not still show); entries
+//!   cached before the first grant are not invalidated.
+//! * The mirrors' descriptions are a quarter of the server's descriptor share: past it a
+//!   lock is the clients' alone (said once on stderr). A description is kept while the
+//!   client's file is open and closed at its `RELEASE` once it holds nothing.
+//! * A source file the server may open only for reading holds the clients' read locks but
+//!   not their write locks (an OFD write lock needs a writable description); one it
+//!   cannot open at all holds none of them.
+//! * A source without OFD locks makes the mount say so and fall back to `off`, where the
+//!   clients' locks are the server's alone.
 //!
 //! # One process, two mountpoints
 //!
@@ -116,20 +159,24 @@ pub mod fs;
 pub mod handles;
 pub mod inodes;
 pub mod locks;
+pub mod mirror;
 pub mod sys;
 
 use std::fmt;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fuser::{Config, MountOption, Session, SessionACL};
+use std::os::unix::fs::OpenOptionsExt as _;
+
+use fuser::{Config, INodeNo, MountOption, Notifier, Session, SessionACL};
 
 use crate::fdcache::{CachedFd, FdCache, FdKey};
 use crate::handles::{Handle, Handles};
 use crate::inodes::{HandleMode, Inode, InodeTable};
 use crate::locks::Locks;
+use crate::mirror::SourceLocks;
 
 /// How the server runs.
 #[derive(Clone, Debug)]
@@ -158,6 +205,8 @@ pub struct Options {
     /// Descriptors the cache keeps open (`None`: what keeps the server at half of its
     /// `RLIMIT_NOFILE`, see [`Server::size_fd_cache`]).
     pub fd_cache: Option<u64>,
+    /// Whether the clients' locks are held on the source too.
+    pub source_locks: SourceLocks,
 }
 
 impl Default for Options {
@@ -175,6 +224,7 @@ impl Default for Options {
             fd_reserve: None,
             inode_handles: HandleMode::Prefer,
             fd_cache: None,
+            source_locks: SourceLocks::Mirror,
         }
     }
 }
@@ -217,6 +267,18 @@ impl Options {
                         }
                     }
                 }
+                "source_locks" => {
+                    self.source_locks = match v {
+                        Some("mirror") => SourceLocks::Mirror,
+                        Some("off") => SourceLocks::Off,
+                        _ => {
+                            return Err(format!(
+                                "option source_locks: mirror or off, not {:?}",
+                                v.unwrap_or("")
+                            ))
+                        }
+                    }
+                }
                 "threads" => self.threads = num(v)?.clamp(1, 1024) as usize,
                 "ttl" | "attr_timeout" | "entry_timeout" => self.ttl = Duration::from_millis(num(v)?),
                 _ => return Err(format!("unknown option {opt:?}")),
@@ -248,6 +310,16 @@ impl Server {
             Ok(s) if s.filesystem_type() == nix::sys::statfs::OVERLAYFS_SUPER_MAGIC => 2,
             _ => 1,
         };
+        // Without OFD locks on the source there is nothing to mirror onto: say so once.
+        let mut source_locks = opts.source_locks;
+        if source_locks == SourceLocks::Mirror {
+            let probe = sys::reopen(root.as_fd(), libc::O_RDONLY | libc::O_DIRECTORY)
+                .and_then(|d| crate::mirror::mirror_supported(d.as_raw_fd()));
+            if let Err(e) = probe {
+                eprintln!("vfscalefs: the source takes no OFD locks ({e}): source_locks=off, its processes will not see the mount's locks");
+                source_locks = SourceLocks::Off;
+            }
+        }
         let limit = nofile_limit();
         let fds = Arc::new(FdCache::new(opts.fd_cache.unwrap_or(limit as u64 / 4) as usize));
         let inodes = InodeTable::new(root, conns, opts.inode_handles, fds.clone())
@@ -262,7 +334,7 @@ impl Server {
             fds,
             // SAFETY: geteuid has no preconditions.
             reopen: unsafe { libc::geteuid() } == 0,
-            locks: Locks::new(),
+            locks: Locks::new(source_locks),
             opts,
             stack_depth,
         }))
@@ -326,27 +398,80 @@ impl Server {
     /// half of `RLIMIT_NOFILE`, less what the server holds (`held`: the root, each
     /// connection's `/dev/fuse` descriptors, and the one more each of its dispatch
     /// threads but the first opens), less three per dispatch thread (what a request in
-    /// flight may hold beyond the cache: two parents and a victim). At least 16.
+    /// flight may hold beyond the cache: two parents and a victim). At least 16. With
+    /// source locks, a quarter of that goes to the descriptions that hold locks on the
+    /// source instead.
     pub fn size_fd_cache(&self, held: u64, threads: u64) -> u64 {
-        if let Some(n) = self.opts.fd_cache {
-            self.fds.set_capacity(n as usize);
-        } else {
-            let half = nofile_limit() as u64 / 2;
-            let n = half.saturating_sub(held + 3 * threads).max(16);
-            self.fds.set_capacity(n as usize);
+        let half = nofile_limit() as u64 / 2;
+        let mut n = half.saturating_sub(held + 3 * threads).max(16);
+        if self.locks.source_locks() == SourceLocks::Mirror {
+            self.locks.set_mirror_budget(n / 4);
+            n -= n / 4;
         }
+        self.fds.set_capacity(self.opts.fd_cache.unwrap_or(n) as usize);
         self.fds.capacity()
     }
 
-    /// One line for the operator: how inodes are kept and how many descriptors the cache
-    /// may hold.
+    /// Before a lock granted to a client on connection `conn` is answered: what the
+    /// client's kernel caches of the inode goes (attributes and data, which processes on
+    /// the source may have changed under their locks; from the notify thread, see
+    /// `serve`), and the first time, the file's
+    /// directory on the source is marked so that its entries are answered with no cache
+    /// time (see `fs.rs`). Entries the client cached before that first grant are not
+    /// invalidated: the server does not know their names.
+    /// Whether a grant of inode `id` to connection `conn` has to invalidate the client's
+    /// caches: the source file changed since the last one did (see
+    /// `Mirror::source_changed`), or it cannot tell.
+    fn grant_sees_change(&self, conn: usize, id: u64) -> bool {
+        let Some(node) = self.inodes.get(id) else {
+            return false;
+        };
+        let Some(m) = node.source_mirror_if_any() else {
+            return true;
+        };
+        match self.inode_fd(&node).and_then(|fd| sys::stat_fd(fd.as_fd())) {
+            Ok(st) => m.source_changed(conn, &st),
+            Err(_) => true,
+        }
+    }
+
+    fn grant_coherence(&self, notifier: &Notifier, id: u64) {
+        let _ = notifier.inval_inode(INodeNo(id), 0, 0);
+        let Some(node) = self.inodes.get(id) else { return };
+        if node.kind != inodes::Kind::File || !node.first_lock_grant() {
+            return;
+        }
+        let Ok(fd) = self.inode_fd(&node) else { return };
+        let Ok(path) = std::fs::read_link(sys::proc_path(fd.as_fd()).to_string_lossy().as_ref()) else {
+            return;
+        };
+        let Some(dir) = path.parent() else { return };
+        let parent = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+            .open(dir)
+            .and_then(|d| sys::stat_fd(d.as_fd()));
+        if let Some(p) = parent.ok().and_then(|st| self.inodes.peek(&st)) {
+            p.mark_lock_dir();
+            let _ = notifier.inval_inode(INodeNo(p.id), 0, 0);
+        }
+    }
+
+    /// One line for the operator: how inodes are kept, how many descriptors the cache
+    /// may hold, and whether locks are held on the source.
     pub fn mode_line(&self) -> String {
         let limit = nofile_limit();
         let cap = self.fds.capacity();
+        let locks = match self.locks.source_locks() {
+            SourceLocks::Mirror => "locks held on the source too",
+            SourceLocks::Off => "locks the server's alone (source_locks=off)",
+        };
         match self.inodes.why_not_by_handle() {
-            None => format!("inodes by file handle; descriptor cache of {cap} (RLIMIT_NOFILE {limit})"),
+            None => {
+                format!("inodes by file handle; descriptor cache of {cap} (RLIMIT_NOFILE {limit}); {locks}")
+            }
             Some(why) => {
-                format!("inodes by descriptor, one per inode the kernel holds ({why}); RLIMIT_NOFILE {limit}")
+                format!("inodes by descriptor, one per inode the kernel holds ({why}); RLIMIT_NOFILE {limit}; {locks}")
             }
         }
     }
@@ -444,6 +569,9 @@ fn write_stats(srv: &Server) {
     }
 }
 
+/// How long a grant waits for its cache invalidation (see `serve`).
+const GRANT_NOTIFY_WAIT: Duration = Duration::from_millis(100);
+
 /// Lazily detaches the mount at `p` (the last resort when it is busy).
 fn detach(p: &Path) {
     // SAFETY: geteuid has no preconditions.
@@ -486,6 +614,12 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
     sigs.add(Signal::SIGHUP);
     sigs.add(Signal::SIGUSR1);
     sigs.thread_block()
+        .map_err(|e| Error::Source(source.to_owned(), e.into()))?;
+    // The signal that ends a host wait's blocking call reaches only the waiting thread
+    // (which unblocks it): elsewhere it would make an unrelated call return EINTR.
+    let mut wake = SigSet::empty();
+    wake.add(Signal::SIGUSR2);
+    wake.thread_block()
         .map_err(|e| Error::Source(source.to_owned(), e.into()))?;
 
     let srv = Server::new(source, mountpoints.len(), opts.clone())?;
@@ -531,6 +665,41 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
                 return Err(Error::Mountpoint(mp.clone(), e.to_string()));
             }
         }
+    }
+
+    // A client granted a lock sees what processes on the source changed under theirs.
+    if srv.locks.source_locks() == SourceLocks::Mirror {
+        let notifiers: Vec<Notifier> = sessions.iter().map(|(_, s)| s.notifier()).collect();
+        let weak = Arc::downgrade(&srv);
+        let weak_hook = weak.clone();
+        let (tx, rx) = std::sync::mpsc::channel::<(usize, u64, std::sync::mpsc::SyncSender<()>)>();
+        // The invalidation waits for the pages' locks, which a read waiting for a dispatch
+        // thread may hold: it is sent from a thread of its own, and a grant waits for it
+        // only so long (then it is answered, and the invalidation ends after).
+        std::thread::Builder::new()
+            .name("vfscalefs-notify".into())
+            .spawn(move || {
+                for (conn, id, done) in rx {
+                    if let (Some(srv), Some(n)) = (weak.upgrade(), notifiers.get(conn)) {
+                        srv.grant_coherence(n, id);
+                    }
+                    let _ = done.send(());
+                }
+            })
+            .map_err(|e| Error::Source(source.to_owned(), e))?;
+        srv.locks.set_grant_hook(Box::new(move |conn, id| {
+            // A file nobody changed since this client's last grant needs nothing.
+            if !weak_hook
+                .upgrade()
+                .is_some_and(|srv| srv.grant_sees_change(conn, id))
+            {
+                return;
+            }
+            let (done, wait) = std::sync::mpsc::sync_channel(1);
+            if tx.send((conn, id, done)).is_ok() {
+                let _ = wait.recv_timeout(GRANT_NOTIFY_WAIT);
+            }
+        }));
     }
 
     // Every mount is made: what the server holds now is its base, and each connection's

@@ -55,8 +55,15 @@ use vfscale_locks::{
     LockType, OpenFile, OwnerId, PendingLock, Pid, Process, OFFSET_MAX,
 };
 
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::OnceLock;
+
 use crate::handles::Handle;
-use crate::inodes::Inode;
+use crate::inodes::{Inode, InodeTable, Kind};
+use crate::mirror::{
+    is_conflict, mirror_flock_op, mirror_getlk, mirror_ofd, HostWait, Mirror, MirrorAttempt, MirrorBudget,
+    MirrorFd, MirrorOpen, SourceLocks,
+};
 
 /// How long an interrupt that found no parked request is remembered.
 pub const EARLY_TTL: Duration = Duration::from_secs(30);
@@ -79,42 +86,73 @@ pub struct Interrupts {
     inner: Mutex<IntrInner>,
 }
 
+/// What an interrupt ends: a request parked in `vfscale-locks`, or one waiting for a
+/// holder on the source in a thread of its own.
+enum Parked {
+    Lock(Interrupter),
+    Host(Arc<HostWait>),
+}
+
 #[derive(Default)]
 struct IntrInner {
-    parked: HashMap<u64, Interrupter>,
+    parked: HashMap<u64, Parked>,
     early: HashMap<u64, Instant>,
 }
 
 impl Interrupts {
     /// `INTERRUPT` for request `unique`.
     pub fn interrupt(&self, unique: u64) {
-        let mut g = self.inner.lock();
-        if let Some(i) = g.parked.get(&unique) {
-            i.interrupt();
-            return;
-        }
-        let now = Instant::now();
-        if g.early.len() >= EARLY_MAX {
-            g.early.retain(|_, t| now.duration_since(*t) < EARLY_TTL);
-            if g.early.len() >= EARLY_MAX {
-                // Only requests that never park can leave so many: forget the oldest half.
-                let mut v: Vec<(u64, Instant)> = g.early.drain().collect();
-                v.sort_by_key(|&(_, t)| t);
-                g.early.extend(v.into_iter().skip(EARLY_MAX / 2));
+        let host = {
+            let mut g = self.inner.lock();
+            match g.parked.get(&unique) {
+                Some(Parked::Lock(i)) => {
+                    i.interrupt();
+                    return;
+                }
+                Some(Parked::Host(w)) => {
+                    // Marked under the table: a wait handed on to the driver sees it.
+                    w.mark_interrupted();
+                    w.clone()
+                }
+                None => {
+                    let now = Instant::now();
+                    if g.early.len() >= EARLY_MAX {
+                        g.early.retain(|_, t| now.duration_since(*t) < EARLY_TTL);
+                        if g.early.len() >= EARLY_MAX {
+                            // Only requests that never park can leave so many: forget the oldest half.
+                            let mut v: Vec<(u64, Instant)> = g.early.drain().collect();
+                            v.sort_by_key(|&(_, t)| t);
+                            g.early.extend(v.into_iter().skip(EARLY_MAX / 2));
+                        }
+                    }
+                    g.early.insert(unique, now);
+                    return;
+                }
             }
-        }
-        g.early.insert(unique, now);
+        };
+        host.kick();
     }
 
     /// Registers a request about to park; false if it was interrupted already.
-    fn park(&self, unique: u64, intr: Interrupter) -> bool {
+    fn park(&self, unique: u64, p: Parked) -> bool {
         let mut g = self.inner.lock();
         if let Some(t) = g.early.remove(&unique) {
             if t.elapsed() < EARLY_TTL {
                 return false;
             }
         }
-        g.parked.insert(unique, intr);
+        g.parked.insert(unique, p);
+        true
+    }
+
+    /// A request that waited for the source parks in `vfscale-locks` now; false if it
+    /// was interrupted meanwhile.
+    fn repark(&self, unique: u64, host: &HostWait, intr: Interrupter) -> bool {
+        let mut g = self.inner.lock();
+        if host.is_interrupted() {
+            return false;
+        }
+        g.parked.insert(unique, Parked::Lock(intr));
         true
     }
 
@@ -124,9 +162,24 @@ impl Interrupts {
 
     /// Interrupts every parked request (the connection is ending).
     pub fn interrupt_all(&self) {
-        let g = self.inner.lock();
-        for i in g.parked.values() {
-            i.interrupt();
+        let hosts: Vec<Arc<HostWait>> = {
+            let g = self.inner.lock();
+            g.parked
+                .values()
+                .filter_map(|p| match p {
+                    Parked::Lock(i) => {
+                        i.interrupt();
+                        None
+                    }
+                    Parked::Host(w) => {
+                        w.mark_interrupted();
+                        Some(w.clone())
+                    }
+                })
+                .collect()
+        };
+        for w in hosts {
+            w.kick();
         }
     }
 
@@ -136,11 +189,16 @@ impl Interrupts {
     }
 }
 
+/// What a parked request does once it is done, before it is answered (granted: true):
+/// drop its reservation on the source, or its flock description.
+type TaskDone = Box<dyn FnOnce(bool) + Send>;
+
 struct Task {
     pending: PendingLock,
     reply: ReplyEmpty,
     intr: Arc<Interrupts>,
     unique: u64,
+    done: Option<TaskDone>,
 }
 
 struct DriverShared {
@@ -166,6 +224,7 @@ impl Wake for TaskWaker {
 }
 
 /// The thread that finishes parked lock requests.
+#[derive(Clone)]
 pub struct Driver {
     shared: Arc<DriverShared>,
 }
@@ -216,6 +275,9 @@ impl Driver {
             match Pin::new(&mut task.pending).poll(&mut cx) {
                 Poll::Ready(r) => {
                     task.intr.unpark(task.unique);
+                    if let Some(done) = task.done.take() {
+                        done(r.is_ok());
+                    }
                     match r {
                         Ok(()) => task.reply.ok(),
                         Err(e) => task.reply.error(ferr(e)),
@@ -232,7 +294,36 @@ impl Driver {
     pub fn parked(&self) -> usize {
         self.shared.tasks.lock().len()
     }
+
+    /// A request that waited for the source in its own thread parks among clients now;
+    /// `EINTR` (its `done` run) if it was interrupted meanwhile.
+    fn after_host_wait(
+        &self,
+        intr: &Arc<Interrupts>,
+        hw: &HostWait,
+        unique: u64,
+        pending: PendingLock,
+        reply: ReplyEmpty,
+        done: TaskDone,
+    ) {
+        if !intr.repark(unique, hw, pending.interrupter()) {
+            drop(pending); // abandons the request
+            done(false);
+            intr.unpark(unique);
+            return reply.error(FErrno::EINTR);
+        }
+        self.submit(Task {
+            pending,
+            reply,
+            intr: intr.clone(),
+            unique,
+            done: Some(done),
+        });
+    }
 }
+
+/// Called when a lock is granted to a client, before the answer: connection, node id.
+pub type GrantHook = Box<dyn Fn(usize, u64) + Send + Sync>;
 
 /// The lock side of the server: the manager and the driver.
 pub struct Locks {
@@ -241,6 +332,12 @@ pub struct Locks {
     driver: Driver,
     /// Every lock context made, for [`Locks::stats`]: see [`Contexts`].
     contexts: Mutex<Contexts>,
+    /// Whether the clients' locks are held on the source too (`mirror.rs`).
+    source: SourceLocks,
+    /// What a grant does first (invalidating the client's caches of the inode).
+    grant_hook: Arc<OnceLock<GrantHook>>,
+    /// The descriptors the mirrors may hold.
+    budget: Arc<MirrorBudget>,
 }
 
 /// The lock contexts made, each held until it is the last holder (its inode has left the
@@ -323,8 +420,9 @@ impl LockReq {
 }
 
 impl Locks {
-    /// A lock manager and its driver thread.
-    pub fn new() -> Locks {
+    /// A lock manager and its driver thread; `source` says whether locks are mirrored on
+    /// the source.
+    pub fn new(source: SourceLocks) -> Locks {
         Locks {
             mgr: LockManager::new(),
             driver: Driver::start(),
@@ -333,7 +431,25 @@ impl Locks {
                 prune_at: 64,
                 retired: ContextStats::default(),
             }),
+            source,
+            grant_hook: Arc::new(OnceLock::new()),
+            budget: Arc::new(MirrorBudget::default()),
         }
+    }
+
+    /// Whether the clients' locks are held on the source too.
+    pub fn source_locks(&self) -> SourceLocks {
+        self.source
+    }
+
+    /// How many descriptions of the source the mirrors may hold.
+    pub fn set_mirror_budget(&self, n: u64) {
+        self.budget.set(n);
+    }
+
+    /// Sets what a grant does before it is answered (once).
+    pub fn set_grant_hook(&self, hook: GrantHook) {
+        let _ = self.grant_hook.set(hook);
     }
 
     /// Requests parked now, all connections.
@@ -356,6 +472,15 @@ impl Locks {
             g.prune();
         }
         c
+    }
+
+    /// The inode's mirror on the source, made at its first lock; `None` when source
+    /// locks are off, and for other files than regular files and directories.
+    fn mirror<'a>(&self, inode: &'a Inode) -> Option<&'a Mirror> {
+        if self.source == SourceLocks::Off || !matches!(inode.kind, Kind::File | Kind::Dir) {
+            return None;
+        }
+        Some(inode.source_mirror(|| Mirror::new(&self.budget)))
     }
 
     /// The counters of every lock context this server made, summed (monotone: a
@@ -383,8 +508,10 @@ impl Locks {
         *h.inode.lock_owners().lock().entry(owner).or_insert(0) += 1;
     }
 
-    /// `GETLK`.
-    pub fn getlk(&self, h: &Handle, r: &LockReq, reply: ReplyLock) {
+    /// `GETLK`: a client holder first; else, with source locks, a holder on the source
+    /// (`F_OFD_GETLK` on the mirror, whose own locks it leaves out: a POSIX holder's pid,
+    /// 0 for an OFD holder, whose pid -1 FUSE cannot carry).
+    pub fn getlk(&self, inodes: &InodeTable, h: &Handle, r: &LockReq, reply: ReplyLock) {
         let mut fl = match r.flock() {
             Ok(fl) => fl,
             Err(e) => return reply.error(ferr(e)),
@@ -398,7 +525,20 @@ impl Locks {
             .fcntl_lock(r.who(), file, FcntlCmd::GetLk, &mut fl)
         {
             Err(e) => reply.error(ferr(e)),
-            Ok(_) if fl.l_type == LockType::Unlock => reply.locked(0, 0, libc::F_UNLCK, 0),
+            Ok(_) if fl.l_type == LockType::Unlock => {
+                let (s, e) = (r.start as i64, r.end as i64);
+                let open = |flags| inodes.open(&h.inode, flags);
+                let host = self
+                    .mirror(&h.inode)
+                    .and_then(|m| LockType::from_raw(r.typ as i16).ok().map(|ty| (m, ty)))
+                    .and_then(|(m, ty)| m.getlk(&open, ty, s, e));
+                match host {
+                    Some((ty, s, e, pid)) => {
+                        reply.locked(s as u64, e as u64, ty.raw() as i32, pid.max(0) as u32)
+                    }
+                    None => reply.locked(0, 0, libc::F_UNLCK, 0),
+                }
+            }
             Ok(_) => {
                 let start = fl.l_start as u64;
                 let end = if fl.l_len == 0 {
@@ -412,8 +552,16 @@ impl Locks {
     }
 
     /// `SETLK` / `SETLKW` (POSIX and OFD locks).
-    pub fn setlk(&self, h: &Handle, r: &LockReq, sleep: bool, intr: &Arc<Interrupts>, reply: ReplyEmpty) {
-        let mut fl = match r.flock() {
+    pub fn setlk(
+        &self,
+        inodes: &InodeTable,
+        h: &Arc<Handle>,
+        r: &LockReq,
+        sleep: bool,
+        intr: &Arc<Interrupts>,
+        reply: ReplyEmpty,
+    ) {
+        let fl = match r.flock() {
             Ok(fl) => fl,
             Err(e) => return reply.error(ferr(e)),
         };
@@ -426,12 +574,191 @@ impl Locks {
             mode: h.mode,
         };
         let cmd = if sleep { FcntlCmd::SetLkW } else { FcntlCmd::SetLk };
-        let res = self.ctx(&h.inode).fcntl_lock(who, file, cmd, &mut fl);
-        self.finish(res, r.unique, intr, reply);
+        let ctx = self.ctx(&h.inode);
+        let Some(m) = self.mirror(&h.inode) else {
+            let res = ctx.fcntl_lock(who, file, cmd, &mut fl.clone());
+            return self.finish(res, r.unique, intr, reply, None);
+        };
+        let req = PosixReq {
+            who,
+            file,
+            cmd,
+            fl,
+            s: r.start as i64,
+            e: r.end as i64,
+        };
+        let open = |flags| inodes.open(&h.inode, flags);
+        match req.attempt(m, ctx, Some(&open)) {
+            MirrorAttempt::Done(res) => {
+                self.answer(r.conn, &h.inode, fl.l_type != LockType::Unlock, res, reply)
+            }
+            MirrorAttempt::Parked(p, id) => {
+                let done = Self::unreserve_when_done(h.clone(), id, self.grant_hook.clone(), r.conn);
+                self.finish(Ok(Some(p)), r.unique, intr, reply, Some(done));
+            }
+            MirrorAttempt::Host if !sleep => reply.error(FErrno::EAGAIN),
+            MirrorAttempt::Host => {
+                // A read waits on a probe description of its own (see `mirror.rs`).
+                let probe = match fl.l_type {
+                    LockType::Read => {
+                        match inodes.open(&h.inode, libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK) {
+                            Ok(fd) => Some(fd),
+                            Err(e) => return reply.error(errno_of(&e)),
+                        }
+                    }
+                    _ => None,
+                };
+                // The mirror description stays open for the wait.
+                let desc = {
+                    let mut st = m.state.lock();
+                    match m.desc(&mut st, Some(&open)) {
+                        Ok(_) => m.wait_started(&mut st),
+                        Err(e) => return reply.error(errno_of(&e)),
+                    }
+                };
+                let Some(desc) = desc else {
+                    return reply.error(FErrno::EIO);
+                };
+                self.wait_host_posix(h.clone(), req, desc, probe, r.conn, r.unique, intr, reply);
+            }
+        }
+    }
+
+    /// A parked request's reservation goes when it is done; a grant runs the grant hook.
+    fn unreserve_when_done(h: Arc<Handle>, id: u64, hook: Arc<OnceLock<GrantHook>>, conn: usize) -> TaskDone {
+        Box::new(move |granted| {
+            if let (Some(m), Some(ctx)) = (h.inode.source_mirror_if_any(), h.inode.lock_context_if_any()) {
+                let mut st = m.state.lock();
+                m.unreserve(&mut st, ctx, id);
+            }
+            if let (true, Some(f)) = (granted, hook.get()) {
+                f(conn, h.inode.id);
+            }
+        })
+    }
+
+    /// Answers a request done at once; a lock granted (`lock`: not an unlock)
+    /// invalidates the client's caches first.
+    fn answer(&self, conn: usize, inode: &Inode, lock: bool, res: Result<(), Errno>, reply: ReplyEmpty) {
+        match res {
+            Ok(()) => {
+                if let (true, Some(hook)) = (lock, self.grant_hook.get()) {
+                    hook(conn, inode.id);
+                }
+                reply.ok()
+            }
+            Err(e) => reply.error(ferr(e)),
+        }
+    }
+
+    /// An `F_SETLKW` that waits for a holder on the source: in a thread of its own, until
+    /// the source lets it raise the mirror, then on as any request (see `mirror.rs`).
+    #[allow(clippy::too_many_arguments)]
+    fn wait_host_posix(
+        &self,
+        h: Arc<Handle>,
+        req: PosixReq,
+        desc: Arc<MirrorFd>,
+        probe: Option<OwnedFd>,
+        conn: usize,
+        unique: u64,
+        intr: &Arc<Interrupts>,
+        reply: ReplyEmpty,
+    ) {
+        let ended = |h: &Handle| {
+            if let Some(m) = h.inode.source_mirror_if_any() {
+                m.wait_ended(&mut m.state.lock());
+            }
+        };
+        let hw = Arc::new(HostWait::default());
+        if !intr.park(unique, Parked::Host(hw.clone())) {
+            ended(&h);
+            return reply.error(FErrno::EINTR);
+        }
+        let intr_unpark = intr.clone();
+        let h_unspawned = h.clone();
+        let (intr, driver, hook) = (intr.clone(), self.driver.clone(), self.grant_hook.clone());
+        let spawned = hw.spawn(move |hw| {
+            let (Some(m), Some(ctx)) = (h.inode.source_mirror_if_any(), h.inode.lock_context_if_any()) else {
+                intr.unpark(unique);
+                return reply.error(FErrno::EIO);
+            };
+            // The mirror description is kept open for this wait until the thread ends.
+            struct Ended<'a>(&'a Mirror);
+            impl Drop for Ended<'_> {
+                fn drop(&mut self) {
+                    self.0.wait_ended(&mut self.0.state.lock());
+                }
+            }
+            let _ended = Ended(m);
+            let ty = req.fl.l_type;
+            loop {
+                let waited = match &probe {
+                    None => hw.block(|| mirror_ofd_wait(desc.as_raw_fd(), ty, req.s, req.e)),
+                    Some(p) => match mirror_getlk(desc.as_raw_fd(), ty, req.s, req.e) {
+                        Ok(Some((_, a, b, _))) => {
+                            hw.block(|| mirror_ofd_wait(p.as_raw_fd(), ty, a.max(req.s), b.min(req.e)))
+                        }
+                        Ok(None) => Ok(()),
+                        Err(e) => Err(e),
+                    },
+                };
+                if let Err(e) = waited {
+                    intr.unpark(unique);
+                    return reply.error(errno_of(&e));
+                }
+                let res = {
+                    if probe.is_none() {
+                        // The wait changed the mirror behind its record.
+                        m.reload(&mut m.state.lock());
+                    }
+                    req.attempt(m, ctx, None)
+                };
+                if let Some(p) = &probe {
+                    let _ = mirror_ofd_set(p.as_raw_fd(), None, 0, OFFSET_MAX);
+                }
+                match res {
+                    MirrorAttempt::Done(res) => {
+                        intr.unpark(unique);
+                        return match res {
+                            Ok(()) => {
+                                if let Some(f) = hook.get() {
+                                    f(conn, h.inode.id);
+                                }
+                                reply.ok()
+                            }
+                            Err(e) => reply.error(ferr(e)),
+                        };
+                    }
+                    MirrorAttempt::Parked(p, id) => {
+                        let done = Self::unreserve_when_done(h.clone(), id, hook.clone(), conn);
+                        return driver.after_host_wait(&intr, hw, unique, p, reply, done);
+                    }
+                    MirrorAttempt::Host => {
+                        // What the wait took and no client holds goes before waiting again.
+                        let mut st = m.state.lock();
+                        m.lower(&mut st, ctx, req.s, req.e);
+                    }
+                }
+            }
+        });
+        if spawned.is_err() {
+            // The closure went with its reply, which answers EIO as it is dropped.
+            intr_unpark.unpark(unique);
+            ended(&h_unspawned);
+        }
     }
 
     /// A flock request (`SETLK`/`SETLKW` with `FUSE_LK_FLOCK`); `op` as `flock(2)`'s.
-    pub fn flock(&self, h: &Handle, r: &LockReq, op: i32, intr: &Arc<Interrupts>, reply: ReplyEmpty) {
+    pub fn flock(
+        &self,
+        inodes: &InodeTable,
+        h: &Arc<Handle>,
+        r: &LockReq,
+        op: i32,
+        intr: &Arc<Interrupts>,
+        reply: ReplyEmpty,
+    ) {
         let nb = op & libc::LOCK_NB != 0;
         let fop = match op & !libc::LOCK_NB {
             libc::LOCK_SH => FlockOp::Shared,
@@ -444,10 +771,122 @@ impl Locks {
             id: FileId(r.fh),
             mode: h.mode,
         };
-        let res = self
-            .ctx(&h.inode)
-            .flock_lock(who, file, fop, nb || fop == FlockOp::Unlock);
-        self.finish(res, r.unique, intr, reply);
+        let ctx = self.ctx(&h.inode);
+        let Some(m) = self.mirror(&h.inode) else {
+            let res = ctx.flock_lock(who, file, fop, nb || fop == FlockOp::Unlock);
+            return self.finish(res, r.unique, intr, reply, None);
+        };
+        let req = FlockReq {
+            who,
+            file,
+            fop,
+            nb,
+            key: (r.conn, r.fh),
+        };
+        if fop == FlockOp::Unlock {
+            // No description to open for it.
+            let res = req.unlock(m, ctx);
+            return self.finish(res.map(|_| None), r.unique, intr, reply, None);
+        }
+        let open = || inodes.open(&h.inode, libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK);
+        let fd = {
+            let mut st = m.state.lock();
+            match m.flock_fd(&mut st, req.key, open) {
+                Ok(fd) => fd,
+                Err(_) => {
+                    // Out of descriptors for the source: the clients' lock alone.
+                    drop(st);
+                    let res = ctx.flock_lock(who, file, fop, nb);
+                    return self.finish(res, r.unique, intr, reply, None);
+                }
+            }
+        };
+        match req.attempt(m, ctx, &fd, false) {
+            MirrorAttempt::Done(res) => self.answer(r.conn, &h.inode, true, res, reply),
+            MirrorAttempt::Parked(p, _) => {
+                let done = Self::flock_gone_unless_granted(h.clone(), req.key, self.grant_hook.clone());
+                self.finish(Ok(Some(p)), r.unique, intr, reply, Some(done));
+            }
+            MirrorAttempt::Host if nb => reply.error(FErrno::EAGAIN),
+            MirrorAttempt::Host => self.wait_host_flock(h.clone(), req, fd, r.unique, intr, reply),
+        }
+    }
+
+    /// A parked flock request's description loses its lock if the request fails; a grant
+    /// runs the grant hook.
+    fn flock_gone_unless_granted(
+        h: Arc<Handle>,
+        key: (usize, u64),
+        hook: Arc<OnceLock<GrantHook>>,
+    ) -> TaskDone {
+        Box::new(move |granted| {
+            if granted {
+                if let Some(f) = hook.get() {
+                    f(key.0, h.inode.id);
+                }
+            } else if let Some(m) = h.inode.source_mirror_if_any() {
+                m.flock_gone(&mut m.state.lock(), key);
+            }
+        })
+    }
+
+    /// A flock request that waits for the source: a thread blocked in `flock(2)` on the
+    /// client file's description, then on as any request.
+    fn wait_host_flock(
+        &self,
+        h: Arc<Handle>,
+        req: FlockReq,
+        fd: Arc<MirrorFd>,
+        unique: u64,
+        intr: &Arc<Interrupts>,
+        reply: ReplyEmpty,
+    ) {
+        let hw = Arc::new(HostWait::default());
+        if !intr.park(unique, Parked::Host(hw.clone())) {
+            return reply.error(FErrno::EINTR);
+        }
+        let intr_unpark = intr.clone();
+        let (intr, driver, hook) = (intr.clone(), self.driver.clone(), self.grant_hook.clone());
+        let op = match req.fop {
+            FlockOp::Exclusive => libc::LOCK_EX,
+            _ => libc::LOCK_SH,
+        };
+        let spawned = hw.spawn(move |hw| {
+            let (Some(m), Some(ctx)) = (h.inode.source_mirror_if_any(), h.inode.lock_context_if_any()) else {
+                intr.unpark(unique);
+                return reply.error(FErrno::EIO);
+            };
+            if let Err(e) = hw.block(|| mirror_flock_op(&fd, op)) {
+                intr.unpark(unique);
+                return reply.error(errno_of(&e));
+            }
+            match req.attempt(m, ctx, &fd, true) {
+                MirrorAttempt::Done(res) => {
+                    intr.unpark(unique);
+                    match res {
+                        Ok(()) => {
+                            if let Some(f) = hook.get() {
+                                f(req.key.0, h.inode.id);
+                            }
+                            reply.ok()
+                        }
+                        Err(e) => reply.error(ferr(e)),
+                    }
+                }
+                MirrorAttempt::Parked(p, _) => {
+                    let done = Self::flock_gone_unless_granted(h.clone(), req.key, hook.clone());
+                    driver.after_host_wait(&intr, hw, unique, p, reply, done);
+                }
+                MirrorAttempt::Host => {
+                    intr.unpark(unique);
+                    reply.error(FErrno::EAGAIN)
+                }
+            }
+        });
+        if spawned.is_err() {
+            // The closure went with its reply, which answers EIO as it is dropped.
+            intr_unpark.unpark(unique);
+        }
     }
 
     fn finish(
@@ -456,13 +895,17 @@ impl Locks {
         unique: u64,
         intr: &Arc<Interrupts>,
         reply: ReplyEmpty,
+        done: Option<TaskDone>,
     ) {
         match res {
             Ok(None) => reply.ok(),
             Err(e) => reply.error(ferr(e)),
             Ok(Some(pending)) => {
-                if !intr.park(unique, pending.interrupter()) {
+                if !intr.park(unique, Parked::Lock(pending.interrupter())) {
                     drop(pending); // abandons the request
+                    if let Some(done) = done {
+                        done(false);
+                    }
                     return reply.error(FErrno::EINTR);
                 }
                 self.driver.submit(Task {
@@ -470,23 +913,28 @@ impl Locks {
                     reply,
                     intr: intr.clone(),
                     unique,
+                    done,
                 });
             }
         }
     }
 
-    /// `FLUSH`: the flushing process closed a descriptor; its POSIX locks on the inode go.
+    /// `FLUSH`: the flushing process closed a descriptor; its POSIX locks on the inode go
+    /// (on the source too).
     pub fn flush(&self, inode: &Inode, conn: usize, lock_owner: u64) {
         if let Some(ctx) = inode.lock_context_if_any() {
             ctx.posix_remove_owner(Process {
                 owner: owner_id(conn, lock_owner),
                 pid: Pid(0),
             });
+            if let Some(m) = inode.source_mirror_if_any() {
+                m.lower(&mut m.state.lock(), ctx, 0, OFFSET_MAX);
+            }
         }
     }
 
     /// `RELEASE` of handle `fh`: its flock lock goes, and the locks of owners that used
-    /// only released handles of the inode (see the module docs).
+    /// only released handles of the inode (see the module docs); on the source too.
     pub fn release(&self, h: &Handle, fh: u64) {
         let owners = std::mem::take(&mut *h.owners.lock());
         let Some(ctx) = h.inode.lock_context_if_any() else {
@@ -517,11 +965,137 @@ impl Locks {
         // sent a flock request through this file; without one there is nothing to drop,
         // so dropping unconditionally is the same and also covers RELEASEDIR.
         ctx.file_remove(FileId(fh));
+        if let Some(m) = h.inode.source_mirror_if_any() {
+            let mut st = m.state.lock();
+            m.lower(&mut st, ctx, 0, OFFSET_MAX);
+            m.flock_closed(&mut st, (h.conn, fh));
+            m.close_if_idle(&mut st);
+        }
     }
 }
 
-impl Default for Locks {
-    fn default() -> Self {
-        Locks::new()
+/// A POSIX or OFD request on a mirrored inode.
+#[derive(Clone, Copy)]
+struct PosixReq {
+    who: Process,
+    file: OpenFile,
+    cmd: FcntlCmd,
+    fl: Flock,
+    s: i64,
+    e: i64,
+}
+
+impl PosixReq {
+    /// Raise, `vfscale-locks`, lower, under the mirror's mutex (see `mirror.rs`);
+    /// `open` opens the mirror description if it is not open.
+    fn attempt(&self, m: &Mirror, ctx: &Arc<FileLockContext>, open: Option<MirrorOpen<'_>>) -> MirrorAttempt {
+        let mut st = m.state.lock();
+        let ty = self.fl.l_type;
+        // A lock the open file's mode does not allow fails in `vfscale-locks` (EBADF),
+        // never with the source's EAGAIN first.
+        let allowed = match ty {
+            LockType::Read => self.file.mode.can_read(),
+            LockType::Write => self.file.mode.can_write(),
+            LockType::Unlock => false,
+        };
+        if allowed && !m.raise(&mut st, open, ty, self.s, self.e) {
+            return MirrorAttempt::Host;
+        }
+        match ctx.fcntl_lock(self.who, self.file, self.cmd, &mut self.fl.clone()) {
+            Ok(Some(p)) => {
+                let id = m.reserve(&mut st, ty, self.s, self.e);
+                MirrorAttempt::Parked(p, id)
+            }
+            res => {
+                m.lower(&mut st, ctx, self.s, self.e);
+                MirrorAttempt::Done(res.map(|_| ()))
+            }
+        }
+    }
+}
+
+/// A flock request on a mirrored inode.
+#[derive(Clone, Copy)]
+struct FlockReq {
+    who: Process,
+    file: OpenFile,
+    fop: FlockOp,
+    nb: bool,
+    /// The client file: connection, `fh`.
+    key: (usize, u64),
+}
+
+impl FlockReq {
+    /// `LOCK_UN`: among the clients, then on the source.
+    fn unlock(&self, m: &Mirror, ctx: &Arc<FileLockContext>) -> Result<(), Errno> {
+        let mut st = m.state.lock();
+        let res = ctx.flock_lock(self.who, self.file, FlockOp::Unlock, true);
+        m.flock_gone(&mut st, self.key);
+        res.map(|_| ())
+    }
+
+    /// The source's flock on the client file's description first (`held`: taken already,
+    /// by a wait), then `vfscale-locks`, under the mirror's mutex.
+    fn attempt(
+        &self,
+        m: &Mirror,
+        ctx: &Arc<FileLockContext>,
+        fd: &Arc<MirrorFd>,
+        held: bool,
+    ) -> MirrorAttempt {
+        let mut st = m.state.lock();
+        let (op, ty) = match self.fop {
+            FlockOp::Unlock => {
+                drop(st);
+                return MirrorAttempt::Done(self.unlock(m, ctx));
+            }
+            FlockOp::Shared => (libc::LOCK_SH, LockType::Read),
+            FlockOp::Exclusive => (libc::LOCK_EX, LockType::Write),
+        };
+        if !held {
+            match mirror_flock_op(fd, op | libc::LOCK_NB) {
+                Ok(()) => {}
+                Err(e) if is_conflict(&e) => {
+                    // A conversion dropped the old lock on the source first: so it goes
+                    // among the clients too, as flock(2) would have it.
+                    if m.flock_holds(&st, self.key) {
+                        m.flock_gone(&mut st, self.key);
+                        let _ = ctx.flock_lock(self.who, self.file, FlockOp::Unlock, true);
+                    }
+                    return MirrorAttempt::Host;
+                }
+                Err(e) => {
+                    return MirrorAttempt::Done(Err(Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))))
+                }
+            }
+        }
+        m.flock_held(&mut st, self.key, fd.clone(), ty);
+        match ctx.flock_lock(self.who, self.file, self.fop, self.nb) {
+            Ok(Some(p)) => MirrorAttempt::Parked(p, 0),
+            Ok(None) => MirrorAttempt::Done(Ok(())),
+            Err(e) => {
+                m.flock_gone(&mut st, self.key);
+                MirrorAttempt::Done(Err(e))
+            }
+        }
+    }
+}
+
+/// A blocking `F_OFD_SETLKW` of `ty` over `[s, e]` on `fd`.
+fn mirror_ofd_wait(fd: RawFd, ty: LockType, s: i64, e: i64) -> std::io::Result<()> {
+    mirror_ofd(fd, libc::F_OFD_SETLKW, Some(ty), s, e)
+}
+
+/// `F_OFD_SETLK` of `ty` (`None`: unlock) over `[s, e]` on `fd`.
+fn mirror_ofd_set(fd: RawFd, ty: Option<LockType>, s: i64, e: i64) -> std::io::Result<()> {
+    mirror_ofd(fd, libc::F_OFD_SETLK, ty, s, e)
+}
+
+/// The errno a client gets for a server-side error.
+fn errno_of(e: &std::io::Error) -> FErrno {
+    match e.raw_os_error() {
+        Some(libc::EMFILE) => FErrno::ENFILE,
+        Some(n) => FErrno::from_i32(n),
+        None => FErrno::EIO,
     }
 }

@@ -4,8 +4,7 @@
 
 mod common;
 
-use std::io::Write as _;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{cannot_mount, missing_tool, run, say, Mounted};
@@ -31,32 +30,8 @@ fn sqlite_writers(dir: &std::path::Path, mode: &str) {
     );
     assert_eq!(first.to_lowercase(), mode.to_lowercase(), "journal mode");
     let start = Instant::now();
-    let children: Vec<_> = (0..PROCS)
-        .map(|p| {
-            let mut c = Command::new("sqlite3")
-                .arg(&db)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn sqlite3");
-            let mut script = String::from(".timeout 60000\n");
-            for i in 0..ROWS {
-                script.push_str(&format!("INSERT INTO t VALUES({p}, {i}, hex(randomblob(64)));\n"));
-            }
-            c.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
-            c
-        })
-        .collect();
-    for c in children {
-        let out = c.wait_with_output().unwrap();
-        assert!(
-            out.status.success() && out.stderr.is_empty(),
-            "a writer failed ({mode}): {} {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    let children: Vec<_> = (0..PROCS).map(|p| common::sqlite_writer(&db, p, ROWS)).collect();
+    common::sqlite_writers_done(children, mode);
     let took = start.elapsed();
     assert_eq!(sqlite(&db, "SELECT count(*) FROM t;"), (PROCS * ROWS).to_string());
     assert_eq!(

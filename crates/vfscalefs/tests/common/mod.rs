@@ -202,9 +202,11 @@ impl Drop for Mounted {
         if self.child.is_some() {
             let _ = self.stop_with(nix::sys::signal::Signal::SIGINT, Duration::from_secs(5));
         }
-        // The last resort: never leave a mount behind.
+        // The last resort: never leave a mount behind (one whose server died answers
+        // ENOTCONN, and is still mounted).
         for p in &self.mounts {
-            if is_fuse(p) {
+            let dead = matches!(nix::sys::statfs::statfs(p), Err(nix::errno::Errno::ENOTCONN));
+            if is_fuse(p) || dead {
                 let _ = nix::mount::umount2(p.as_path(), nix::mount::MntFlags::MNT_DETACH);
             }
         }
@@ -305,4 +307,36 @@ impl Mounted {
 /// Runs `cmd`, returning its status and output; panics if it cannot start.
 pub fn run(cmd: &mut Command) -> std::process::Output {
     cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
+}
+
+/// A sqlite3 process inserting `rows` rows (`p`, i, 64 random bytes) into table `t` of
+/// `db`, each its own transaction, with a busy timeout of 60 s.
+pub fn sqlite_writer(db: &Path, p: usize, rows: usize) -> Child {
+    let mut c = Command::new("sqlite3")
+        .arg(db)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sqlite3");
+    let mut script = String::from(".timeout 60000\n");
+    for i in 0..rows {
+        script.push_str(&format!("INSERT INTO t VALUES({p}, {i}, hex(randomblob(64)));\n"));
+    }
+    c.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+    c
+}
+
+/// Waits for the writers of [`sqlite_writer`]: each must succeed without a word on
+/// stderr.
+pub fn sqlite_writers_done(children: Vec<Child>, what: &str) {
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success() && out.stderr.is_empty(),
+            "a writer failed ({what}): {} {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
