@@ -308,13 +308,15 @@ struct MirrorSeen {
     at: i128,
 }
 
-/// A reservation: the range and type of a request parked among clients.
+/// A reservation: the range and type of requests parked among clients, and how many
+/// (one entry per range and type: a herd of waiters costs one, not one each).
 #[derive(Clone, Copy, Debug)]
 struct Reservation {
     id: u64,
     s: i64,
     e: i64,
     ty: LockType,
+    count: u32,
 }
 
 /// The mirror state of one inode (under [`Mirror::state`]).
@@ -481,6 +483,8 @@ impl Mirror {
         };
         let fd = desc.as_raw_fd();
         match ty {
+            // Held already (the holder's or a reservation's range): the call would change nothing.
+            LockType::Write if st.held.pieces(s, e) == [(s, e, Some(LockType::Write))] => true,
             LockType::Write if writable => match mirror_ofd(fd, libc::F_OFD_SETLK, Some(ty), s, e) {
                 Ok(()) => {
                     st.held.set(s, e, Some(ty));
@@ -523,6 +527,15 @@ impl Mirror {
         let Some((desc, _)) = st.fd.clone() else {
             return;
         };
+        // A write reservation over all of `[s, e]` wants it all write: nothing to lower
+        // (the common case of an unlock or a grant with waiters behind it).
+        if st
+            .reserved
+            .iter()
+            .any(|r| r.ty == LockType::Write && r.s <= s && r.e >= e)
+        {
+            return;
+        }
         for (a, b, have) in st.held.pieces(s, e) {
             let Some(have) = have else { continue };
             let want = Self::wanted(st, ctx, a, b);
@@ -565,18 +578,34 @@ impl Mirror {
     }
 
     /// Keeps `[s, e]` raised for a parked request; its id for [`Mirror::unreserve`].
+    /// Requests parked with the same range and type share one reservation.
     pub fn reserve(&self, st: &mut MirrorLocks, ty: LockType, s: i64, e: i64) -> u64 {
+        if let Some(r) = st.reserved.iter_mut().find(|r| (r.s, r.e, r.ty) == (s, e, ty)) {
+            r.count += 1;
+            return r.id;
+        }
         st.next_id += 1;
         let id = st.next_id;
-        st.reserved.push(Reservation { id, s, e, ty });
+        st.reserved.push(Reservation {
+            id,
+            s,
+            e,
+            ty,
+            count: 1,
+        });
         id
     }
 
-    /// Drops reservation `id` and lowers its range.
+    /// Drops one request's share of reservation `id` and lowers its range.
     pub fn unreserve(&self, st: &mut MirrorLocks, ctx: &Arc<FileLockContext>, id: u64) {
         if let Some(i) = st.reserved.iter().position(|r| r.id == id) {
-            let r = st.reserved.swap_remove(i);
-            self.lower(st, ctx, r.s, r.e);
+            let r = &mut st.reserved[i];
+            r.count -= 1;
+            let (s, e) = (r.s, r.e);
+            if r.count == 0 {
+                st.reserved.swap_remove(i);
+            }
+            self.lower(st, ctx, s, e);
         }
     }
 
