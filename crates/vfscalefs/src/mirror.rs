@@ -57,10 +57,12 @@
 //! sees the clients' as it sees its own processes' (and a conversion drops the old lock
 //! first on both sides). The description is closed when the lock goes. The description
 //! is locked first, then `vfscale-locks`, under the mirror mutex, and unlocked after
-//! `vfscale-locks` under it too: so a request that conflicts, whether with the host or
-//! with another client's description, waits in a thread blocked in `flock(2)` on its own
-//! description, and the kernel orders flock waiters, the clients' included (one thread
-//! per waiting flock request, where record-lock waits among clients stay parked).
+//! `vfscale-locks` under it too. A request that must wait for another client is parked
+//! in `vfscale-locks` holding nothing on the source (a conversion has dropped its old
+//! lock on both sides); once granted there it takes the source's lock (`LOCK_NB`) before
+//! it is answered, or, if a host process took it meanwhile, gives the grant back and
+//! waits for the host. A request that waits for the host waits in a thread blocked in
+//! `flock(2)` on its own description: the kernel orders it among the host's waiters.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
