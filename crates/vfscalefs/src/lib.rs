@@ -114,8 +114,8 @@
 //! * A cycle of waits through a host process is not detected (Linux detects none through
 //!   OFD locks); such a waiter can still be interrupted. Between client waiters and host
 //!   waiters the kernel decides the order; a client waiting for another client reserves
-//!   its range on the source meanwhile (a host request for it waits too), and flock
-//!   waiters, clients' included, are ordered by the kernel.
+//!   its range on the source meanwhile (a host request for it waits too); a flock
+//!   waiter for another client holds nothing there until it is granted.
 //! * At a grant the client's cached attributes and data of the file are invalidated
 //!   before the answer (`FUSE_NOTIFY_INVAL_INODE`, from a notify thread: the kernel may
 //!   wait there for a page that a read waiting for a dispatch thread holds, so a grant

@@ -190,8 +190,9 @@ impl Interrupts {
 }
 
 /// What a parked request does once it is done, before it is answered (granted: true):
-/// drop its reservation on the source, or its flock description.
-type TaskDone = Box<dyn FnOnce(bool) + Send>;
+/// drop its reservation on the source, or take its flock lock there. It gives the reply
+/// back to be answered as the request ended, or keeps it (answered, or waiting on).
+type TaskDone = Box<dyn FnOnce(bool, ReplyEmpty) -> Option<ReplyEmpty> + Send>;
 
 struct Task {
     pending: PendingLock,
@@ -275,12 +276,14 @@ impl Driver {
             match Pin::new(&mut task.pending).poll(&mut cx) {
                 Poll::Ready(r) => {
                     task.intr.unpark(task.unique);
-                    if let Some(done) = task.done.take() {
-                        done(r.is_ok());
-                    }
-                    match r {
-                        Ok(()) => task.reply.ok(),
-                        Err(e) => task.reply.error(ferr(e)),
+                    let reply = match task.done.take() {
+                        Some(done) => done(r.is_ok(), task.reply),
+                        None => Some(task.reply),
+                    };
+                    match (r, reply) {
+                        (_, None) => {}
+                        (Ok(()), Some(reply)) => reply.ok(),
+                        (Err(e), Some(reply)) => reply.error(ferr(e)),
                     }
                 }
                 Poll::Pending => {
@@ -308,9 +311,12 @@ impl Driver {
     ) {
         if !intr.repark(unique, hw, pending.interrupter()) {
             drop(pending); // abandons the request
-            done(false);
+            let reply = done(false, reply);
             intr.unpark(unique);
-            return reply.error(FErrno::EINTR);
+            if let Some(reply) = reply {
+                reply.error(FErrno::EINTR);
+            }
+            return;
         }
         self.submit(Task {
             pending,
@@ -626,7 +632,7 @@ impl Locks {
 
     /// A parked request's reservation goes when it is done; a grant runs the grant hook.
     fn unreserve_when_done(h: Arc<Handle>, id: u64, hook: Arc<OnceLock<GrantHook>>, conn: usize) -> TaskDone {
-        Box::new(move |granted| {
+        Box::new(move |granted, reply| {
             if let (Some(m), Some(ctx)) = (h.inode.source_mirror_if_any(), h.inode.lock_context_if_any()) {
                 let mut st = m.state.lock();
                 m.unreserve(&mut st, ctx, id);
@@ -634,6 +640,7 @@ impl Locks {
             if let (true, Some(f)) = (granted, hook.get()) {
                 f(conn, h.inode.id);
             }
+            Some(reply)
         })
     }
 
@@ -804,36 +811,92 @@ impl Locks {
         match req.attempt(m, ctx, &fd, false) {
             MirrorAttempt::Done(res) => self.answer(r.conn, &h.inode, true, res, reply),
             MirrorAttempt::Parked(p, _) => {
-                let done = Self::flock_gone_unless_granted(h.clone(), req.key, self.grant_hook.clone());
+                let done = Self::flock_take_when_granted(
+                    h.clone(),
+                    req,
+                    fd,
+                    self.driver.clone(),
+                    self.grant_hook.clone(),
+                    intr.clone(),
+                    r.unique,
+                );
                 self.finish(Ok(Some(p)), r.unique, intr, reply, Some(done));
             }
             MirrorAttempt::Host if nb => reply.error(FErrno::EAGAIN),
-            MirrorAttempt::Host => self.wait_host_flock(h.clone(), req, fd, r.unique, intr, reply),
+            MirrorAttempt::Host => Self::wait_host_flock(
+                &self.driver,
+                &self.grant_hook,
+                h.clone(),
+                req,
+                fd,
+                r.unique,
+                intr,
+                reply,
+            ),
         }
     }
 
-    /// A parked flock request's description loses its lock if the request fails; a grant
-    /// runs the grant hook.
-    fn flock_gone_unless_granted(
+    /// A parked flock request, once granted among clients, takes its lock on the source
+    /// before it is answered (it held none there while parked); if a host process took
+    /// it meanwhile, the grant goes back and the request waits for the host.
+    #[allow(clippy::too_many_arguments)]
+    fn flock_take_when_granted(
         h: Arc<Handle>,
-        key: (usize, u64),
+        req: FlockReq,
+        fd: Arc<MirrorFd>,
+        driver: Driver,
         hook: Arc<OnceLock<GrantHook>>,
+        intr: Arc<Interrupts>,
+        unique: u64,
     ) -> TaskDone {
-        Box::new(move |granted| {
-            if granted {
-                if let Some(f) = hook.get() {
-                    f(key.0, h.inode.id);
+        Box::new(move |granted, reply| {
+            let (Some(m), Some(ctx)) = (h.inode.source_mirror_if_any(), h.inode.lock_context_if_any()) else {
+                return Some(reply);
+            };
+            if !granted {
+                // Parked, it held nothing on the source: nothing to drop there.
+                return Some(reply);
+            }
+            let (op, ty) = match req.fop {
+                FlockOp::Exclusive => (libc::LOCK_EX, LockType::Write),
+                _ => (libc::LOCK_SH, LockType::Read),
+            };
+            let taken = {
+                let mut st = m.state.lock();
+                let r = mirror_flock_op(&fd, op | libc::LOCK_NB);
+                match &r {
+                    Ok(()) => m.flock_held(&mut st, req.key, fd.clone(), ty),
+                    Err(_) => {
+                        let _ = ctx.flock_lock(req.who, req.file, FlockOp::Unlock, true);
+                    }
                 }
-            } else if let Some(m) = h.inode.source_mirror_if_any() {
-                m.flock_gone(&mut m.state.lock(), key);
+                r
+            };
+            match taken {
+                Ok(()) => {
+                    if let Some(f) = hook.get() {
+                        f(req.key.0, h.inode.id);
+                    }
+                    Some(reply)
+                }
+                Err(e) if is_conflict(&e) => {
+                    Self::wait_host_flock(&driver, &hook, h.clone(), req, fd.clone(), unique, &intr, reply);
+                    None
+                }
+                Err(e) => {
+                    reply.error(errno_of(&e));
+                    None
+                }
             }
         })
     }
 
     /// A flock request that waits for the source: a thread blocked in `flock(2)` on the
     /// client file's description, then on as any request.
+    #[allow(clippy::too_many_arguments)]
     fn wait_host_flock(
-        &self,
+        driver: &Driver,
+        hook: &Arc<OnceLock<GrantHook>>,
         h: Arc<Handle>,
         req: FlockReq,
         fd: Arc<MirrorFd>,
@@ -846,7 +909,7 @@ impl Locks {
             return reply.error(FErrno::EINTR);
         }
         let intr_unpark = intr.clone();
-        let (intr, driver, hook) = (intr.clone(), self.driver.clone(), self.grant_hook.clone());
+        let (intr, driver, hook) = (intr.clone(), driver.clone(), hook.clone());
         let op = match req.fop {
             FlockOp::Exclusive => libc::LOCK_EX,
             _ => libc::LOCK_SH,
@@ -874,7 +937,15 @@ impl Locks {
                     }
                 }
                 MirrorAttempt::Parked(p, _) => {
-                    let done = Self::flock_gone_unless_granted(h.clone(), req.key, hook.clone());
+                    let done = Self::flock_take_when_granted(
+                        h.clone(),
+                        req,
+                        fd.clone(),
+                        driver.clone(),
+                        hook.clone(),
+                        intr.clone(),
+                        unique,
+                    );
                     driver.after_host_wait(&intr, hw, unique, p, reply, done);
                 }
                 MirrorAttempt::Host => {
@@ -903,10 +974,14 @@ impl Locks {
             Ok(Some(pending)) => {
                 if !intr.park(unique, Parked::Lock(pending.interrupter())) {
                     drop(pending); // abandons the request
-                    if let Some(done) = done {
-                        done(false);
+                    let reply = match done {
+                        Some(done) => done(false, reply),
+                        None => Some(reply),
+                    };
+                    if let Some(reply) = reply {
+                        reply.error(FErrno::EINTR);
                     }
-                    return reply.error(FErrno::EINTR);
+                    return;
                 }
                 self.driver.submit(Task {
                     pending,
@@ -1062,7 +1137,19 @@ impl FlockReq {
                         m.flock_gone(&mut st, self.key);
                         let _ = ctx.flock_lock(self.who, self.file, FlockOp::Unlock, true);
                     }
-                    return MirrorAttempt::Host;
+                    if self.nb {
+                        return MirrorAttempt::Host;
+                    }
+                    // Held by another client: wait among clients, with no thread (taken
+                    // on the source at the grant). Granted at once: the host holds it.
+                    return match ctx.flock_lock(self.who, self.file, self.fop, false) {
+                        Ok(Some(p)) => MirrorAttempt::Parked(p, 0),
+                        Ok(None) => {
+                            let _ = ctx.flock_lock(self.who, self.file, FlockOp::Unlock, true);
+                            MirrorAttempt::Host
+                        }
+                        Err(e) => MirrorAttempt::Done(Err(e)),
+                    };
                 }
                 Err(e) => {
                     return MirrorAttempt::Done(Err(Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))))
@@ -1071,7 +1158,12 @@ impl FlockReq {
         }
         m.flock_held(&mut st, self.key, fd.clone(), ty);
         match ctx.flock_lock(self.who, self.file, self.fop, self.nb) {
-            Ok(Some(p)) => MirrorAttempt::Parked(p, 0),
+            Ok(Some(p)) => {
+                // Parked requests hold nothing on the source: a hand-off among clients
+                // then never meets the waiter's own lock there.
+                m.flock_gone(&mut st, self.key);
+                MirrorAttempt::Parked(p, 0)
+            }
             Ok(None) => MirrorAttempt::Done(Ok(())),
             Err(e) => {
                 m.flock_gone(&mut st, self.key);

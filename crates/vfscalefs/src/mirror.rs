@@ -57,10 +57,12 @@
 //! sees the clients' as it sees its own processes' (and a conversion drops the old lock
 //! first on both sides). The description is closed when the lock goes. The description
 //! is locked first, then `vfscale-locks`, under the mirror mutex, and unlocked after
-//! `vfscale-locks` under it too: so a request that conflicts, whether with the host or
-//! with another client's description, waits in a thread blocked in `flock(2)` on its own
-//! description, and the kernel orders flock waiters, the clients' included (one thread
-//! per waiting flock request, where record-lock waits among clients stay parked).
+//! `vfscale-locks` under it too. A request that must wait for another client is parked
+//! in `vfscale-locks` holding nothing on the source (a conversion has dropped its old
+//! lock on both sides); once granted there it takes the source's lock (`LOCK_NB`) before
+//! it is answered, or, if a host process took it meanwhile, gives the grant back and
+//! waits for the host. A request that waits for the host waits in a thread blocked in
+//! `flock(2)` on its own description: the kernel orders it among the host's waiters.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -308,13 +310,15 @@ struct MirrorSeen {
     at: i128,
 }
 
-/// A reservation: the range and type of a request parked among clients.
+/// A reservation: the range and type of requests parked among clients, and how many
+/// (one entry per range and type: a herd of waiters costs one, not one each).
 #[derive(Clone, Copy, Debug)]
 struct Reservation {
     id: u64,
     s: i64,
     e: i64,
     ty: LockType,
+    count: u32,
 }
 
 /// The mirror state of one inode (under [`Mirror::state`]).
@@ -481,6 +485,8 @@ impl Mirror {
         };
         let fd = desc.as_raw_fd();
         match ty {
+            // Held already (the holder's or a reservation's range): the call would change nothing.
+            LockType::Write if st.held.pieces(s, e) == [(s, e, Some(LockType::Write))] => true,
             LockType::Write if writable => match mirror_ofd(fd, libc::F_OFD_SETLK, Some(ty), s, e) {
                 Ok(()) => {
                     st.held.set(s, e, Some(ty));
@@ -523,6 +529,15 @@ impl Mirror {
         let Some((desc, _)) = st.fd.clone() else {
             return;
         };
+        // A write reservation over all of `[s, e]` wants it all write: nothing to lower
+        // (the common case of an unlock or a grant with waiters behind it).
+        if st
+            .reserved
+            .iter()
+            .any(|r| r.ty == LockType::Write && r.s <= s && r.e >= e)
+        {
+            return;
+        }
         for (a, b, have) in st.held.pieces(s, e) {
             let Some(have) = have else { continue };
             let want = Self::wanted(st, ctx, a, b);
@@ -565,18 +580,34 @@ impl Mirror {
     }
 
     /// Keeps `[s, e]` raised for a parked request; its id for [`Mirror::unreserve`].
+    /// Requests parked with the same range and type share one reservation.
     pub fn reserve(&self, st: &mut MirrorLocks, ty: LockType, s: i64, e: i64) -> u64 {
+        if let Some(r) = st.reserved.iter_mut().find(|r| (r.s, r.e, r.ty) == (s, e, ty)) {
+            r.count += 1;
+            return r.id;
+        }
         st.next_id += 1;
         let id = st.next_id;
-        st.reserved.push(Reservation { id, s, e, ty });
+        st.reserved.push(Reservation {
+            id,
+            s,
+            e,
+            ty,
+            count: 1,
+        });
         id
     }
 
-    /// Drops reservation `id` and lowers its range.
+    /// Drops one request's share of reservation `id` and lowers its range.
     pub fn unreserve(&self, st: &mut MirrorLocks, ctx: &Arc<FileLockContext>, id: u64) {
         if let Some(i) = st.reserved.iter().position(|r| r.id == id) {
-            let r = st.reserved.swap_remove(i);
-            self.lower(st, ctx, r.s, r.e);
+            let r = &mut st.reserved[i];
+            r.count -= 1;
+            let (s, e) = (r.s, r.e);
+            if r.count == 0 {
+                st.reserved.swap_remove(i);
+            }
+            self.lower(st, ctx, s, e);
         }
     }
 
