@@ -79,7 +79,12 @@ fn drained(m: &Mounted, file: &Path) -> (u64, u64) {
     (s.inodes, s.lookups)
 }
 
+/// One mount at a time: a drain's `drop_caches` makes every kernel forget what it can, so
+/// one test's drain would take the entries another just listed.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn check_mount(opts: &str, expect_instantiated: bool) {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let t = TempDir::new("rdplus-stats");
     let sf = t.0.join("stats");
     let mut m = Mounted::start_env(1, opts, &[("VFSCALEFS_STATS", &sf)]).expect("mount");
