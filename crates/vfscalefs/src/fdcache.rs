@@ -121,15 +121,9 @@ impl FdSlot {
         matches!(&*self.0.lock(), Slot::Pinned(_))
     }
 
-    /// The owner keeps `fd` from now on (its cached entry, if any, is left to the
-    /// clock or to [`FdCache::remove`]).
-    pub fn pin(&self, fd: Arc<CachedFd>) {
-        let old = std::mem::replace(&mut *self.0.lock(), Slot::Pinned(fd));
-        drop(old);
-    }
-
-    /// As [`FdSlot::pin`] if the owner keeps no descriptor yet: whether it did now.
-    pub fn pin_if_unpinned(&self, fd: Arc<CachedFd>) -> bool {
+    /// The owner keeps `fd` from now on, unless it keeps one already: whether it took
+    /// `fd` (its cached entry, if any, is left to the clock or to [`FdCache::remove`]).
+    pub fn pin(&self, fd: Arc<CachedFd>) -> bool {
         let mut s = self.0.lock();
         if matches!(&*s, Slot::Pinned(_)) {
             return false;

@@ -308,7 +308,7 @@ impl Conn {
             }
         }
         let cache = if keep && !self.srv.reopens() {
-            h.file.pin(CachedFd::pinned(file));
+            let _ = h.file.pin(CachedFd::pinned(file));
             None
         } else {
             keep.then_some(file)

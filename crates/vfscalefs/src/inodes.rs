@@ -555,7 +555,7 @@ impl InodeTable {
                     Some(m) => m.clone(),
                     None => CachedFd::pinned(root_fd),
                 };
-                n.data().fd.pin(own);
+                let _ = n.data().fd.pin(own);
                 own_fds.fetch_add(1, Ordering::Relaxed);
                 Node(n.unlock_new_inode())
             }
@@ -649,7 +649,7 @@ impl InodeTable {
     /// `inode` keeps `fd` as its own descriptor (unless it has one), counted in
     /// [`InodeTable::own_fds`] until its eviction.
     fn pin(&self, inode: &Inode, fd: OwnedFd) {
-        if inode.fd.pin_if_unpinned(CachedFd::pinned(fd)) {
+        if inode.fd.pin(CachedFd::pinned(fd)) {
             self.own_fds.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -774,19 +774,10 @@ impl InodeTable {
     }
 
     /// Counts one lookup, on connection `conn`, of the inode with identity `st` if the
-    /// cache already has it, without a descriptor: the budget-short path of
-    /// `READDIRPLUS` (see `fs.rs`). `None` when the inode is not cached.
+    /// cache already has it, without a descriptor (a lookup's first try, and the
+    /// budget-short path of `READDIRPLUS`, see `fs.rs`). `None` when it is not cached.
     pub fn lookup_cached(&self, conn: usize, st: &libc::stat64) -> Option<Node> {
-        let key = BackingKey {
-            dev: st.st_dev,
-            ino: st.st_ino,
-        };
-        let id = self.id_for(&key);
-        let node = if id == ROOT_ID {
-            self.root.clone()
-        } else {
-            Node(self.sb.ilookup5(id, move |i| i.data().key == key)?)
-        };
+        let node = self.peek(st)?;
         Self::count_lookup(conn, &node);
         Some(node)
     }
