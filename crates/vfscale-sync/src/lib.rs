@@ -39,6 +39,9 @@ mod imp {
 
 pub use imp::*;
 
+mod gate;
+pub use gate::DispatchGate;
+
 /// A mutex whose `lock` returns the guard directly on every backend.
 #[derive(Debug, Default)]
 pub struct Mutex<T> {

@@ -14,6 +14,7 @@
 //! |---|---|---|
 //! | [`Server`] | here | what all connections share: inode table, handle table, lock manager |
 //! | [`fs::Conn`] | `fs.rs` | one connection (mountpoint): the FUSE operations |
+//! | [`dispatch::ConnGate`] | `dispatch.rs` | which dispatch threads read `/dev/fuse`: one serves a serial stream, spares park until requests queue up or may block |
 //! | [`inodes::InodeTable`] | `inodes.rs` | the `vfscale-icache` inode cache: node id ↔ `(st_dev, st_ino)`, each inode's file handle, `I_NEW`-coalesced lookups, lookup counts per connection, eviction when forgotten |
 //! | [`fdcache::FdCache`] | `fdcache.rs` | the bounded cache of source descriptors (inodes' `O_PATH` descriptors, open files without passthrough), CLOCK per shard, reopened on a miss |
 //! | [`handles::Handles`] | `handles.rs` | open files: `fh` = a `vfscale-fdtable` descriptor |
@@ -154,6 +155,7 @@
 
 #![warn(missing_docs)]
 
+pub mod dispatch;
 pub mod fdcache;
 pub mod fs;
 pub mod handles;
@@ -189,6 +191,9 @@ pub struct Options {
     pub allow_other: bool,
     /// Dispatch threads per mountpoint.
     pub threads: usize,
+    /// Park spare dispatch threads until requests queue up or may block
+    /// ([`dispatch`]); off, every thread reads `/dev/fuse`.
+    pub dispatch_gate: bool,
     /// Mount read-only.
     pub read_only: bool,
     /// Allow device nodes (`dev`) and set-user-ID bits (`suid`) to take effect.
@@ -217,6 +222,7 @@ impl Default for Options {
             passthrough: true,
             allow_other: false,
             threads: (2 * cpus).clamp(4, 16),
+            dispatch_gate: true,
             read_only: false,
             dev: false,
             suid: false,
@@ -250,6 +256,8 @@ impl Options {
                 "suid" => self.suid = true,
                 "passthrough" => self.passthrough = true,
                 "nopassthrough" => self.passthrough = false,
+                "dispatch_gate" => self.dispatch_gate = true,
+                "nodispatch_gate" => self.dispatch_gate = false,
                 "readdirplus" => self.readdirplus = true,
                 "noreaddirplus" => self.readdirplus = false,
                 "fd_reserve" => self.fd_reserve = Some(num(v)?),
@@ -544,8 +552,17 @@ fn check_mountpoint(p: &Path) -> Result<(), Error> {
 /// lock_wait_nodes=`, see `vfscale_locks::ContextStats`: `lock_wait_nodes` over
 /// `lock_blocks` is the wait-tree work per sleep). After the kernels have forgotten everything (`umount`, or
 /// `echo 2 > /proc/sys/vm/drop_caches` with nothing open) it reads `inodes=1 lookups=0`.
-fn write_stats(srv: &Server) {
+fn write_stats(srv: &Server, gates: &[Arc<dispatch::ConnGate>]) {
     use std::io::Write as _;
+    let g = gates.iter().fold(dispatch::GateStats::default(), |a, g| {
+        let s = g.stats();
+        dispatch::GateStats {
+            reads: a.reads + s.reads,
+            busy_reads: a.busy_reads + s.busy_reads,
+            parks: a.parks + s.parks,
+            wakes: a.wakes + s.wakes,
+        }
+    });
     let s = srv.inodes.stats();
     let open: usize = (0..srv.inodes.connections())
         .map(|c| srv.handles.of_connection(c).len())
@@ -553,8 +570,9 @@ fn write_stats(srv: &Server) {
     let l = srv.locks.stats();
     let f = srv.fds.stats();
     let line = format!(
-        "inodes={} lookups={} handles={open} fds_cached={} fds_capacity={} fds_opened={} lock_grants={} lock_blocks={} lock_wakeups={} lock_handoffs={} lock_held={} lock_wait_nodes={}\n",
-        s.inodes, s.lookups, f.cached, f.capacity, f.opened, l.grants, l.blocks, l.wakeups, l.handoffs, l.held, l.wait_nodes
+        "inodes={} lookups={} handles={open} fds_cached={} fds_capacity={} fds_opened={} lock_grants={} lock_blocks={} lock_wakeups={} lock_handoffs={} lock_held={} lock_wait_nodes={} reads={} busy_reads={} dispatch_parks={} dispatch_wakes={}\n",
+        s.inodes, s.lookups, f.cached, f.capacity, f.opened, l.grants, l.blocks, l.wakeups, l.handoffs, l.held, l.wait_nodes,
+        g.reads, g.busy_reads, g.parks, g.wakes
     );
     let wrote = std::env::var_os("VFSCALEFS_STATS").is_some_and(|p| {
         std::fs::OpenOptions::new()
@@ -650,7 +668,14 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
 
     let mut sessions = Vec::new();
     let mut unmounters = Vec::new();
+    let mut gates = Vec::new();
     for (i, mp) in mountpoints.iter().enumerate() {
+        config.dispatch_gate = None;
+        if opts.dispatch_gate && opts.threads > 1 {
+            let g = Arc::new(dispatch::ConnGate::new(opts.threads));
+            gates.push(g.clone());
+            config.dispatch_gate = Some(fuser::GateHandle(g));
+        }
         match Session::new(fs::Conn::new(i, srv.clone()), mp, &config) {
             Ok(mut s) => {
                 unmounters.push((mp.clone(), s.unmount_callable()));
@@ -697,6 +722,7 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
             }
             let (done, wait) = std::sync::mpsc::sync_channel(1);
             if tx.send((conn, id, done)).is_ok() {
+                dispatch::blocking();
                 let _ = wait.recv_timeout(GRANT_NOTIFY_WAIT);
             }
         }));
@@ -730,7 +756,7 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
         .spawn(move || {
             loop {
                 match sigs.wait() {
-                    Ok(Signal::SIGUSR1) => write_stats(&stats_srv),
+                    Ok(Signal::SIGUSR1) => write_stats(&stats_srv, &gates),
                     Ok(_) => break,
                     Err(_) => return,
                 }

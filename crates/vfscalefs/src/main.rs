@@ -18,7 +18,8 @@ struct Args {
     #[arg(required = true)]
     mountpoints: Vec<PathBuf>,
     /// Mount options, comma-separated: allow_other, ro, dev, suid, nopassthrough,
-    /// threads=N (dispatch threads per mountpoint), ttl=MS (attribute and name cache).
+    /// threads=N (dispatch threads per mountpoint), nodispatch_gate (every thread reads
+    /// /dev/fuse), ttl=MS (attribute and name cache); README.md lists the rest.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
 }

@@ -47,6 +47,8 @@ pub use crate::ll::request::FileHandle;
 pub use crate::ll::request::INodeNo;
 pub use crate::ll::request::LockOwner;
 pub use crate::ll::request::Version;
+pub use crate::dispatch_gate::DispatchGate;
+pub use crate::dispatch_gate::GateHandle;
 pub use crate::mnt::mount_options::Config;
 pub use crate::mnt::mount_options::MountOption;
 pub use crate::notify::Notifier;
@@ -84,6 +86,7 @@ mod access_flags;
 mod bsd_file_flags;
 mod channel;
 mod dev_fuse;
+mod dispatch_gate;
 /// Experimental APIs
 #[cfg(feature = "experimental")]
 pub mod experimental;

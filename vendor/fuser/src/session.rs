@@ -294,6 +294,8 @@ impl<FS: Filesystem> Session<FS> {
             let thread_name = format!("fuser-{i}");
             let event_loop = SessionEventLoop {
                 thread_name: thread_name.clone(),
+                thread: i,
+                gate: config.dispatch_gate.clone(),
                 filesystem: filesystem.clone(),
                 ch,
                 allowed,
@@ -514,6 +516,10 @@ impl SessionUnmounter {
 pub(crate) struct SessionEventLoop<FS: Filesystem> {
     /// Cache thread name for faster `debug!`.
     pub(crate) thread_name: String,
+    /// This thread's index in the session, for the gate.
+    pub(crate) thread: usize,
+    /// Decides whether this thread reads (see `Config::dispatch_gate`).
+    pub(crate) gate: Option<crate::GateHandle>,
     pub(crate) ch: Channel,
     pub(crate) filesystem: Arc<FilesystemHolder<FS>>,
     pub(crate) allowed: SessionACL,
@@ -522,17 +528,35 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
 
 impl<FS: Filesystem> SessionEventLoop<FS> {
     fn event_loop(&self) -> io::Result<()> {
+        let res = self.serve();
+        if let Some(g) = &self.gate {
+            g.0.close();
+        }
+        res
+    }
+
+    fn serve(&self) -> io::Result<()> {
         // Buffer for receiving requests from the kernel. Only one is allocated and
         // it is reused immediately after dispatching to conserve memory and allocations.
         let mut buf = FuseReadBuf::new();
         let buf = buf.as_mut();
         loop {
+            if let Some(g) = &self.gate {
+                if !g.0.before_read(self.thread) {
+                    return Ok(());
+                }
+            }
+            let started = self.gate.as_ref().map(|_| std::time::Instant::now());
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
             match self.ch.receive_retrying(buf) {
                 Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
                     // Dispatch request
                     Some(req) => {
+                        if let (Some(g), Some(t)) = (&self.gate, started) {
+                            let opcode = u32::from_ne_bytes([buf[4], buf[5], buf[6], buf[7]]);
+                            g.0.after_read(self.thread, opcode, t.elapsed(), self.ch.as_fd());
+                        }
                         if let Ok(Operation::Destroy(_)) = req.request.operation() {
                             req.reply::<ReplyEmpty>().ok();
                             return Ok(());

@@ -18,6 +18,11 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// Decides which dispatch threads read `/dev/fuse` (see [`DispatchGate`]); without
+    /// one, every thread reads.
+    ///
+    /// [`DispatchGate`]: crate::DispatchGate
+    pub dispatch_gate: Option<crate::GateHandle>,
 }
 
 /// Mount options accepted by the FUSE filesystem type

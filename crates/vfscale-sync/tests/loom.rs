@@ -1,0 +1,143 @@
+//! loom models of the dispatch gate: a pool of threads serving a queue that only a
+//! blocking read takes from, as `/dev/fuse` is. Run with
+//! `RUSTFLAGS="--cfg vfscale_loom" cargo test -p vfscale-sync --test loom --release`.
+#![cfg(vfscale_loom)]
+
+use loom::sync::{Arc, Condvar, Mutex};
+use std::collections::VecDeque;
+use vfscale_sync::DispatchGate;
+
+/// A request of the model: `Waits` blocks its server until `Frees` has been served.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Req {
+    Waits,
+    Frees,
+    Quick,
+}
+
+/// The queue (a blocking read, like `/dev/fuse`) and what the requests wait on, under
+/// one lock and one condition variable to keep the model small.
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Req>,
+    closed: bool,
+    freed: bool,
+    served: usize,
+}
+
+#[derive(Default)]
+struct World {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl World {
+    /// The blocking read: a request, or None once the queue is closed.
+    fn read(&self) -> Option<Req> {
+        let mut s = self.state.lock().unwrap();
+        loop {
+            if let Some(r) = s.queue.pop_front() {
+                return Some(r);
+            }
+            if s.closed {
+                return None;
+            }
+            s = self.changed.wait(s).unwrap();
+        }
+    }
+
+    fn push(&self, r: Req) {
+        self.state.lock().unwrap().queue.push_back(r);
+        self.changed.notify_all();
+    }
+
+    fn serve(&self, r: Req) {
+        let mut s = self.state.lock().unwrap();
+        match r {
+            Req::Waits => {
+                while !s.freed {
+                    s = self.changed.wait(s).unwrap();
+                }
+            }
+            Req::Frees => s.freed = true,
+            Req::Quick => {}
+        }
+        s.served += 1;
+        drop(s);
+        self.changed.notify_all();
+    }
+
+    fn wait_served(&self, n: usize) {
+        let mut s = self.state.lock().unwrap();
+        while s.served < n {
+            s = self.changed.wait(s).unwrap();
+        }
+    }
+
+    fn close(&self) {
+        self.state.lock().unwrap().closed = true;
+        self.changed.notify_all();
+    }
+}
+
+/// One dispatch thread: the loop fuser runs with a gate. `busy` says what every read
+/// reports (false is the case that parks the most).
+fn worker(gate: Arc<DispatchGate>, world: Arc<World>, me: usize, busy: bool) {
+    let mut last_busy = false;
+    loop {
+        if !gate.before_read(me, last_busy) {
+            return;
+        }
+        let Some(r) = world.read() else {
+            gate.close();
+            return;
+        };
+        last_busy = busy;
+        gate.after_read(r != Req::Quick, busy);
+        world.serve(r);
+    }
+}
+
+fn run(requests: &[Req], threads: usize, busy: bool) {
+    let gate = Arc::new(DispatchGate::new(threads));
+    let world = Arc::new(World::default());
+    let hs: Vec<_> = (0..threads)
+        .map(|t| {
+            let (g, w) = (gate.clone(), world.clone());
+            loom::thread::spawn(move || worker(g, w, t, busy))
+        })
+        .collect();
+    for r in requests {
+        world.push(*r);
+    }
+    world.wait_served(requests.len());
+    world.close();
+    for h in hs {
+        h.join().unwrap();
+    }
+}
+
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(2);
+    b.check(f);
+}
+
+/// A request that blocks until a later one is served never stalls the pool: a spare
+/// is woken to read the later one (loom reports a deadlock otherwise).
+#[test]
+fn a_blocking_request_lets_a_spare_read() {
+    model(|| run(&[Req::Waits, Req::Frees], 2, false));
+}
+
+/// Requests that never block, from a stream, are all served, whoever parks.
+#[test]
+fn quick_requests_are_all_served() {
+    model(|| run(&[Req::Quick, Req::Quick], 2, false));
+}
+
+/// Reads that find the queue busy keep more readers; still no request is left unread.
+#[test]
+fn busy_reads_keep_readers_and_lose_nothing() {
+    model(|| run(&[Req::Waits, Req::Frees], 2, true));
+}

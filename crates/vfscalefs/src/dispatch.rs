@@ -1,0 +1,236 @@
+//! Which dispatch threads of a connection read `/dev/fuse`: the connection's
+//! [`DispatchGate`], and which requests may block.
+//!
+//! The kernel wakes the threads blocked in `read(2)` in FIFO order, so with every thread
+//! reading, a client that sends one request at a time (a `find`, an `ls -l`, a build
+//! step) has each served by the thread idle longest: a wake-up that preempts the thread
+//! that just replied, and a cold cache. The gate keeps one thread serving such a stream
+//! and parks the others until requests queue up or one in hand may block.
+//!
+//! A request may block when it can wait on something outside this server's control for
+//! long: I/O on file data (`READ`, `WRITE`, `FSYNC`, ...), lock requests, and anything
+//! this list does not know. `FLUSH` and `RELEASE` release locks but wait only where a
+//! release grants a waiter whose cache must be invalidated, and that wait calls
+//! [`blocking`]. The
+//! requests below are answered from one or a few metadata syscalls on the source; one
+//! that blocks anyway (a stalled network source) delays the requests behind it, not
+//! forever. Code that is about to wait in a request that is not listed as blocking
+//! calls [`blocking`].
+
+use std::cell::RefCell;
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+use fuser::DispatchGate as Hook;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use vfscale_sync::DispatchGate;
+
+/// A read that returns sooner found its request already queued: a read that sleeps
+/// takes at least a cross-CPU wake-up, several microseconds.
+pub const QUEUED_READ: Duration = Duration::from_micros(2);
+
+thread_local! {
+    /// The gate of the connection this dispatch thread serves.
+    static SERVING: RefCell<Option<Arc<DispatchGate>>> = const { RefCell::new(None) };
+}
+
+/// One dispatch thread's view of its reads; written only by that thread.
+#[derive(Default)]
+struct Reads {
+    /// Its last read found a request queued.
+    busy: AtomicBool,
+    reads: AtomicU64,
+    busy_reads: AtomicU64,
+}
+
+/// One connection's gate, as fuser's hook.
+pub struct ConnGate {
+    gate: Arc<DispatchGate>,
+    threads: Vec<CachePadded<Reads>>,
+}
+
+/// What a connection's gate counted (the `SIGUSR1` line).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GateStats {
+    /// Requests read.
+    pub reads: u64,
+    /// Reads that found their request already queued.
+    pub busy_reads: u64,
+    /// Times a dispatch thread parked.
+    pub parks: u64,
+    /// Times a parked thread was woken to read.
+    pub wakes: u64,
+}
+
+impl ConnGate {
+    /// The gate of a connection served by `threads` dispatch threads.
+    pub fn new(threads: usize) -> Self {
+        ConnGate {
+            gate: Arc::new(DispatchGate::new(threads)),
+            threads: (0..threads).map(|_| CachePadded::new(Reads::default())).collect(),
+        }
+    }
+
+    /// What the gate counted so far.
+    pub fn stats(&self) -> GateStats {
+        let (parks, wakes) = self.gate.parks_and_wakes();
+        let sum =
+            |f: fn(&Reads) -> &AtomicU64| self.threads.iter().map(|t| f(t).load(Ordering::Relaxed)).sum();
+        GateStats {
+            reads: sum(|t| &t.reads),
+            busy_reads: sum(|t| &t.busy_reads),
+            parks,
+            wakes,
+        }
+    }
+}
+
+impl Hook for ConnGate {
+    fn before_read(&self, thread: usize) -> bool {
+        SERVING.with(|s| {
+            let mut s = s.borrow_mut();
+            if s.is_none() {
+                *s = Some(self.gate.clone());
+            }
+        });
+        let busy = self.threads[thread].busy.load(Ordering::Relaxed);
+        self.gate.before_read(thread, busy)
+    }
+
+    fn after_read(&self, thread: usize, opcode: u32, read_time: Duration, dev: BorrowedFd<'_>) {
+        // A read that returned at once may just have found the next request of a serial
+        // stream; the queue is busy only if another request waits behind it.
+        let busy = read_time < QUEUED_READ && more_queued(dev);
+        let t = &self.threads[thread];
+        t.busy.store(busy, Ordering::Relaxed);
+        t.reads.fetch_add(1, Ordering::Relaxed);
+        if busy {
+            t.busy_reads.fetch_add(1, Ordering::Relaxed);
+        }
+        self.gate.after_read(may_block(opcode), busy);
+    }
+
+    fn close(&self) {
+        self.gate.close();
+    }
+}
+
+/// Whether `/dev/fuse` has another request queued (`poll(2)`, no wait).
+fn more_queued(dev: BorrowedFd<'_>) -> bool {
+    let mut p = [PollFd::new(dev, PollFlags::POLLIN)];
+    matches!(poll(&mut p, PollTimeout::ZERO), Ok(n) if n > 0)
+}
+
+/// The calling dispatch thread is about to wait on something that may take long (a
+/// request not listed as blocking): a spare thread reads meanwhile.
+pub fn blocking() {
+    SERVING.with(|s| {
+        if let Some(g) = s.borrow().as_ref() {
+            g.blocking();
+        }
+    });
+}
+
+/// FUSE opcodes (`enum fuse_opcode` of `include/uapi/linux/fuse.h`).
+pub mod op {
+    #![allow(missing_docs)]
+    pub const LOOKUP: u32 = 1;
+    pub const FORGET: u32 = 2;
+    pub const GETATTR: u32 = 3;
+    pub const SETATTR: u32 = 4;
+    pub const READLINK: u32 = 5;
+    pub const SYMLINK: u32 = 6;
+    pub const MKNOD: u32 = 8;
+    pub const MKDIR: u32 = 9;
+    pub const UNLINK: u32 = 10;
+    pub const RMDIR: u32 = 11;
+    pub const RENAME: u32 = 12;
+    pub const LINK: u32 = 13;
+    pub const OPEN: u32 = 14;
+    pub const READ: u32 = 15;
+    pub const WRITE: u32 = 16;
+    pub const STATFS: u32 = 17;
+    pub const RELEASE: u32 = 18;
+    pub const FSYNC: u32 = 20;
+    pub const SETXATTR: u32 = 21;
+    pub const GETXATTR: u32 = 22;
+    pub const LISTXATTR: u32 = 23;
+    pub const REMOVEXATTR: u32 = 24;
+    pub const FLUSH: u32 = 25;
+    pub const OPENDIR: u32 = 27;
+    pub const READDIR: u32 = 28;
+    pub const RELEASEDIR: u32 = 29;
+    pub const GETLK: u32 = 31;
+    pub const SETLK: u32 = 32;
+    pub const SETLKW: u32 = 33;
+    pub const ACCESS: u32 = 34;
+    pub const CREATE: u32 = 35;
+    pub const INTERRUPT: u32 = 36;
+    pub const BATCH_FORGET: u32 = 42;
+    pub const READDIRPLUS: u32 = 44;
+    pub const RENAME2: u32 = 45;
+    pub const LSEEK: u32 = 46;
+}
+
+/// Whether a request with `opcode` may wait for long (see the module's first page).
+pub fn may_block(opcode: u32) -> bool {
+    !matches!(
+        opcode,
+        op::LOOKUP
+            | op::FORGET
+            | op::BATCH_FORGET
+            | op::GETATTR
+            | op::SETATTR
+            | op::READLINK
+            | op::SYMLINK
+            | op::MKNOD
+            | op::MKDIR
+            | op::UNLINK
+            | op::RMDIR
+            | op::RENAME
+            | op::RENAME2
+            | op::LINK
+            | op::OPEN
+            | op::CREATE
+            | op::FLUSH
+            | op::RELEASE
+            | op::STATFS
+            | op::GETXATTR
+            | op::LISTXATTR
+            | op::SETXATTR
+            | op::REMOVEXATTR
+            | op::ACCESS
+            | op::OPENDIR
+            | op::READDIR
+            | op::READDIRPLUS
+            | op::RELEASEDIR
+            | op::GETLK
+            | op::INTERRUPT
+            | op::LSEEK
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_is_served_inline_and_data_and_locks_hand_off() {
+        for op in [
+            op::LOOKUP,
+            op::GETATTR,
+            op::READDIRPLUS,
+            op::CREATE,
+            op::FLUSH,
+            op::RELEASE,
+        ] {
+            assert!(!may_block(op), "{op}");
+        }
+        for op in [op::READ, op::WRITE, op::FSYNC, op::SETLKW, op::SETLK, 9999] {
+            assert!(may_block(op), "{op}");
+        }
+    }
+}
