@@ -39,13 +39,10 @@ cleanup() {
 trap cleanup EXIT
 
 # One server per setting, both of $BASE/src.
+. scripts/lib-vfscalefs.sh
 for m in mirror off; do
   "$BIN/vfscalefs" "$BASE/src" "$BASE/$m" -o "source_locks=$m" 2>"$BASE/$m.log" &
-  for _ in $(seq 100); do
-    grep -q "inodes by" "$BASE/$m.log" 2>/dev/null && break
-    sleep 0.1
-  done
-  cat "$BASE/$m.log"
+  wait_for_server "$BASE/$m.log"
 done
 echo "vfscalefs source_locks=mirror and =off on $BASE/src; $(nproc) CPUs, Linux $(uname -r)," \
   "commit $(git rev-parse --short HEAD), $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
