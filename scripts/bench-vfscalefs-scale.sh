@@ -34,14 +34,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
+. scripts/lib-vfscalefs.sh
 mount_vfscalefs() {
   ( ulimit -n 1024; exec "$BIN/vfscalefs" "$BASE/src" "$BASE/vf" ) \
     2>"$BASE/vf.log" &
-  for _ in $(seq 100); do
-    grep -q "inodes by" "$BASE/vf.log" 2>/dev/null && break
-    sleep 0.1
-  done
-  cat "$BASE/vf.log"
+  wait_for_server "$BASE/vf.log"
 }
 mount_vfscalefs
 bindfs "$BASE/src" "$BASE/bf"

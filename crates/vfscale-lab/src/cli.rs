@@ -133,6 +133,15 @@ pub struct ReplayArgs {
     /// The library's wake setting.
     #[arg(long, value_enum, default_value_t = Wake::Tree)]
     pub wake: Wake,
+    /// The kernel target's directory, instead of a fresh one under /dev/shm (any
+    /// mounted filesystem). Repeated, a mixed replay: the first is a source directory,
+    /// the others show its files (mounts of it), and the scenario's processes, in the
+    /// order they start, take the directories in turn (process i on directory i mod n).
+    /// With --against both its results must then agree with the library's except for
+    /// pids and, in an F_GETLK on the first directory, a lock held by the server for
+    /// the processes on the others.
+    #[arg(long = "dir", value_name = "DIR")]
+    pub dirs: Vec<PathBuf>,
 }
 
 /// `vfscale locks check`.

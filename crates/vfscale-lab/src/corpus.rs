@@ -94,13 +94,15 @@ pub fn report_both(
     other: &str,
     difference: impl FnOnce(&str, &str) -> String,
 ) -> ExitCode {
+    let difference = (lib != theirs).then(|| difference(lib, theirs));
+    report_difference(file, lib, other, difference)
+}
+
+/// As [`report_both`], with the difference already found (`None`: they agree).
+pub fn report_difference(file: &Path, lib: &str, other: &str, difference: Option<String>) -> ExitCode {
     print!("{lib}");
-    if lib != theirs {
-        eprintln!(
-            "{}: results differ at {}",
-            file.display(),
-            difference(lib, theirs)
-        );
+    if let Some(d) = difference {
+        eprintln!("{}: results differ at {d}", file.display());
         return ExitCode::from(1);
     }
     eprintln!("{}: library and {other} agree", file.display());

@@ -17,9 +17,24 @@ trait Subsystem {
     fn library(&self, text: &str) -> Result<String, String>;
     /// Parses `text` and replays it against the kernel.
     fn kernel(&self, text: &str) -> Result<String, String>;
+    /// Where the library's results `lib` and the kernel's `ker` for scenario `text`
+    /// differ, if they do.
+    fn difference(&self, _text: &str, lib: &str, ker: &str) -> Result<Option<String>, String> {
+        Ok((lib != ker).then(|| first_difference(lib, ker)))
+    }
 }
 
-struct Locks(Settings);
+struct Locks {
+    settings: Settings,
+    kernel: vfscale_conformance::locks::KernelOptions,
+}
+
+impl Locks {
+    /// The kernel target's directories (none: a fresh one under /dev/shm).
+    fn dirs(&self) -> usize {
+        self.kernel.dir.iter().count() + self.kernel.views.len()
+    }
+}
 
 impl Subsystem for Locks {
     fn kernel_available(&self) -> Result<(), String> {
@@ -28,16 +43,36 @@ impl Subsystem for Locks {
     fn library(&self, text: &str) -> Result<String, String> {
         use vfscale_conformance::locks::{library, render_results, Scenario};
         let scn = Scenario::parse(text).map_err(|e| e.to_string())?;
-        library::replay_with(&scn, self.0)
+        library::replay_with(&scn, self.settings)
             .map(|r| render_results(&r))
             .map_err(|e| e.to_string())
     }
     fn kernel(&self, text: &str) -> Result<String, String> {
         use vfscale_conformance::locks::{kernel, render_results, Scenario};
         let scn = Scenario::parse(text).map_err(|e| e.to_string())?;
-        kernel::replay(&scn)
+        kernel::replay_with(&scn, &self.kernel)
             .map(|r| render_results(&r))
             .map_err(|e| e.to_string())
+    }
+    /// Over several directories, the rules of a mixed replay
+    /// (`vfscale_conformance::locks::mixed`); the steps where they allowed the
+    /// server's lock are said on stderr.
+    fn difference(&self, text: &str, lib: &str, ker: &str) -> Result<Option<String>, String> {
+        use vfscale_conformance::locks::{mixed, Scenario};
+        if self.dirs() < 2 {
+            return Ok((lib != ker).then(|| first_difference(lib, ker)));
+        }
+        let scn = Scenario::parse(text).map_err(|e| e.to_string())?;
+        // The first directory is the source.
+        let c = mixed::compare(&scn, self.dirs(), 0, lib, ker)?;
+        for s in &c.server_locks {
+            eprintln!("step {s}: F_GETLK on the source saw the server's lock (allowed)");
+        }
+        let mut d = c.differences.into_iter().map(|(_, d)| d);
+        Ok(d.next().map(|first| match d.count() {
+            0 => first,
+            n => format!("{first}\n  (and {n} more steps)"),
+        }))
     }
 }
 
@@ -106,7 +141,8 @@ fn replay(sub: &dyn Subsystem, file: &Path, against: Against) -> Result<ExitCode
         Against::Both => {
             let lib = sub.library(&text).map_err(at)?;
             let ker = kernel()?;
-            return Ok(corpus::report_both(file, &lib, &ker, "kernel", first_difference));
+            let difference = sub.difference(&text, &lib, &ker).map_err(at)?;
+            return Ok(corpus::report_difference(file, &lib, "kernel", difference));
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -134,18 +170,36 @@ fn check(sub: &dyn Subsystem, paths: &[PathBuf]) -> Result<ExitCode, String> {
         let at = |e: String| format!("{}: {e}", f.display());
         let lib = sub.library(&text).map_err(at)?;
         let ker = sub.kernel(&text).map_err(at)?;
-        Ok((lib != ker).then(|| first_difference(&lib, &ker)))
+        sub.difference(&text, &lib, &ker).map_err(at)
     })
 }
 
-/// `vfscale locks replay FILE [--against library|kernel|both]`.
+/// `vfscale locks replay FILE [--against library|kernel|both] [--dir DIR]...`.
 pub fn locks_replay(a: &ReplayArgs) -> Result<ExitCode, String> {
-    replay(&Locks(lock_settings(a.wake)), &a.file, a.against)
+    if !a.dirs.is_empty() && a.against == Against::Library {
+        return Err("--dir is where the kernel target runs: give --against kernel or both".into());
+    }
+    if a.dirs.len() > 1 {
+        use vfscale_conformance::locks::{mixed, Scenario};
+        // Said first: a cycle usually ends a mixed replay with an error.
+        if let Ok(Err(why)) = Scenario::parse(&read(&a.file)?).map(|s| mixed::eligible(&s)) {
+            eprintln!("note: a mixed replay is meant for POSIX and flock locks without cycles; here {why}");
+        }
+    }
+    let locks = Locks {
+        settings: lock_settings(a.wake),
+        kernel: vfscale_conformance::locks::KernelOptions::in_dirs(&a.dirs),
+    };
+    replay(&locks, &a.file, a.against)
 }
 
 /// `vfscale locks check PATH...`.
 pub fn locks_check(a: &CheckArgs) -> Result<ExitCode, String> {
-    check(&Locks(lock_settings(a.wake)), &a.paths)
+    let locks = Locks {
+        settings: lock_settings(a.wake),
+        kernel: Default::default(),
+    };
+    check(&locks, &a.paths)
 }
 
 /// `vfscale fd replay FILE [--against library|kernel|both]`.

@@ -7,16 +7,11 @@ mod common;
 
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{cannot_mount, say, Mounted};
 use vfscale_conformance::locks::{kernel, render_results, KernelOptions, Op, Scenario};
-
-fn corpus() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/locks")
-}
 
 fn uses_ofd(scn: &Scenario) -> bool {
     scn.steps
@@ -36,12 +31,7 @@ fn corpus_on_the_mount_matches_tmpfs() {
         return say(&format!("SKIP: the kernel runner cannot run here: {why}"));
     }
     let m = Mounted::start(1, "").expect("mount");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(corpus())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
-        .collect();
-    files.sort();
+    let files = common::lock_corpus();
     let opts = KernelOptions::in_dir(&m.mounts[0]);
     let (mut ran, mut skipped, mut failures) = (0, 0, Vec::new());
     let start = Instant::now();

@@ -55,6 +55,12 @@ pub struct KernelOptions {
     /// the kernel keeps the locks: a FUSE server's locks are not in the client's
     /// `/proc/locks`.
     pub dir: Option<PathBuf>,
+    /// Further directories that show the files of `dir` (a FUSE mount of it, say), for a
+    /// *mixed* replay ([`super::mixed`]): the scenario's processes, numbered in the order
+    /// they start, work in the scratch directory in turn as `dir` and each of these shows
+    /// it, process *i* through directory *i* mod *n* (`dir` being directory 0). Empty:
+    /// every process works in `dir`.
+    pub views: Vec<PathBuf>,
     /// How long the system may take to settle after a step (and a child to start, a
     /// call that cannot block to return, an exiting child to end) before the replay
     /// gives up.
@@ -72,6 +78,7 @@ impl Default for KernelOptions {
     fn default() -> Self {
         KernelOptions {
             dir: None,
+            views: Vec::new(),
             settle_timeout: Duration::from_secs(10),
             quiet: Duration::ZERO,
         }
@@ -85,13 +92,25 @@ impl KernelOptions {
     /// Options to replay in `dir`, on whatever filesystem it is: off tmpfs, the system
     /// counts as settled only after [`QUIET_OFF_TMPFS`] without change.
     pub fn in_dir(dir: &Path) -> KernelOptions {
-        let quiet = if check_tmpfs(dir).is_ok() {
+        KernelOptions::in_dirs(std::slice::from_ref(&dir.to_owned()))
+    }
+
+    /// Options to replay with the processes spread over `dirs` (see
+    /// [`KernelOptions::views`]): the scratch directory is made in the first; unless all
+    /// are on tmpfs, the system counts as settled only after [`QUIET_OFF_TMPFS`] without
+    /// change. No directories: the default, a fresh directory under `/dev/shm`.
+    pub fn in_dirs(dirs: &[PathBuf]) -> KernelOptions {
+        let Some((dir, views)) = dirs.split_first() else {
+            return KernelOptions::default();
+        };
+        let quiet = if dirs.iter().all(|d| check_tmpfs(d).is_ok()) {
             Duration::ZERO
         } else {
             QUIET_OFF_TMPFS
         };
         KernelOptions {
-            dir: Some(dir.to_owned()),
+            dir: Some(dir.clone()),
+            views: views.to_vec(),
             quiet,
             ..KernelOptions::default()
         }
@@ -116,11 +135,17 @@ pub fn replay_with(scn: &Scenario, opts: &KernelOptions) -> Result<Vec<StepResul
 
 /// Replays `scn` and returns, with the results, the kernel's lock listing (`/proc/locks`)
 /// of the scenario's files after the last step has settled, with scenario names.
-/// Only on tmpfs (see [`KernelOptions::dir`]).
+/// Only on tmpfs (see [`KernelOptions::dir`]), and in one directory: a server's locks
+/// through a mount are not the client's.
 pub fn replay_with_listing(
     scn: &Scenario,
     opts: &KernelOptions,
 ) -> Result<(Vec<StepResult>, Vec<NamedListing>), ReplayError> {
+    if !opts.views.is_empty() {
+        return Err(ReplayError::Kernel(
+            "the lock listing needs every process in one directory".into(),
+        ));
+    }
     let parent = opts.dir.as_deref().unwrap_or(Path::new(DEFAULT_DIR));
     check_tmpfs(parent).map_err(|e| ReplayError::Kernel(format!("the lock listing needs tmpfs: {e}")))?;
     replay_in(scn, opts, true)
@@ -866,6 +891,18 @@ struct ScratchDir {
     path: PathBuf,
 }
 
+/// The scratch directory `scratch` as the directory `view` shows it.
+fn open_view(scratch: &ScratchDir, view: &Path) -> Result<OwnedFd, String> {
+    let name = scratch.path.file_name().unwrap_or_default();
+    open_dir(&view.join(name)).map_err(|e| {
+        format!(
+            "{} does not show the files of {}: {e}",
+            view.display(),
+            scratch.path.parent().unwrap_or(Path::new("/")).display()
+        )
+    })
+}
+
 impl ScratchDir {
     /// Makes a fresh `vfscale-<pid>-<n>` directory (mode 0700) under `parent` and opens
     /// it.
@@ -932,7 +969,11 @@ struct Runner<'a> {
     /// The live processes by name. Declared before `dir` because fields drop in order:
     /// children are killed and reaped before their directory is removed.
     children: BTreeMap<String, Child>,
+    /// The scratch directory through each of [`KernelOptions::views`].
+    views: Vec<OwnedFd>,
     dir: ScratchDir,
+    /// How many processes have started.
+    started: usize,
     tracker: Tracker,
     /// Each open descriptor's number in its process.
     fds: HashMap<String, c_int>,
@@ -962,15 +1003,33 @@ impl<'a> Runner<'a> {
     }
 
     fn new(scn: &'a Scenario, opts: &'a KernelOptions, parent: &Path) -> Result<Self, String> {
+        let dir = ScratchDir::create(parent)?;
+        let views = opts
+            .views
+            .iter()
+            .map(|v| open_view(&dir, v))
+            .collect::<Result<_, _>>()?;
         Ok(Runner {
             scn,
             opts,
             children: BTreeMap::new(),
-            dir: ScratchDir::create(parent)?,
+            views,
+            dir,
+            started: 0,
             tracker: Tracker::new(),
             fds: HashMap::new(),
             files: HashMap::new(),
         })
+    }
+
+    /// The directory the next process to start works in.
+    fn next_dir(&mut self) -> BorrowedFd<'_> {
+        let i = super::mixed::dir_of(self.started, 1 + self.views.len());
+        self.started += 1;
+        match i.checked_sub(1) {
+            None => self.dir.fd.as_fd(),
+            Some(v) => self.views[v].as_fd(),
+        }
     }
 
     /// Runs step `index`, lets the system settle, and reports.
@@ -1019,7 +1078,7 @@ impl<'a> Runner<'a> {
                 new_proc,
             } => {
                 if new_proc {
-                    let child = Child::spawn(&proc, self.dir.fd.as_fd(), timeout);
+                    let child = Child::spawn(&proc, self.next_dir(), timeout);
                     self.children
                         .insert(proc.clone(), child.map_err(|e| at.kernel(e))?);
                 }

@@ -92,51 +92,64 @@ impl LibraryReplay {
 
     /// The lock listing now, with scenario names (see [`NamedListing`]).
     pub fn listing(&self) -> Vec<NamedListing> {
+        let line = |l: &NamedLock| {
+            let kind = match l.kind {
+                LockKind::Posix => "POSIX",
+                LockKind::Ofd => "OFDLCK",
+                LockKind::Flock => "FLOCK",
+            };
+            let ty = if l.ty == LockType::Write { "WRITE" } else { "READ" };
+            let (start, end) = if l.kind == LockKind::Flock {
+                ("0".to_string(), "EOF".to_string())
+            } else if l.end == vfscale_locks::OFFSET_MAX {
+                (l.start.to_string(), "EOF".to_string())
+            } else {
+                (l.start.to_string(), l.end.to_string())
+            };
+            NamedListing::line(kind, ty, &l.owner, &l.file, &start, &end)
+        };
+        let l = self
+            .locks()
+            .iter()
+            .map(|(lock, waiters)| NamedListing {
+                lock: line(lock),
+                waiters: waiters
+                    .iter()
+                    .map(|(d, w)| NamedListing::waiter_prefix(*d) + &line(w))
+                    .collect(),
+            })
+            .collect();
+        canonical_listing(l)
+    }
+
+    /// The held locks now, each with its waiters depth first (with their depth, 1 for a
+    /// direct waiter), in the library's listing order.
+    pub fn locks(&self) -> Vec<(NamedLock, Vec<(usize, NamedLock)>)> {
         let r = &self.runner;
         let files: HashMap<u64, &str> = r
             .files
             .iter()
             .map(|(name, c)| (c.key().ino, name.as_str()))
             .collect();
-        let named = |rec: &LockRecord| {
-            let kind = match rec.kind {
-                LockKind::Posix => "POSIX",
-                LockKind::Ofd => "OFDLCK",
-                LockKind::Flock => "FLOCK",
-            };
-            let ty = if rec.ty == LockType::Write {
-                "WRITE"
-            } else {
-                "READ"
-            };
-            let owner = match rec.pid {
+        let named = |rec: &LockRecord| NamedLock {
+            kind: rec.kind,
+            ty: rec.ty,
+            owner: match rec.pid {
                 -1 => "-1".to_string(),
                 p => r.pid_names.get(&p).cloned().unwrap_or_else(|| p.to_string()),
-            };
-            let file = files.get(&rec.inode.ino).copied().unwrap_or("?");
-            let (start, end) = if rec.kind == LockKind::Flock {
-                ("0".to_string(), "EOF".to_string())
-            } else if rec.end == vfscale_locks::OFFSET_MAX {
-                (rec.start.to_string(), "EOF".to_string())
-            } else {
-                (rec.start.to_string(), rec.end.to_string())
-            };
-            NamedListing::line(kind, ty, &owner, file, &start, &end)
+            },
+            file: files.get(&rec.inode.ino).copied().unwrap_or("?").to_string(),
+            start: rec.start,
+            end: rec.end,
         };
-        let l = r
-            .mgr
+        r.mgr
             .locks_listing()
             .iter()
-            .map(|l| NamedListing {
-                lock: named(&l.lock),
-                waiters: l
-                    .waiters
-                    .iter()
-                    .map(|(d, w)| NamedListing::waiter_prefix(*d) + &named(w))
-                    .collect(),
+            .map(|l| {
+                let waiters = l.waiters.iter().map(|(d, w)| (*d, named(w))).collect();
+                (named(&l.lock), waiters)
             })
-            .collect();
-        canonical_listing(l)
+            .collect()
     }
 
     /// The library's counters for `file` (see [`ContextStats`]), if the scenario opened
@@ -153,6 +166,23 @@ impl LibraryReplay {
             .map(|(p, s)| (p.to_string(), s))
             .collect()
     }
+}
+
+/// A lock or a waiting request of [`LibraryReplay::locks`], with scenario names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamedLock {
+    /// POSIX, OFD or flock.
+    pub kind: LockKind,
+    /// Read or write.
+    pub ty: LockType,
+    /// The owning process's name (for flock, the one that asked), `-1` for an OFD lock.
+    pub owner: String,
+    /// The file's name.
+    pub file: String,
+    /// First byte.
+    pub start: i64,
+    /// Last byte (inclusive), `OFFSET_MAX` to end of file.
+    pub end: i64,
 }
 
 struct Fd {

@@ -4,9 +4,10 @@
 
 pub mod kernel;
 pub mod library;
+pub mod mixed;
 mod model;
 
 pub use kernel::KernelOptions;
-pub use library::LibraryReplay;
+pub use library::{LibraryReplay, NamedLock};
 
 pub use model::*;

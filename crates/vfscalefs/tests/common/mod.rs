@@ -37,6 +37,19 @@ pub fn missing_tool(tool: &str) -> Option<String> {
     (!found).then(|| format!("{tool} is not installed"))
 }
 
+/// The lock corpus's scenarios (`scenarios/locks/*.jsonl`, not those under `racy/`), in
+/// name order.
+pub fn lock_corpus() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/locks");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    files.sort();
+    files
+}
+
 /// A fresh directory under /dev/shm, removed on drop.
 pub struct TempDir(pub PathBuf);
 
