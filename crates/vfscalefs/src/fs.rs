@@ -188,14 +188,24 @@ impl Conn {
             let a = attr(&inode, &st);
             return Ok((inode, a));
         }
-        // A new inode kept by handle needs no descriptor either: the name's handle, taken
+        // A new inode kept by handle needs no descriptor either: the name's handle, which
+        // carries the stat's inode number where the source's layout is learned, else taken
         // between two stats that agree. (Were the name replaced twice in between, the
         // inode would hold another file's handle, which opens as ESTALE: every open by
         // handle is checked against the inode's identity.)
         if let Some(mount) = self.srv.inodes.handle_mount() {
             if let Ok((h, m)) = sys::handle_at(pfd.as_fd(), &c) {
+                let layout = self.srv.inodes.handle_ino();
+                if m == mount && layout.and_then(|l| l.carries(&h, st.st_ino)) == Some(true) {
+                    let inode = self.srv.inodes.lookup(self.idx, Found::Handle(h), &st)?;
+                    let a = attr(&inode, &st);
+                    return Ok((inode, a));
+                }
                 let again = sys::stat_at(pfd.as_fd(), &c)?;
                 if m == mount && (again.st_dev, again.st_ino) == (st.st_dev, st.st_ino) {
+                    if let Some(l) = layout {
+                        l.confirm(&h, st.st_ino);
+                    }
                     let inode = self.srv.inodes.lookup(self.idx, Found::Handle(h), &again)?;
                     let a = attr(&inode, &again);
                     return Ok((inode, a));

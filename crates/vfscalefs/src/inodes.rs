@@ -84,6 +84,7 @@ use vfscale_icache::{Iget, InodeCache, InodeRef, Settings, SuperBlock, SuperOper
 use vfscale_locks::{FileLockContext, LockManager, OwnerId};
 
 use crate::fdcache::{CachedFd, FdCache, FdKey, FdSlot};
+use crate::handle_ino::HandleIno;
 use crate::sys::FileHandle;
 
 /// The FUSE node id of the root (`FUSE_ROOT_ID`).
@@ -487,6 +488,8 @@ pub struct InodeTable {
     mount_fd: Option<Arc<CachedFd>>,
     /// Why inodes are kept by descriptor, when they are.
     why_not: Option<String>,
+    /// Where the source's handles carry the inode number, when inodes are kept by handle.
+    handle_ino: Option<HandleIno>,
     /// Descriptors inodes keep of their own, shared with [`Ops`].
     own_fds: Arc<AtomicU64>,
 }
@@ -524,14 +527,19 @@ impl InodeTable {
             dev: st.st_dev,
             ino: st.st_ino,
         };
-        let (by_handle, mount_fd, why_not) = match mode {
-            HandleMode::Never => (None, None, Some("inode_handles=never".to_owned())),
+        let (by_handle, mount_fd, why_not, handle_ino) = match mode {
+            HandleMode::Never => (None, None, Some("inode_handles=never".to_owned()), None),
             HandleMode::Prefer | HandleMode::Mandatory => match probe_handles(root_fd.as_fd(), key) {
-                Ok((mount_id, mount_fd)) => (Some(mount_id), Some(CachedFd::pinned(mount_fd)), None),
+                Ok((mount_id, mount_fd, root_handle)) => (
+                    Some(mount_id),
+                    Some(CachedFd::pinned(mount_fd)),
+                    None,
+                    Some(HandleIno::new(&root_handle, st.st_ino)),
+                ),
                 Err(why) if mode == HandleMode::Mandatory => {
                     return Err(io::Error::other(format!("inode_handles=mandatory: {why}")))
                 }
-                Err(why) => (None, None, Some(why)),
+                Err(why) => (None, None, Some(why), None),
             },
         };
         // 2^18 chains: about four inodes a chain at a million cached.
@@ -571,6 +579,7 @@ impl InodeTable {
             by_handle,
             mount_fd,
             why_not,
+            handle_ino,
             own_fds,
         })
     }
@@ -584,6 +593,11 @@ impl InodeTable {
     /// are kept by handle.
     pub fn handle_mount(&self) -> Option<i32> {
         self.by_handle
+    }
+
+    /// Where the source's handles carry the inode number, when inodes are kept by handle.
+    pub fn handle_ino(&self) -> Option<&HandleIno> {
+        self.handle_ino.as_ref()
     }
 
     /// Why inodes are kept by descriptor, when they are.
@@ -845,7 +859,7 @@ impl InodeTable {
 /// Whether inodes of the source can be kept by handle: the root makes a handle, and
 /// opening it gives the root back. The root's mount id and the descriptor to open
 /// handles against, or why not.
-fn probe_handles(root: BorrowedFd<'_>, key: BackingKey) -> Result<(i32, OwnedFd), String> {
+fn probe_handles(root: BorrowedFd<'_>, key: BackingKey) -> Result<(i32, OwnedFd, FileHandle), String> {
     // FUSE makes handles, but (without the server's export support, which cannot be
     // asked) they open only inodes its kernel still caches: a cached descriptor let go
     // would turn a live file stale.
@@ -871,7 +885,7 @@ fn probe_handles(root: BorrowedFd<'_>, key: BackingKey) -> Result<(i32, OwnedFd)
     if (st.st_dev, st.st_ino) != (key.dev, key.ino) {
         return Err("the root's handle opens another inode".to_owned());
     }
-    Ok((mount, mount_fd))
+    Ok((mount, mount_fd, h))
 }
 
 #[cfg(test)]

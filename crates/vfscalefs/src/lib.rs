@@ -17,6 +17,7 @@
 //! | [`dispatch::ConnGate`] | `dispatch.rs` | which dispatch threads read `/dev/fuse`: one serves a serial stream, spares park until requests queue up or may block |
 //! | [`inodes::InodeTable`] | `inodes.rs` | the `vfscale-icache` inode cache: node id ↔ `(st_dev, st_ino)`, each inode's file handle, `I_NEW`-coalesced lookups, lookup counts per connection, eviction when forgotten |
 //! | [`fdcache::FdCache`] | `fdcache.rs` | the bounded cache of source descriptors (inodes' `O_PATH` descriptors, open files without passthrough), CLOCK per shard, reopened on a miss |
+//! | [`handle_ino::HandleIno`] | `handle_ino.rs` | where the source's file handles carry the inode number, learned from checked handles, so a new inode's handle needs no second `stat` |
 //! | [`handles::Handles`] | `handles.rs` | open files: `fh` = a `vfscale-fdtable` descriptor |
 //! | [`locks::Locks`] | `locks.rs` | `GETLK`/`SETLK`/`SETLKW`/flock, parked waiters, `FLUSH`/`RELEASE`, `INTERRUPT` |
 //! | [`mirror::Mirror`] | `mirror.rs` | per locked inode: the clients' locks held on the source file, host waits |
@@ -158,6 +159,7 @@
 pub mod dispatch;
 pub mod fdcache;
 pub mod fs;
+pub mod handle_ino;
 pub mod handles;
 pub mod inodes;
 pub mod locks;

@@ -145,7 +145,7 @@ impl std::fmt::Debug for FileHandle {
 }
 
 impl FileHandle {
-    fn new(ty: i32, b: &[u8]) -> FileHandle {
+    pub(crate) fn new(ty: i32, b: &[u8]) -> FileHandle {
         if b.len() <= 12 {
             let mut bytes = [0u8; 12];
             bytes[..b.len()].copy_from_slice(b);
