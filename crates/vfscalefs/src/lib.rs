@@ -127,8 +127,11 @@
 //!   client's last grant saw, or the server held on the source a lock that excludes
 //!   every host lock of the kind since then and no other connection was granted one
 //!   (no `stat` then); and the file's directory answers entries with no cache
-//!   time from then on (a journal deleted on the source must not still show); entries
-//!   cached before the first grant are not invalidated.
+//!   time from then on (a journal deleted on the source must not still show), and
+//!   entries every connection cached before are looked up again before their next use
+//!   (`FUSE_NOTIFY_INC_EPOCH`, once per such directory: each cached entry of the
+//!   connection costs a `LOOKUP` then; a kernel without it keeps them for their cache
+//!   time, 1 s by default).
 //! * The mirrors' descriptions are a quarter of the server's descriptor share: past it a
 //!   lock is the clients' alone (said once on stderr). A description is kept while the
 //!   client's file is open and closed at its `RELEASE` once it holds nothing; a flock
@@ -432,9 +435,14 @@ impl Server {
     /// of the inode goes (attributes and data, which processes on the source may have
     /// changed under their locks; from the notify thread, see `serve`), and the first
     /// time, the file's directory on the source is marked so that its entries are
-    /// answered with no cache time (see `fs.rs`). Entries the client cached before that
-    /// first grant are not invalidated: the server does not know their names.
-    fn grant_coherence(&self, notifier: &Notifier, id: u64) {
+    /// answered with no cache time (see `fs.rs`). The entries every connection cached
+    /// before the directory was marked are looked up again before their next use
+    /// (`FUSE_NOTIFY_INC_EPOCH`: the server does not know their names); a kernel that
+    /// does not know it refuses it, and they live out their cache time.
+    fn grant_coherence(&self, notifiers: &[Notifier], conn: usize, id: u64) {
+        let Some(notifier) = notifiers.get(conn) else {
+            return;
+        };
         let _ = notifier.inval_inode(INodeNo(id), 0, 0);
         let Some(node) = self.inodes.get(id) else { return };
         if node.kind != inodes::Kind::File || !node.first_lock_grant() {
@@ -451,7 +459,11 @@ impl Server {
             .open(dir)
             .and_then(|d| sys::stat_fd(d.as_fd()));
         if let Some(p) = parent.ok().and_then(|st| self.inodes.peek(&st)) {
-            p.mark_lock_dir();
+            if p.mark_lock_dir() {
+                for n in notifiers {
+                    let _ = n.inc_epoch();
+                }
+            }
             let _ = notifier.inval_inode(INodeNo(p.id), 0, 0);
         }
     }
@@ -678,8 +690,8 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
             .name("vfscalefs-notify".into())
             .spawn(move || {
                 for (conn, id, done) in rx {
-                    if let (Some(srv), Some(n)) = (weak.upgrade(), notifiers.get(conn)) {
-                        srv.grant_coherence(n, id);
+                    if let Some(srv) = weak.upgrade() {
+                        srv.grant_coherence(&notifiers, conn, id);
                     }
                     let _ = done.send(());
                 }

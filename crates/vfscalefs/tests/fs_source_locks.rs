@@ -545,7 +545,8 @@ fn descriptions_close(m: &Mounted, file: &Path) {
 }
 
 /// A client granted a lock sees what a process on the source changed under its own: the
-/// file's size, and an entry of its directory that it deleted (a journal).
+/// file's size, and an entry of its directory that it deleted (a journal), whether the
+/// client had looked it up before the first grant in the directory or after.
 #[test]
 fn a_grant_sees_the_hosts_changes() {
     if let Some(why) = skip() {
@@ -553,8 +554,17 @@ fn a_grant_sees_the_hosts_changes() {
     }
     let (m, mut host, mut client) = setup("");
     let (src, mnt) = (&m.source, &m.mounts[0]);
-    // The first grant marks the directory.
+    // Looked up before the first grant, which marks the directory.
+    host.status(&lk(SETLK, WR, 0, 0)).unwrap();
+    std::fs::write(src.join("f-journal"), b"j").unwrap();
+    assert!(mnt.join("f-journal").exists(), "the journal through the mount");
+    std::fs::remove_file(src.join("f-journal")).unwrap();
+    host.status(&lk(SETLK, UN, 0, 0)).unwrap();
     client.status(&lk(SETLK, WR, 0, 0)).unwrap();
+    assert!(
+        !mnt.join("f-journal").exists(),
+        "the journal the host deleted still shows through the mount after the first grant"
+    );
     client.status(&lk(SETLK, UN, 0, 0)).unwrap();
     assert_eq!(std::fs::metadata(mnt.join("f")).unwrap().len(), 4096);
     host.status(&lk(SETLK, WR, 0, 0)).unwrap();
