@@ -431,7 +431,7 @@ impl Server {
     }
 
     /// Before a lock granted to a client on connection `conn` is answered, where the
-    /// source may have changed since (`Mirror::grant`): what the client's kernel caches
+    /// source may have changed since (`Mirror::grant_begin`): what the client's kernel caches
     /// of the inode goes (attributes and data, which processes on the source may have
     /// changed under their locks; from the notify thread, see `serve`), and the first
     /// time, the file's directory on the source is marked so that its entries are

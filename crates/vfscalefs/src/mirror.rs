@@ -417,7 +417,7 @@ pub enum FlockTake {
     Failed(io::Error),
 }
 
-/// Which locks a grant is of (see [`Mirror::grant`]).
+/// Which locks a grant is of (see [`Mirror::grant_begin`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GrantKind {
     /// POSIX and OFD locks.
