@@ -363,9 +363,9 @@ impl Inode {
         self.lock_dir.load(Ordering::Relaxed)
     }
 
-    /// Files locked through the mount live in this directory.
-    pub fn mark_lock_dir(&self) {
-        self.lock_dir.store(true, Ordering::Relaxed);
+    /// Files locked through the mount live in this directory; true the first time.
+    pub fn mark_lock_dir(&self) -> bool {
+        !self.lock_dir.swap(true, Ordering::Relaxed)
     }
 
     /// Whether this file's directory is to be marked (true the first time only).

@@ -99,13 +99,15 @@
 //! too, so that processes using the source directly and the mount's clients agree
 //! (`mirror.rs` has the design): the union of the clients' POSIX and OFD locks as OFD
 //! locks on one description per locked inode, each client file's flock lock as a flock
-//! lock on a description of its own. The lock space among clients stays
-//! `vfscale-locks`: owners, merging and splitting, the close rules, `EDEADLK` among
-//! clients, the wait tree and the hand-off are as without mirroring. Per request the
-//! source is asked first (`F_OFD_SETLK`: `EAGAIN` for `F_SETLK`, a wait in a thread of
-//! its own for `F_SETLKW`), then `vfscale-locks`, then the mirror is lowered to what the
-//! clients hold; so a client is answered only once the source holds its lock, and the
-//! source lets a lock go only after `vfscale-locks` has. What it gives and cannot give:
+//! lock on a description of the inode's own (from a pool). The lock space among clients
+//! stays `vfscale-locks`: owners, merging and splitting, the close rules, `EDEADLK`
+//! among clients, the wait tree and the hand-off are as without mirroring. Per record
+//! lock request the source is asked first (`F_OFD_SETLK`: `EAGAIN` for `F_SETLK`, a wait
+//! in a thread of its own for `F_SETLKW`), then `vfscale-locks`, then the mirror is
+//! lowered to what the clients hold; a flock request asks `vfscale-locks` first and the
+//! source once granted there. So a client is answered only once the source holds its
+//! lock, and the source lets a lock go only after `vfscale-locks` has. What it gives and
+//! cannot give:
 //!
 //! * A holder on the source makes a conflicting client request fail or wait, and a
 //!   client's lock a host's; `F_GETLK` through the mount reports a host holder (a POSIX
@@ -117,17 +119,26 @@
 //!   OFD locks); such a waiter can still be interrupted. Between client waiters and host
 //!   waiters the kernel decides the order; a client waiting for another client reserves
 //!   its range on the source meanwhile (a host request for it waits too); a flock
-//!   waiter for another client holds nothing there until it is granted.
+//!   waiter for another client holds nothing there until it is granted, but an
+//!   exclusive flock lock handed from client to client stays held on the source through
+//!   the hand-off (a host request for it waits until no client waits for it).
 //! * At a grant the client's cached attributes and data of the file are invalidated
 //!   before the answer (`FUSE_NOTIFY_INVAL_INODE`, from a notify thread: the kernel may
 //!   wait there for a page that a read waiting for a dispatch thread holds, so a grant
 //!   waits at most 100 ms for it), unless the file's times and size are those the
-//!   client's last grant saw; and the file's directory answers entries with no cache
-//!   time from then on (a journal deleted on the source must not still show); entries
-//!   cached before the first grant are not invalidated.
+//!   client's last grant saw, or the server held on the source a lock that excludes
+//!   every host lock of the kind since then and no other connection was granted one
+//!   (no `stat` then); and the file's directory answers entries with no cache
+//!   time from then on (a journal deleted on the source must not still show), and
+//!   entries every connection cached before are looked up again before their next use
+//!   (`FUSE_NOTIFY_INC_EPOCH`, once per such directory: each cached entry of the
+//!   connection costs a `LOOKUP` then; a kernel without it keeps them for their cache
+//!   time, 1 s by default).
 //! * The mirrors' descriptions are a quarter of the server's descriptor share: past it a
 //!   lock is the clients' alone (said once on stderr). A description is kept while the
-//!   client's file is open and closed at its `RELEASE` once it holds nothing.
+//!   client's file is open and closed at its `RELEASE` once it holds nothing; a flock
+//!   description goes back to its inode's pool, which keeps no more than the client
+//!   files still open that asked for flock locks.
 //! * A source file the server may open only for reading holds the clients' read locks but
 //!   not their write locks (an OFD write lock needs a writable description); one it
 //!   cannot open at all holds none of them.
@@ -338,7 +349,7 @@ impl Server {
             .ok()
             .and_then(|s| s.trim().parse::<u32>().ok())
             .unwrap_or(vfscale_fdtable::DEFAULT_NR_OPEN);
-        Ok(Arc::new(Server {
+        let srv = Arc::new(Server {
             inodes,
             handles: Handles::new(nr_open.max(vfscale_fdtable::DEFAULT_NR_OPEN), fds.clone()),
             fds,
@@ -347,7 +358,14 @@ impl Server {
             locks: Locks::new(source_locks),
             opts,
             stack_depth,
-        }))
+        });
+        let weak = Arc::downgrade(&srv);
+        srv.locks
+            .set_source_open(Box::new(move |inode, flags| match weak.upgrade() {
+                Some(srv) => srv.inodes.open(inode, flags),
+                None => Err(std::io::Error::from_raw_os_error(libc::EBADF)),
+            }));
+        Ok(srv)
     }
 
     /// The inode table.
@@ -422,30 +440,19 @@ impl Server {
         self.fds.capacity()
     }
 
-    /// Before a lock granted to a client on connection `conn` is answered: what the
-    /// client's kernel caches of the inode goes (attributes and data, which processes on
-    /// the source may have changed under their locks; from the notify thread, see
-    /// `serve`), and the first time, the file's
-    /// directory on the source is marked so that its entries are answered with no cache
-    /// time (see `fs.rs`). Entries the client cached before that first grant are not
-    /// invalidated: the server does not know their names.
-    /// Whether a grant of inode `id` to connection `conn` has to invalidate the client's
-    /// caches: the source file changed since the last one did (see
-    /// `Mirror::source_changed`), or it cannot tell.
-    fn grant_sees_change(&self, conn: usize, id: u64) -> bool {
-        let Some(node) = self.inodes.get(id) else {
-            return false;
+    /// Before a lock granted to a client on connection `conn` is answered, where the
+    /// source may have changed since (`Mirror::grant_begin`): what the client's kernel caches
+    /// of the inode goes (attributes and data, which processes on the source may have
+    /// changed under their locks; from the notify thread, see `serve`), and the first
+    /// time, the file's directory on the source is marked so that its entries are
+    /// answered with no cache time (see `fs.rs`). The entries every connection cached
+    /// before the directory was marked are looked up again before their next use
+    /// (`FUSE_NOTIFY_INC_EPOCH`: the server does not know their names); a kernel that
+    /// does not know it refuses it, and they live out their cache time.
+    fn grant_coherence(&self, notifiers: &[Notifier], conn: usize, id: u64) {
+        let Some(notifier) = notifiers.get(conn) else {
+            return;
         };
-        let Some(m) = node.source_mirror_if_any() else {
-            return true;
-        };
-        match self.inode_fd(&node).and_then(|fd| sys::stat_fd(fd.as_fd())) {
-            Ok(st) => m.source_changed(conn, &st),
-            Err(_) => true,
-        }
-    }
-
-    fn grant_coherence(&self, notifier: &Notifier, id: u64) {
         let _ = notifier.inval_inode(INodeNo(id), 0, 0);
         let Some(node) = self.inodes.get(id) else { return };
         if node.kind != inodes::Kind::File || !node.first_lock_grant() {
@@ -462,7 +469,11 @@ impl Server {
             .open(dir)
             .and_then(|d| sys::stat_fd(d.as_fd()));
         if let Some(p) = parent.ok().and_then(|st| self.inodes.peek(&st)) {
-            p.mark_lock_dir();
+            if p.mark_lock_dir() {
+                for n in notifiers {
+                    let _ = n.inc_epoch();
+                }
+            }
             let _ = notifier.inval_inode(INodeNo(p.id), 0, 0);
         }
     }
@@ -698,7 +709,6 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
     if srv.locks.source_locks() == SourceLocks::Mirror {
         let notifiers: Vec<Notifier> = sessions.iter().map(|(_, s)| s.notifier()).collect();
         let weak = Arc::downgrade(&srv);
-        let weak_hook = weak.clone();
         let (tx, rx) = std::sync::mpsc::channel::<(usize, u64, std::sync::mpsc::SyncSender<()>)>();
         // The invalidation waits for the pages' locks, which a read waiting for a dispatch
         // thread may hold: it is sent from a thread of its own, and a grant waits for it
@@ -707,21 +717,14 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
             .name("vfscalefs-notify".into())
             .spawn(move || {
                 for (conn, id, done) in rx {
-                    if let (Some(srv), Some(n)) = (weak.upgrade(), notifiers.get(conn)) {
-                        srv.grant_coherence(n, id);
+                    if let Some(srv) = weak.upgrade() {
+                        srv.grant_coherence(&notifiers, conn, id);
                     }
                     let _ = done.send(());
                 }
             })
             .map_err(|e| Error::Source(source.to_owned(), e))?;
         srv.locks.set_grant_hook(Box::new(move |conn, id| {
-            // A file nobody changed since this client's last grant needs nothing.
-            if !weak_hook
-                .upgrade()
-                .is_some_and(|srv| srv.grant_sees_change(conn, id))
-            {
-                return;
-            }
             let (done, wait) = std::sync::mpsc::sync_channel(1);
             if tx.send((conn, id, done)).is_ok() {
                 dispatch::blocking();

@@ -40,6 +40,7 @@
 //!   Each handle remembers the owners that set locks through it and each inode counts,
 //!   per owner, the open handles used; an owner's locks go when its count reaches zero.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
@@ -61,8 +62,8 @@ use std::sync::OnceLock;
 use crate::handles::Handle;
 use crate::inodes::{Inode, InodeTable, Kind};
 use crate::mirror::{
-    is_conflict, mirror_flock_op, mirror_getlk, mirror_ofd, HostWait, Mirror, MirrorAttempt, MirrorBudget,
-    MirrorFd, MirrorOpen, SourceLocks,
+    mirror_flock_op, mirror_getlk, mirror_ofd, FlockTake, GrantCheck, GrantKind, HostWait, Mirror,
+    MirrorAttempt, MirrorBudget, MirrorFd, MirrorLocks, MirrorOpen, SourceLocks,
 };
 
 /// How long an interrupt that found no parked request is remembered.
@@ -219,8 +220,82 @@ impl Wake for TaskWaker {
         self.wake_by_ref();
     }
     fn wake_by_ref(self: &Arc<Self>) {
+        let held = HELD_WAKES.with(|h| match &mut *h.borrow_mut() {
+            Some(v) => {
+                v.push(self.clone());
+                true
+            }
+            None => false,
+        });
+        if !held {
+            self.send();
+        }
+    }
+}
+
+impl TaskWaker {
+    fn send(&self) {
         self.shared.queue.lock().push_back(self.id);
         self.shared.cv.notify_one();
+    }
+}
+
+thread_local! {
+    /// The wake-ups of parked requests held back while this thread holds a mirror's
+    /// mutex (see [`MirrorGuard`]).
+    static HELD_WAKES: RefCell<Option<Vec<Arc<TaskWaker>>>> = const { RefCell::new(None) };
+}
+
+/// A mirror's state, locked. The parked requests that `vfscale-locks` wakes meanwhile are
+/// sent to the driver once it is unlocked: what a woken request does first is take this
+/// mutex, so a wake-up sent under it makes the driver wait for it (and its thread
+/// spin), at every hand-off.
+pub(crate) struct MirrorGuard<'a> {
+    guard: Option<parking_lot::MutexGuard<'a, MirrorLocks>>,
+    /// Whether this guard holds the wake-ups back (not one taken inside another).
+    outer: bool,
+}
+
+impl<'a> MirrorGuard<'a> {
+    pub(crate) fn lock(m: &'a Mirror) -> MirrorGuard<'a> {
+        let outer = HELD_WAKES.with(|h| {
+            let mut h = h.borrow_mut();
+            if h.is_none() {
+                *h = Some(Vec::new());
+                true
+            } else {
+                false
+            }
+        });
+        MirrorGuard {
+            guard: Some(m.state.lock()),
+            outer,
+        }
+    }
+}
+
+impl std::ops::Deref for MirrorGuard<'_> {
+    type Target = MirrorLocks;
+    fn deref(&self) -> &MirrorLocks {
+        self.guard.as_ref().expect("locked until dropped")
+    }
+}
+
+impl std::ops::DerefMut for MirrorGuard<'_> {
+    fn deref_mut(&mut self) -> &mut MirrorLocks {
+        self.guard.as_mut().expect("locked until dropped")
+    }
+}
+
+impl Drop for MirrorGuard<'_> {
+    fn drop(&mut self) {
+        self.guard.take();
+        if self.outer {
+            let held = HELD_WAKES.with(|h| h.borrow_mut().take());
+            for w in held.into_iter().flatten() {
+                w.send();
+            }
+        }
     }
 }
 
@@ -328,8 +403,39 @@ impl Driver {
     }
 }
 
-/// Called when a lock is granted to a client, before the answer: connection, node id.
+/// Invalidates what a client's kernel caches of an inode, before a lock granted to it
+/// is answered: connection, node id.
 pub type GrantHook = Box<dyn Fn(usize, u64) + Send + Sync>;
+
+/// Opens an inode's source file with the given flags (for the mirrors' descriptions).
+pub type SourceOpen = Box<dyn Fn(&Inode, i32) -> std::io::Result<OwnedFd> + Send + Sync>;
+
+/// What the server sets once (see `Server::new` and `serve`), shared with the requests
+/// that finish later: what a grant does first, and how a mirror opens its source file.
+#[derive(Default)]
+pub struct Hooks {
+    grant: OnceLock<GrantHook>,
+    open: OnceLock<SourceOpen>,
+}
+
+impl Hooks {
+    /// Before a grant to connection `conn` is answered (`whole`: of the whole file): ends
+    /// its coherence check, and the client's caches go if the source may have changed
+    /// (`Mirror::grant_begin`).
+    fn granted(&self, inode: &Inode, conn: usize, check: Option<GrantCheck>, whole: bool) {
+        if let (Some(f), Some(m), Some(check)) = (self.grant.get(), inode.source_mirror_if_any(), check) {
+            m.grant_end(check, conn, whole, || f(conn, inode.id));
+        }
+    }
+
+    /// `inode`'s source file opened with `flags`.
+    fn open(&self, inode: &Inode, flags: i32) -> std::io::Result<OwnedFd> {
+        match self.open.get() {
+            Some(open) => open(inode, flags),
+            None => Err(std::io::Error::from_raw_os_error(libc::EBADF)),
+        }
+    }
+}
 
 /// The lock side of the server: the manager and the driver.
 pub struct Locks {
@@ -340,8 +446,8 @@ pub struct Locks {
     contexts: Mutex<Contexts>,
     /// Whether the clients' locks are held on the source too (`mirror.rs`).
     source: SourceLocks,
-    /// What a grant does first (invalidating the client's caches of the inode).
-    grant_hook: Arc<OnceLock<GrantHook>>,
+    /// What a grant does first, and how mirrors open files.
+    hooks: Arc<Hooks>,
     /// The descriptors the mirrors may hold.
     budget: Arc<MirrorBudget>,
 }
@@ -438,7 +544,7 @@ impl Locks {
                 retired: ContextStats::default(),
             }),
             source,
-            grant_hook: Arc::new(OnceLock::new()),
+            hooks: Arc::new(Hooks::default()),
             budget: Arc::new(MirrorBudget::default()),
         }
     }
@@ -455,7 +561,12 @@ impl Locks {
 
     /// Sets what a grant does before it is answered (once).
     pub fn set_grant_hook(&self, hook: GrantHook) {
-        let _ = self.grant_hook.set(hook);
+        let _ = self.hooks.grant.set(hook);
+    }
+
+    /// Sets how mirrors open their inodes' source files (once).
+    pub fn set_source_open(&self, open: SourceOpen) {
+        let _ = self.hooks.open.set(open);
     }
 
     /// Requests parked now, all connections.
@@ -586,6 +697,7 @@ impl Locks {
             return self.finish(res, r.unique, intr, reply, None);
         };
         let req = PosixReq {
+            conn: r.conn,
             who,
             file,
             cmd,
@@ -595,28 +707,24 @@ impl Locks {
         };
         let open = |flags| inodes.open(&h.inode, flags);
         match req.attempt(m, ctx, Some(&open)) {
-            MirrorAttempt::Done(res) => {
-                self.answer(r.conn, &h.inode, fl.l_type != LockType::Unlock, res, reply)
-            }
+            MirrorAttempt::Done(res, check) => self.answer(r.conn, &h.inode, check, req.whole(), res, reply),
             MirrorAttempt::Parked(p, id) => {
-                let done = Self::unreserve_when_done(h.clone(), id, self.grant_hook.clone(), r.conn);
+                let done = Self::unreserve_when_done(h.clone(), id, self.hooks.clone(), r.conn, req.whole());
                 self.finish(Ok(Some(p)), r.unique, intr, reply, Some(done));
             }
             MirrorAttempt::Host if !sleep => reply.error(FErrno::EAGAIN),
             MirrorAttempt::Host => {
                 // A read waits on a probe description of its own (see `mirror.rs`).
                 let probe = match fl.l_type {
-                    LockType::Read => {
-                        match inodes.open(&h.inode, libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK) {
-                            Ok(fd) => Some(fd),
-                            Err(e) => return reply.error(errno_of(&e)),
-                        }
-                    }
+                    LockType::Read => match m.probe(&open) {
+                        Ok(fd) => Some(fd),
+                        Err(e) => return reply.error(errno_of(&e)),
+                    },
                     _ => None,
                 };
                 // The mirror description stays open for the wait.
                 let desc = {
-                    let mut st = m.state.lock();
+                    let mut st = MirrorGuard::lock(m);
                     match m.desc(&mut st, Some(&open)) {
                         Ok(_) => m.wait_started(&mut st),
                         Err(e) => return reply.error(errno_of(&e)),
@@ -631,27 +739,33 @@ impl Locks {
     }
 
     /// A parked request's reservation goes when it is done; a grant runs the grant hook.
-    fn unreserve_when_done(h: Arc<Handle>, id: u64, hook: Arc<OnceLock<GrantHook>>, conn: usize) -> TaskDone {
+    fn unreserve_when_done(h: Arc<Handle>, id: u64, hooks: Arc<Hooks>, conn: usize, whole: bool) -> TaskDone {
         Box::new(move |granted, reply| {
+            let mut check = None;
             if let (Some(m), Some(ctx)) = (h.inode.source_mirror_if_any(), h.inode.lock_context_if_any()) {
-                let mut st = m.state.lock();
+                let mut st = MirrorGuard::lock(m);
                 m.unreserve(&mut st, ctx, id);
+                check = granted.then(|| m.grant_begin(&mut st, conn, GrantKind::Record));
             }
-            if let (true, Some(f)) = (granted, hook.get()) {
-                f(conn, h.inode.id);
-            }
+            hooks.granted(&h.inode, conn, check, whole);
             Some(reply)
         })
     }
 
-    /// Answers a request done at once; a lock granted (`lock`: not an unlock)
-    /// invalidates the client's caches first.
-    fn answer(&self, conn: usize, inode: &Inode, lock: bool, res: Result<(), Errno>, reply: ReplyEmpty) {
+    /// Answers a request done at once; a lock granted (with its coherence `check`, not
+    /// an unlock) invalidates the client's caches first where needed.
+    fn answer(
+        &self,
+        conn: usize,
+        inode: &Inode,
+        check: Option<GrantCheck>,
+        whole: bool,
+        res: Result<(), Errno>,
+        reply: ReplyEmpty,
+    ) {
         match res {
             Ok(()) => {
-                if let (true, Some(hook)) = (lock, self.grant_hook.get()) {
-                    hook(conn, inode.id);
-                }
+                self.hooks.granted(inode, conn, check, whole);
                 reply.ok()
             }
             Err(e) => reply.error(ferr(e)),
@@ -666,7 +780,7 @@ impl Locks {
         h: Arc<Handle>,
         req: PosixReq,
         desc: Arc<MirrorFd>,
-        probe: Option<OwnedFd>,
+        probe: Option<MirrorFd>,
         conn: usize,
         unique: u64,
         intr: &Arc<Interrupts>,
@@ -674,7 +788,7 @@ impl Locks {
     ) {
         let ended = |h: &Handle| {
             if let Some(m) = h.inode.source_mirror_if_any() {
-                m.wait_ended(&mut m.state.lock());
+                m.wait_ended(&mut MirrorGuard::lock(m));
             }
         };
         let hw = Arc::new(HostWait::default());
@@ -684,7 +798,7 @@ impl Locks {
         }
         let intr_unpark = intr.clone();
         let h_unspawned = h.clone();
-        let (intr, driver, hook) = (intr.clone(), self.driver.clone(), self.grant_hook.clone());
+        let (intr, driver, hooks) = (intr.clone(), self.driver.clone(), self.hooks.clone());
         let spawned = hw.spawn(move |hw| {
             let (Some(m), Some(ctx)) = (h.inode.source_mirror_if_any(), h.inode.lock_context_if_any()) else {
                 intr.unpark(unique);
@@ -694,7 +808,7 @@ impl Locks {
             struct Ended<'a>(&'a Mirror);
             impl Drop for Ended<'_> {
                 fn drop(&mut self) {
-                    self.0.wait_ended(&mut self.0.state.lock());
+                    self.0.wait_ended(&mut MirrorGuard::lock(self.0));
                 }
             }
             let _ended = Ended(m);
@@ -717,7 +831,7 @@ impl Locks {
                 let res = {
                     if probe.is_none() {
                         // The wait changed the mirror behind its record.
-                        m.reload(&mut m.state.lock());
+                        m.reload(&mut MirrorGuard::lock(m));
                     }
                     req.attempt(m, ctx, None)
                 };
@@ -725,25 +839,23 @@ impl Locks {
                     let _ = mirror_ofd_set(p.as_raw_fd(), None, 0, OFFSET_MAX);
                 }
                 match res {
-                    MirrorAttempt::Done(res) => {
+                    MirrorAttempt::Done(res, check) => {
                         intr.unpark(unique);
                         return match res {
                             Ok(()) => {
-                                if let Some(f) = hook.get() {
-                                    f(conn, h.inode.id);
-                                }
+                                hooks.granted(&h.inode, conn, check, req.whole());
                                 reply.ok()
                             }
                             Err(e) => reply.error(ferr(e)),
                         };
                     }
                     MirrorAttempt::Parked(p, id) => {
-                        let done = Self::unreserve_when_done(h.clone(), id, hook.clone(), conn);
+                        let done = Self::unreserve_when_done(h.clone(), id, hooks.clone(), conn, req.whole());
                         return driver.after_host_wait(&intr, hw, unique, p, reply, done);
                     }
                     MirrorAttempt::Host => {
                         // What the wait took and no client holds goes before waiting again.
-                        let mut st = m.state.lock();
+                        let mut st = MirrorGuard::lock(m);
                         m.lower(&mut st, ctx, req.s, req.e);
                     }
                 }
@@ -791,61 +903,38 @@ impl Locks {
             key: (r.conn, r.fh),
         };
         if fop == FlockOp::Unlock {
-            // No description to open for it.
             let res = req.unlock(m, ctx);
             return self.finish(res.map(|_| None), r.unique, intr, reply, None);
         }
-        let open = || inodes.open(&h.inode, libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK);
-        let fd = {
-            let mut st = m.state.lock();
-            match m.flock_fd(&mut st, req.key, open) {
-                Ok(fd) => fd,
-                Err(_) => {
-                    // Out of descriptors for the source: the clients' lock alone.
-                    drop(st);
-                    let res = ctx.flock_lock(who, file, fop, nb);
-                    return self.finish(res, r.unique, intr, reply, None);
-                }
-            }
-        };
-        match req.attempt(m, ctx, &fd, false) {
-            MirrorAttempt::Done(res) => self.answer(r.conn, &h.inode, true, res, reply),
+        let open = |flags| inodes.open(&h.inode, flags);
+        match req.attempt(m, ctx, Some(&open), None) {
+            MirrorAttempt::Done(res, check) => self.answer(r.conn, &h.inode, check, true, res, reply),
             MirrorAttempt::Parked(p, _) => {
                 let done = Self::flock_take_when_granted(
                     h.clone(),
                     req,
-                    fd,
                     self.driver.clone(),
-                    self.grant_hook.clone(),
+                    self.hooks.clone(),
                     intr.clone(),
                     r.unique,
                 );
                 self.finish(Ok(Some(p)), r.unique, intr, reply, Some(done));
             }
             MirrorAttempt::Host if nb => reply.error(FErrno::EAGAIN),
-            MirrorAttempt::Host => Self::wait_host_flock(
-                &self.driver,
-                &self.grant_hook,
-                h.clone(),
-                req,
-                fd,
-                r.unique,
-                intr,
-                reply,
-            ),
+            MirrorAttempt::Host => {
+                Self::wait_host_flock(&self.driver, &self.hooks, h.clone(), req, r.unique, intr, reply)
+            }
         }
     }
 
     /// A parked flock request, once granted among clients, takes its lock on the source
     /// before it is answered (it held none there while parked); if a host process took
     /// it meanwhile, the grant goes back and the request waits for the host.
-    #[allow(clippy::too_many_arguments)]
     fn flock_take_when_granted(
         h: Arc<Handle>,
         req: FlockReq,
-        fd: Arc<MirrorFd>,
         driver: Driver,
-        hook: Arc<OnceLock<GrantHook>>,
+        hooks: Arc<Hooks>,
         intr: Arc<Interrupts>,
         unique: u64,
     ) -> TaskDone {
@@ -853,84 +942,84 @@ impl Locks {
             let (Some(m), Some(ctx)) = (h.inode.source_mirror_if_any(), h.inode.lock_context_if_any()) else {
                 return Some(reply);
             };
-            if !granted {
-                // Parked, it held nothing on the source: nothing to drop there.
-                return Some(reply);
-            }
-            let (op, ty) = match req.fop {
-                FlockOp::Exclusive => (libc::LOCK_EX, LockType::Write),
-                _ => (libc::LOCK_SH, LockType::Read),
-            };
             let taken = {
-                let mut st = m.state.lock();
-                let r = mirror_flock_op(&fd, op | libc::LOCK_NB);
-                match &r {
-                    Ok(()) => m.flock_held(&mut st, req.key, fd.clone(), ty),
-                    Err(_) => {
-                        let _ = ctx.flock_lock(req.who, req.file, FlockOp::Unlock, true);
-                    }
-                }
+                let mut st = MirrorGuard::lock(m);
+                let open = |flags| hooks.open(&h.inode, flags);
+                let r = granted.then(|| req.take_on_source(m, &mut st, ctx, Some(&open)));
+                m.flock_unpark(&mut st);
                 r
             };
             match taken {
-                Ok(()) => {
-                    if let Some(f) = hook.get() {
-                        f(req.key.0, h.inode.id);
-                    }
+                // Not granted: parked, it held nothing on the source.
+                None => Some(reply),
+                Some(MirrorAttempt::Done(Ok(()), check)) => {
+                    hooks.granted(&h.inode, req.key.0, check, true);
                     Some(reply)
                 }
-                Err(e) if is_conflict(&e) => {
-                    Self::wait_host_flock(&driver, &hook, h.clone(), req, fd.clone(), unique, &intr, reply);
+                Some(MirrorAttempt::Host) => {
+                    Self::wait_host_flock(&driver, &hooks, h.clone(), req, unique, &intr, reply);
                     None
                 }
-                Err(e) => {
-                    reply.error(errno_of(&e));
+                Some(MirrorAttempt::Done(Err(e), _)) => {
+                    reply.error(ferr(e));
                     None
                 }
+                Some(MirrorAttempt::Parked(..)) => unreachable!("taking a lock on the source parks nothing"),
             }
         })
     }
 
-    /// A flock request that waits for the source: a thread blocked in `flock(2)` on the
-    /// client file's description, then on as any request.
-    #[allow(clippy::too_many_arguments)]
+    /// A flock request that waits for the source: a thread blocked in `flock(2)` on a
+    /// description of its own, then on as any request.
     fn wait_host_flock(
         driver: &Driver,
-        hook: &Arc<OnceLock<GrantHook>>,
+        hooks: &Arc<Hooks>,
         h: Arc<Handle>,
         req: FlockReq,
-        fd: Arc<MirrorFd>,
         unique: u64,
         intr: &Arc<Interrupts>,
         reply: ReplyEmpty,
     ) {
+        let Some(m) = h.inode.source_mirror_if_any() else {
+            return reply.error(FErrno::EIO);
+        };
+        let fd = {
+            let open = |flags| hooks.open(&h.inode, flags);
+            match m.flock_wait_started(&mut MirrorGuard::lock(m), Some(&open)) {
+                Ok(fd) => fd,
+                Err(e) => return reply.error(errno_of(&e)),
+            }
+        };
         let hw = Arc::new(HostWait::default());
         if !intr.park(unique, Parked::Host(hw.clone())) {
+            m.flock_wait_ended(&mut MirrorGuard::lock(m), Some(fd));
             return reply.error(FErrno::EINTR);
         }
+        let h_unspawned = h.clone();
         let intr_unpark = intr.clone();
-        let (intr, driver, hook) = (intr.clone(), driver.clone(), hook.clone());
+        let (intr, driver, hooks) = (intr.clone(), driver.clone(), hooks.clone());
         let op = match req.fop {
             FlockOp::Exclusive => libc::LOCK_EX,
             _ => libc::LOCK_SH,
         };
+        let fd_unspawned = fd.clone();
         let spawned = hw.spawn(move |hw| {
             let (Some(m), Some(ctx)) = (h.inode.source_mirror_if_any(), h.inode.lock_context_if_any()) else {
                 intr.unpark(unique);
                 return reply.error(FErrno::EIO);
             };
-            if let Err(e) = hw.block(|| mirror_flock_op(&fd, op)) {
+            if let Err(e) = hw.block(|| mirror_flock_op(&*fd, op)) {
+                m.flock_wait_ended(&mut MirrorGuard::lock(m), Some(fd));
                 intr.unpark(unique);
                 return reply.error(errno_of(&e));
             }
-            match req.attempt(m, ctx, &fd, true) {
-                MirrorAttempt::Done(res) => {
+            m.flock_wait_ended(&mut MirrorGuard::lock(m), None);
+            match req.attempt(m, ctx, None, Some(fd)) {
+                MirrorAttempt::Done(res, check) => {
                     intr.unpark(unique);
                     match res {
                         Ok(()) => {
-                            if let Some(f) = hook.get() {
-                                f(req.key.0, h.inode.id);
-                            }
+                            hooks.granted(&h.inode, req.key.0, check, true);
                             reply.ok()
                         }
                         Err(e) => reply.error(ferr(e)),
@@ -940,9 +1029,8 @@ impl Locks {
                     let done = Self::flock_take_when_granted(
                         h.clone(),
                         req,
-                        fd.clone(),
                         driver.clone(),
-                        hook.clone(),
+                        hooks.clone(),
                         intr.clone(),
                         unique,
                     );
@@ -957,6 +1045,9 @@ impl Locks {
         if spawned.is_err() {
             // The closure went with its reply, which answers EIO as it is dropped.
             intr_unpark.unpark(unique);
+            if let Some(m) = h_unspawned.inode.source_mirror_if_any() {
+                m.flock_wait_ended(&mut MirrorGuard::lock(m), Some(fd_unspawned));
+            }
         }
     }
 
@@ -1003,7 +1094,7 @@ impl Locks {
                 pid: Pid(0),
             });
             if let Some(m) = inode.source_mirror_if_any() {
-                m.lower(&mut m.state.lock(), ctx, 0, OFFSET_MAX);
+                m.lower(&mut MirrorGuard::lock(m), ctx, 0, OFFSET_MAX);
             }
         }
     }
@@ -1039,9 +1130,15 @@ impl Locks {
         // The open file's flock lock. The kernel says FUSE_RELEASE_FLOCK_UNLOCK when it
         // sent a flock request through this file; without one there is nothing to drop,
         // so dropping unconditionally is the same and also covers RELEASEDIR.
-        ctx.file_remove(FileId(fh));
-        if let Some(m) = h.inode.source_mirror_if_any() {
-            let mut st = m.state.lock();
+        let Some(m) = h.inode.source_mirror_if_any() else {
+            ctx.file_remove(FileId(fh));
+            return;
+        };
+        {
+            // Under the mirror's mutex, as an unlock: a client handed the flock lock
+            // takes it on the source only once the released file's lock there is gone.
+            let mut st = MirrorGuard::lock(m);
+            ctx.file_remove(FileId(fh));
             m.lower(&mut st, ctx, 0, OFFSET_MAX);
             m.flock_closed(&mut st, (h.conn, fh));
             m.close_if_idle(&mut st);
@@ -1052,6 +1149,8 @@ impl Locks {
 /// A POSIX or OFD request on a mirrored inode.
 #[derive(Clone, Copy)]
 struct PosixReq {
+    /// The connection it came on.
+    conn: usize,
     who: Process,
     file: OpenFile,
     cmd: FcntlCmd,
@@ -1061,10 +1160,15 @@ struct PosixReq {
 }
 
 impl PosixReq {
+    /// Whether it is of the whole file.
+    fn whole(&self) -> bool {
+        self.s == 0 && self.e == OFFSET_MAX
+    }
+
     /// Raise, `vfscale-locks`, lower, under the mirror's mutex (see `mirror.rs`);
     /// `open` opens the mirror description if it is not open.
     fn attempt(&self, m: &Mirror, ctx: &Arc<FileLockContext>, open: Option<MirrorOpen<'_>>) -> MirrorAttempt {
-        let mut st = m.state.lock();
+        let mut st = MirrorGuard::lock(m);
         let ty = self.fl.l_type;
         // A lock the open file's mode does not allow fails in `vfscale-locks` (EBADF),
         // never with the source's EAGAIN first.
@@ -1083,7 +1187,9 @@ impl PosixReq {
             }
             res => {
                 m.lower(&mut st, ctx, self.s, self.e);
-                MirrorAttempt::Done(res.map(|_| ()))
+                let check = (res.is_ok() && ty != LockType::Unlock)
+                    .then(|| m.grant_begin(&mut st, self.conn, GrantKind::Record));
+                MirrorAttempt::Done(res.map(|_| ()), check)
             }
         }
     }
@@ -1101,73 +1207,77 @@ struct FlockReq {
 }
 
 impl FlockReq {
-    /// `LOCK_UN`: among the clients, then on the source.
+    /// `LOCK_UN`: among the clients, then on the source (handed on to a parked request).
     fn unlock(&self, m: &Mirror, ctx: &Arc<FileLockContext>) -> Result<(), Errno> {
-        let mut st = m.state.lock();
+        let mut st = MirrorGuard::lock(m);
         let res = ctx.flock_lock(self.who, self.file, FlockOp::Unlock, true);
-        m.flock_gone(&mut st, self.key);
+        m.flock_let_go(&mut st, self.key, true);
         res.map(|_| ())
     }
 
-    /// The source's flock on the client file's description first (`held`: taken already,
-    /// by a wait), then `vfscale-locks`, under the mirror's mutex.
+    fn lock_type(&self) -> LockType {
+        match self.fop {
+            FlockOp::Exclusive => LockType::Write,
+            _ => LockType::Read,
+        }
+    }
+
+    /// `vfscale-locks` first, then the source once granted there, under the mirror's
+    /// mutex: a request that must wait for another client parks with no call on the
+    /// source. `held`: a wait for the source took the lock there already, on this
+    /// description.
     fn attempt(
         &self,
         m: &Mirror,
         ctx: &Arc<FileLockContext>,
-        fd: &Arc<MirrorFd>,
-        held: bool,
+        open: Option<MirrorOpen<'_>>,
+        held: Option<Arc<MirrorFd>>,
     ) -> MirrorAttempt {
-        let mut st = m.state.lock();
-        let (op, ty) = match self.fop {
-            FlockOp::Unlock => {
-                drop(st);
-                return MirrorAttempt::Done(self.unlock(m, ctx));
-            }
-            FlockOp::Shared => (libc::LOCK_SH, LockType::Read),
-            FlockOp::Exclusive => (libc::LOCK_EX, LockType::Write),
-        };
-        if !held {
-            match mirror_flock_op(fd, op | libc::LOCK_NB) {
-                Ok(()) => {}
-                Err(e) if is_conflict(&e) => {
-                    // A conversion dropped the old lock on the source first: so it goes
-                    // among the clients too, as flock(2) would have it.
-                    if m.flock_holds(&st, self.key) {
-                        m.flock_gone(&mut st, self.key);
-                        let _ = ctx.flock_lock(self.who, self.file, FlockOp::Unlock, true);
-                    }
-                    if self.nb {
-                        return MirrorAttempt::Host;
-                    }
-                    // Held by another client: wait among clients, with no thread (taken
-                    // on the source at the grant). Granted at once: the host holds it.
-                    return match ctx.flock_lock(self.who, self.file, self.fop, false) {
-                        Ok(Some(p)) => MirrorAttempt::Parked(p, 0),
-                        Ok(None) => {
-                            let _ = ctx.flock_lock(self.who, self.file, FlockOp::Unlock, true);
-                            MirrorAttempt::Host
-                        }
-                        Err(e) => MirrorAttempt::Done(Err(e)),
-                    };
-                }
-                Err(e) => {
-                    return MirrorAttempt::Done(Err(Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))))
-                }
-            }
+        let mut st = MirrorGuard::lock(m);
+        m.flock_file(&mut st, self.key);
+        if let Some(fd) = held {
+            m.flock_hold(&mut st, self.key, fd, self.lock_type());
         }
-        m.flock_held(&mut st, self.key, fd.clone(), ty);
         match ctx.flock_lock(self.who, self.file, self.fop, self.nb) {
             Ok(Some(p)) => {
-                // Parked requests hold nothing on the source: a hand-off among clients
-                // then never meets the waiter's own lock there.
-                m.flock_gone(&mut st, self.key);
+                // Parked requests hold nothing on the source (a conversion has dropped
+                // the old lock among clients; on the source too).
+                m.flock_let_go(&mut st, self.key, false);
+                m.flock_park(&mut st);
                 MirrorAttempt::Parked(p, 0)
             }
-            Ok(None) => MirrorAttempt::Done(Ok(())),
+            Ok(None) => self.take_on_source(m, &mut st, ctx, open),
             Err(e) => {
-                m.flock_gone(&mut st, self.key);
-                MirrorAttempt::Done(Err(e))
+                // EAGAIN: a conversion dropped the old lock first, as flock(2) does.
+                if e == Errno::EAGAIN {
+                    m.flock_let_go(&mut st, self.key, false);
+                }
+                MirrorAttempt::Done(Err(e), None)
+            }
+        }
+    }
+
+    /// Granted among clients: the lock on the source too; `Host` (the grant given back
+    /// among clients) where a host process holds it.
+    fn take_on_source(
+        &self,
+        m: &Mirror,
+        st: &mut MirrorLocks,
+        ctx: &Arc<FileLockContext>,
+        open: Option<MirrorOpen<'_>>,
+    ) -> MirrorAttempt {
+        match m.flock_take(st, self.key, self.lock_type(), open) {
+            // Out of descriptions for the source: the clients' lock alone.
+            FlockTake::Held | FlockTake::NoDesc => {
+                MirrorAttempt::Done(Ok(()), Some(m.grant_begin(st, self.key.0, GrantKind::Flock)))
+            }
+            FlockTake::Conflict => {
+                let _ = ctx.flock_lock(self.who, self.file, FlockOp::Unlock, true);
+                MirrorAttempt::Host
+            }
+            FlockTake::Failed(e) => {
+                let _ = ctx.flock_lock(self.who, self.file, FlockOp::Unlock, true);
+                MirrorAttempt::Done(Err(Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))), None)
             }
         }
     }

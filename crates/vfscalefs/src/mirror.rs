@@ -52,21 +52,40 @@
 //!
 //! # flock
 //!
-//! Each client open file that holds a flock lock has a description of its own on the
-//! source, holding the same flock lock: flock's owners are open files, so the kernel
-//! sees the clients' as it sees its own processes' (and a conversion drops the old lock
-//! first on both sides). The description is closed when the lock goes. The description
-//! is locked first, then `vfscale-locks`, under the mirror mutex, and unlocked after
-//! `vfscale-locks` under it too. A request that must wait for another client is parked
-//! in `vfscale-locks` holding nothing on the source (a conversion has dropped its old
-//! lock on both sides); once granted there it takes the source's lock (`LOCK_NB`) before
-//! it is answered, or, if a host process took it meanwhile, gives the grant back and
-//! waits for the host. A request that waits for the host waits in a thread blocked in
-//! `flock(2)` on its own description: the kernel orders it among the host's waiters.
+//! A client open file's flock lock is held on the source as a flock lock of a
+//! description of the inode's own, opened for this alone (`O_RDONLY`): flock's owners are
+//! open files, so the kernel sees the clients' locks as it sees its own processes' (and
+//! a conversion drops the old lock first on both sides). The descriptions are a pool per
+//! inode: one that holds nothing goes back to it, and it keeps no more than the client
+//! files that asked for flock locks and still are open may use.
+//!
+//! Per request, under the mirror mutex, `vfscale-locks` first: a request that must wait
+//! for another client parks there and holds nothing on the source (a conversion has
+//! dropped its old lock on both sides), so asking costs no call on the source. Once
+//! granted among clients (at once, or by the driver) it takes the lock on the source with
+//! `LOCK_NB` before it is answered; if a host process holds it, the grant goes back and
+//! the request fails (`LOCK_NB`) or waits for the host, in a thread blocked in `flock(2)`
+//! on a description from the pool: the kernel orders it among the host's waiters. An
+//! unlock lets `vfscale-locks` go first, then the source.
+//!
+//! A hand-off among clients makes no call on the source: an exclusive lock let go while
+//! other requests are parked for it stays held, as the *spare*, and the next client
+//! granted it takes that description over. So while clients hand an exclusive lock on,
+//! a host process asking for it waits, as behind a record-lock reservation; the spare
+//! goes as soon as no parked request is left, or a request waits for the host (which it
+//! would keep out), or the next client granted asks for a shared lock.
+//!
+//! # Coherence at a grant
+//!
+//! Before a grant is answered, the client's caches of the file go if the source file may
+//! have changed since this connection's last grant ([`Mirror::grant_begin`]): its times
+//! and size differ from those then seen. The check costs no `stat` while the server held
+//! the lock that excludes every host lock of the kind without a break since that grant
+//! (what a hand-off among clients keeps), and no other connection was granted one.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd as _, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -167,6 +186,14 @@ impl MirrorRanges {
         if let Some(t) = ty {
             self.0.insert(s, (e, t));
         }
+    }
+
+    /// Whether all of `[s, e]` is held with a write lock (one piece, as `set` merges).
+    pub fn holds_write(&self, s: i64, e: i64) -> bool {
+        self.0
+            .range(..=s)
+            .next_back()
+            .is_some_and(|(_, &(b, ty))| b >= e && ty == LockType::Write)
     }
 
     /// Whether nothing is held.
@@ -333,9 +360,70 @@ pub struct MirrorLocks {
     next_id: u64,
     /// Host waits in flight on the mirror description: it stays open for them.
     waits: u32,
-    /// The flock description of each client open file (connection, `fh`) that asked for
-    /// a flock lock, with the type it holds; closed at the file's `RELEASE`.
-    flocks: HashMap<(usize, u64), (Arc<MirrorFd>, Option<LockType>)>,
+    /// flock: the description that holds each client open file's (connection, `fh`)
+    /// flock lock on the source, and its type.
+    flock_held: HashMap<(usize, u64), (Arc<MirrorFd>, LockType)>,
+    /// flock descriptions that hold nothing, for the next lock.
+    flock_free: Vec<Arc<MirrorFd>>,
+    /// A description that still holds the exclusive lock a client let go while others
+    /// were parked for it: the next client granted it takes it over.
+    flock_spare: Option<Arc<MirrorFd>>,
+    /// flock requests parked among clients.
+    flock_parked: u32,
+    /// flock requests waiting for the source in a thread of their own.
+    flock_waits: u32,
+    /// Client open files that asked for a flock lock, until their `RELEASE`.
+    flock_files: HashSet<(usize, u64)>,
+    /// Descriptions that hold an exclusive flock lock (held or spare): 0 or 1, as the
+    /// source lets no two hold one.
+    flock_ex: u32,
+    /// Per [`GrantKind`], the changes of whether the server holds on the source a lock
+    /// that excludes every host lock of the kind, counted: odd while it does (record
+    /// locks: the mirror description's write lock over the whole file; flock: an
+    /// exclusive lock).
+    cover: [u64; 2],
+    /// Per [`GrantKind`], the mark of [`Mirror::grant_begin`]: a connection whose next
+    /// grant's check needs no `stat`, and the `cover` count it holds for.
+    clean: [Option<(usize, u64)>; 2],
+}
+
+/// A grant's coherence check, begun under the mirror's mutex ([`Mirror::grant_begin`])
+/// and ended after it ([`Mirror::grant_end`]).
+pub enum GrantCheck {
+    /// Nothing can have changed since the connection's last check.
+    Unchanged,
+    /// The source file's times and size decide.
+    Stat {
+        /// What the grant is of.
+        kind: GrantKind,
+        /// The `cover` count when the check began.
+        cover: u64,
+        /// A description of the source file to ask.
+        desc: Option<Arc<MirrorFd>>,
+    },
+}
+
+/// What [`Mirror::flock_take`] did.
+pub enum FlockTake {
+    /// The client file's lock is held on the source.
+    Held,
+    /// A holder on the source conflicts: nothing is held for the file there (a
+    /// conversion lost its old lock).
+    Conflict,
+    /// No description to hold it (the budget, an open that failed): the lock is the
+    /// clients' alone.
+    NoDesc,
+    /// `flock(2)` failed otherwise.
+    Failed(io::Error),
+}
+
+/// Which locks a grant is of (see [`Mirror::grant_begin`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GrantKind {
+    /// POSIX and OFD locks.
+    Record = 0,
+    /// flock locks.
+    Flock = 1,
 }
 
 /// How a mirror opens its inode's source file (`InodeTable::open` with these flags).
@@ -357,8 +445,8 @@ pub struct Mirror {
 
 /// A request's answer after a raise and `vfscale-locks`.
 pub enum MirrorAttempt {
-    /// Done: answer this.
-    Done(Result<(), vfscale_locks::Errno>),
+    /// Done: answer this (a grant after its coherence check, begun).
+    Done(Result<(), vfscale_locks::Errno>, Option<GrantCheck>),
     /// Parked among clients, reservation `id` held until it completes.
     Parked(vfscale_locks::PendingLock, u64),
     /// A holder on the source conflicts (nothing was changed).
@@ -408,6 +496,80 @@ impl Mirror {
         !same
     }
 
+    /// The coherence check of a grant of `kind` to connection `conn`, begun under the
+    /// mutex of the request's last step (its grant), before it is answered: whether the
+    /// client's caches must go ([`Mirror::grant_end`] says).
+    ///
+    /// Coherence is promised for what processes changed under their locks. So the check
+    /// needs no `stat` when, since this connection's last check of a whole-file grant, the
+    /// server held on the source, without a break, a lock that excludes every host lock
+    /// of the kind (record locks: a write lock over the whole file; flock: an exclusive
+    /// lock), and no other connection was granted a lock of the kind (its clients share
+    /// no cache with this one's). Else the source file's times and size decide (see
+    /// [`Mirror::source_changed`]). (Record and flock locks do not exclude each other, on
+    /// Linux as here: what a process changes under one kind is not ordered before a
+    /// grant of the other.)
+    pub fn grant_begin(&self, st: &mut MirrorLocks, conn: usize, kind: GrantKind) -> GrantCheck {
+        let k = kind as usize;
+        let cover = st.cover[k];
+        match st.clean[k] {
+            Some(mark) if cover & 1 == 1 && mark == (conn, cover) => return GrantCheck::Unchanged,
+            // Another connection's clients may change the file under this grant.
+            Some((c, _)) if c != conn => st.clean[k] = None,
+            _ => {}
+        }
+        let desc = st
+            .fd
+            .as_ref()
+            .map(|(d, _)| d.clone())
+            .or_else(|| st.flock_spare.clone())
+            .or_else(|| st.flock_held.values().next().map(|(d, _)| d.clone()))
+            .or_else(|| st.flock_free.last().cloned());
+        GrantCheck::Stat { kind, cover, desc }
+    }
+
+    /// Ends a grant's check (after the mutex): `inval` (the client's caches of the file
+    /// go) if the source file may have changed; `whole`: the grant is of the whole file.
+    pub fn grant_end(&self, check: GrantCheck, conn: usize, whole: bool, inval: impl FnOnce()) {
+        let GrantCheck::Stat { kind, cover, desc } = check else {
+            return;
+        };
+        let changed = match desc.map(|d| crate::sys::stat_fd(d.fd.as_fd())) {
+            Some(Ok(st)) => self.source_changed(conn, &st),
+            _ => true,
+        };
+        if changed {
+            inval();
+        }
+        // Held since before the stat: what a host changed under a lock is in it.
+        if whole && cover & 1 == 1 {
+            let mut st = self.state.lock();
+            let k = kind as usize;
+            if st.cover[k] == cover {
+                st.clean[k] = Some((conn, cover));
+            }
+        }
+    }
+
+    /// Keeps the record locks' `cover` count in step with what the mirror description
+    /// holds (after every change of `st.held`).
+    fn sync_cover(&self, st: &mut MirrorLocks) {
+        let whole = st.held.0.len() == 1 && st.held.0.get(&0) == Some(&(OFFSET_MAX, LockType::Write));
+        let c = &mut st.cover[GrantKind::Record as usize];
+        if (*c & 1 == 1) != whole {
+            *c += 1;
+        }
+    }
+
+    /// Keeps the flock `cover` count in step with `st.flock_ex`.
+    fn sync_flock_cover(&self, st: &mut MirrorLocks) {
+        let ex = st.flock_ex > 0;
+        let c = &mut st.cover[GrantKind::Flock as usize];
+        if (*c & 1 == 1) != ex {
+            *c += 1;
+        }
+    }
+
     /// The mirror description, opened by `open` (read-write where allowed) if it is not
     /// open; `None` for `open` when only an open one will do.
     pub fn desc(
@@ -427,6 +589,15 @@ impl Mirror {
         let d = (Arc::new(MirrorFd { fd, _token: token }), writable);
         st.fd = Some(d.clone());
         Ok(d)
+    }
+
+    /// A probe description for a read wait (see the module docs), counted in the budget.
+    pub fn probe(&self, open: MirrorOpen<'_>) -> io::Result<MirrorFd> {
+        let token = self.budget.take()?;
+        Ok(MirrorFd {
+            fd: open(libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK)?,
+            _token: token,
+        })
     }
 
     /// Closes the mirror description if it holds and reserves nothing and no wait uses
@@ -486,10 +657,11 @@ impl Mirror {
         let fd = desc.as_raw_fd();
         match ty {
             // Held already (the holder's or a reservation's range): the call would change nothing.
-            LockType::Write if st.held.pieces(s, e) == [(s, e, Some(LockType::Write))] => true,
+            LockType::Write if st.held.holds_write(s, e) => true,
             LockType::Write if writable => match mirror_ofd(fd, libc::F_OFD_SETLK, Some(ty), s, e) {
                 Ok(()) => {
                     st.held.set(s, e, Some(ty));
+                    self.sync_cover(st);
                     true
                 }
                 Err(err) => !is_conflict(&err),
@@ -519,6 +691,7 @@ impl Mirror {
         for (a, b, _) in gaps {
             st.held.set(a, b, Some(LockType::Read));
         }
+        self.sync_cover(st);
         true
     }
 
@@ -548,6 +721,7 @@ impl Mirror {
                 }
             }
         }
+        self.sync_cover(st);
     }
 
     /// What the mirror should hold over `[s, e]`: the clients' locks (write over read)
@@ -642,51 +816,198 @@ impl Mirror {
             held.set(s, e, Some(ty));
         }
         st.held = held;
+        self.sync_cover(st);
     }
 
-    /// The flock description of client file `key`, opened by `open` if it has none.
-    pub fn flock_fd(
+    /// Client file `key` asks for flock locks (until [`Mirror::flock_closed`]).
+    pub fn flock_file(&self, st: &mut MirrorLocks, key: (usize, u64)) {
+        if !st.flock_files.contains(&key) {
+            st.flock_files.insert(key);
+        }
+    }
+
+    /// A flock description that holds nothing: a free one, or one opened by `open`.
+    fn flock_desc(&self, st: &mut MirrorLocks, open: Option<MirrorOpen<'_>>) -> io::Result<Arc<MirrorFd>> {
+        if let Some(fd) = st.flock_free.pop() {
+            return Ok(fd);
+        }
+        let open = open.ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+        let token = self.budget.take()?;
+        Ok(Arc::new(MirrorFd {
+            fd: open(libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK)?,
+            _token: token,
+        }))
+    }
+
+    /// Client file `key`, granted a flock lock of type `ty` among clients, takes it on
+    /// the source (`LOCK_NB`): a conversion on the description that holds its lock; else
+    /// the spare's exclusive lock (no call), or a free description. The spare goes first
+    /// where it cannot be taken over, so the server never conflicts with itself.
+    pub fn flock_take(
         &self,
         st: &mut MirrorLocks,
         key: (usize, u64),
-        open: impl FnOnce() -> io::Result<OwnedFd>,
-    ) -> io::Result<Arc<MirrorFd>> {
-        if let Some((fd, _)) = st.flocks.get(&key) {
-            return Ok(fd.clone());
+        ty: LockType,
+        open: Option<MirrorOpen<'_>>,
+    ) -> FlockTake {
+        let op = flock_op(ty);
+        let r = if let Some((fd, old)) = st.flock_held.get(&key).cloned() {
+            if old == ty {
+                return FlockTake::Held;
+            }
+            // flock(2) converts on the same description, dropping the old lock first.
+            Self::flock_ex_count(st, Some(old), None);
+            match mirror_flock_op(&*fd, op | libc::LOCK_NB) {
+                Ok(()) => {
+                    st.flock_held.insert(key, (fd, ty));
+                    Self::flock_ex_count(st, None, Some(ty));
+                    FlockTake::Held
+                }
+                Err(e) => {
+                    st.flock_held.remove(&key);
+                    st.flock_free.push(fd);
+                    Self::flock_failed(e)
+                }
+            }
+        } else {
+            if let Some(spare) = st.flock_spare.take() {
+                if ty == LockType::Write {
+                    st.flock_held.insert(key, (spare, ty));
+                    return FlockTake::Held;
+                }
+                let _ = mirror_flock_op(&*spare, libc::LOCK_UN);
+                st.flock_free.push(spare);
+                Self::flock_ex_count(st, Some(LockType::Write), None);
+            }
+            match self.flock_desc(st, open) {
+                Err(_) => FlockTake::NoDesc,
+                Ok(fd) => match mirror_flock_op(&*fd, op | libc::LOCK_NB) {
+                    Ok(()) => {
+                        st.flock_held.insert(key, (fd, ty));
+                        Self::flock_ex_count(st, None, Some(ty));
+                        FlockTake::Held
+                    }
+                    Err(e) => {
+                        st.flock_free.push(fd);
+                        Self::flock_failed(e)
+                    }
+                },
+            }
+        };
+        self.sync_flock_cover(st);
+        r
+    }
+
+    fn flock_failed(e: io::Error) -> FlockTake {
+        if is_conflict(&e) {
+            FlockTake::Conflict
+        } else {
+            FlockTake::Failed(e)
         }
-        let token = self.budget.take()?;
-        let fd = Arc::new(MirrorFd {
-            fd: open()?,
-            _token: token,
-        });
-        st.flocks.insert(key, (fd.clone(), None));
+    }
+
+    fn flock_ex_count(st: &mut MirrorLocks, gone: Option<LockType>, came: Option<LockType>) {
+        if gone == Some(LockType::Write) {
+            st.flock_ex -= 1;
+        }
+        if came == Some(LockType::Write) {
+            st.flock_ex += 1;
+        }
+    }
+
+    /// Client file `key` holds `ty` on `fd` now (a wait for the source took it).
+    pub fn flock_hold(&self, st: &mut MirrorLocks, key: (usize, u64), fd: Arc<MirrorFd>, ty: LockType) {
+        self.flock_let_go(st, key, false);
+        st.flock_held.insert(key, (fd, ty));
+        Self::flock_ex_count(st, None, Some(ty));
+        self.sync_flock_cover(st);
+    }
+
+    /// Client file `key` holds no flock lock among clients any more: its lock on the
+    /// source goes. With `hand_on`, an exclusive lock that parked requests wait for (and
+    /// no request waits for the source, which it would keep out) stays held as the spare
+    /// for the next client granted it: a hand-off among clients then makes no call.
+    pub fn flock_let_go(&self, st: &mut MirrorLocks, key: (usize, u64), hand_on: bool) {
+        let Some((fd, ty)) = st.flock_held.remove(&key) else {
+            return;
+        };
+        if hand_on
+            && ty == LockType::Write
+            && st.flock_parked > 0
+            && st.flock_waits == 0
+            && st.flock_spare.is_none()
+        {
+            st.flock_spare = Some(fd);
+            return;
+        }
+        let _ = mirror_flock_op(&*fd, libc::LOCK_UN);
+        st.flock_free.push(fd);
+        Self::flock_ex_count(st, Some(ty), None);
+        self.sync_flock_cover(st);
+    }
+
+    /// A flock request parks among clients.
+    pub fn flock_park(&self, st: &mut MirrorLocks) {
+        st.flock_parked += 1;
+    }
+
+    /// A parked flock request is done (after [`Mirror::flock_take`] if it was granted):
+    /// the spare goes once no request is left to take it over.
+    pub fn flock_unpark(&self, st: &mut MirrorLocks) {
+        st.flock_parked = st.flock_parked.saturating_sub(1);
+        if st.flock_parked == 0 {
+            self.flock_drop_spare(st);
+        }
+    }
+
+    fn flock_drop_spare(&self, st: &mut MirrorLocks) {
+        if let Some(spare) = st.flock_spare.take() {
+            let _ = mirror_flock_op(&*spare, libc::LOCK_UN);
+            st.flock_free.push(spare);
+            Self::flock_ex_count(st, Some(LockType::Write), None);
+            self.sync_flock_cover(st);
+        }
+    }
+
+    /// A description for a request that waits for the source in a thread of its own
+    /// (the spare goes first: it would keep the wait out).
+    pub fn flock_wait_started(
+        &self,
+        st: &mut MirrorLocks,
+        open: Option<MirrorOpen<'_>>,
+    ) -> io::Result<Arc<MirrorFd>> {
+        self.flock_drop_spare(st);
+        let fd = self.flock_desc(st, open)?;
+        st.flock_waits += 1;
         Ok(fd)
     }
 
-    /// Client file `key` holds a flock lock of type `ty` on `fd` now.
-    pub fn flock_held(&self, st: &mut MirrorLocks, key: (usize, u64), fd: Arc<MirrorFd>, ty: LockType) {
-        st.flocks.insert(key, (fd, Some(ty)));
+    /// A wait for the source ended; `unused`: its description, which holds nothing.
+    pub fn flock_wait_ended(&self, st: &mut MirrorLocks, unused: Option<Arc<MirrorFd>>) {
+        st.flock_waits = st.flock_waits.saturating_sub(1);
+        st.flock_free.extend(unused);
     }
 
-    /// Client file `key` holds no flock lock any more: its lock on the source goes.
-    pub fn flock_gone(&self, st: &mut MirrorLocks, key: (usize, u64)) {
-        if let Some((fd, held)) = st.flocks.get_mut(&key) {
-            if held.take().is_some() {
-                let _ = mirror_flock_op(&**fd, libc::LOCK_UN);
-            }
-        }
-    }
-
-    /// Client file `key` was released: its flock description closes (once no wait uses
-    /// it), and with it any lock it still held.
+    /// Client file `key` was released: its lock goes (handed on as by an unlock), and
+    /// the free descriptions beyond what the files still open may use close.
     pub fn flock_closed(&self, st: &mut MirrorLocks, key: (usize, u64)) {
-        self.flock_gone(st, key);
-        st.flocks.remove(&key);
+        self.flock_let_go(st, key, true);
+        st.flock_files.remove(&key);
+        let keep = st.flock_files.len().saturating_sub(st.flock_held.len());
+        st.flock_free.truncate(keep);
     }
 
     /// Whether client file `key` holds a flock lock on the source.
     pub fn flock_holds(&self, st: &MirrorLocks, key: (usize, u64)) -> bool {
-        st.flocks.get(&key).is_some_and(|(_, held)| held.is_some())
+        st.flock_held.contains_key(&key)
+    }
+}
+
+/// `flock(2)`'s operation for a lock of type `ty`.
+fn flock_op(ty: LockType) -> i32 {
+    match ty {
+        LockType::Write => libc::LOCK_EX,
+        _ => libc::LOCK_SH,
     }
 }
 
@@ -870,8 +1191,10 @@ mod tests {
                 (20, OFFSET_MAX, None)
             ]
         );
+        assert!(!r.holds_write(5, 7) && !r.holds_write(0, 0));
         r.set(0, OFFSET_MAX, Some(LockType::Write));
         assert_eq!(r.pieces(5, 6), vec![(5, 6, Some(LockType::Write))]);
+        assert!(r.holds_write(5, 6) && r.holds_write(0, OFFSET_MAX));
         r.set(0, OFFSET_MAX, None);
         assert!(r.is_empty());
     }

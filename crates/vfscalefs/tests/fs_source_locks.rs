@@ -123,6 +123,20 @@ fn time_of(w: &[String]) -> f64 {
     w.last().unwrap().parse().unwrap()
 }
 
+/// `waiter`'s request is granted within 50 ms of the unlock at `unlocked`.
+fn prompt(waiter: &mut Agent, unlocked: f64, what: &str) {
+    let w = waiter
+        .answer(Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("{what}: never granted"));
+    assert_eq!(w[0], "ok", "{what}: {w:?}");
+    let late = time_of(&w) - unlocked;
+    assert!(
+        late < 0.05,
+        "{what}: granted {:.1} ms after the unlock",
+        late * 1e3
+    );
+}
+
 const SETLK: i32 = libc::F_SETLK;
 const SETLKW: i32 = libc::F_SETLKW;
 const GETLK: i32 = libc::F_GETLK;
@@ -242,18 +256,6 @@ fn waits_end_promptly_and_can_be_interrupted() {
     }
     let (_m, mut host, mut client) = setup("");
     let short = Duration::from_millis(300);
-    let prompt = |waiter: &mut Agent, unlocked: f64, what: &str| {
-        let w = waiter
-            .answer(Duration::from_secs(5))
-            .unwrap_or_else(|| panic!("{what}: never granted"));
-        assert_eq!(w[0], "ok", "{what}: {w:?}");
-        let late = time_of(&w) - unlocked;
-        assert!(
-            late < 0.05,
-            "{what}: granted {:.1} ms after the unlock",
-            late * 1e3
-        );
-    };
     // A client's F_SETLKW behind a host holder.
     host.status(&lk(SETLK, WR, 0, 10)).unwrap();
     client.send(&lk(SETLKW, WR, 5, 10));
@@ -526,9 +528,14 @@ fn lock_descriptions_close_with_the_file() {
     }
     client.status(&lk(OFD_SETLK, RD, 0, 0)).unwrap();
     client.status("close").unwrap();
-    // RELEASE comes just after close(2).
+    descriptions_close(&m, &f);
+}
+
+/// The descriptions held for locks on `file` close within 3 s (`RELEASE` comes just
+/// after `close(2)`).
+fn descriptions_close(m: &Mounted, file: &Path) {
     let deadline = Instant::now() + Duration::from_secs(3);
-    while lock_descriptions(&m, &f) != 0 {
+    while lock_descriptions(m, file) != 0 {
         assert!(
             Instant::now() < deadline,
             "the descriptions outlived the file's RELEASE"
@@ -538,7 +545,8 @@ fn lock_descriptions_close_with_the_file() {
 }
 
 /// A client granted a lock sees what a process on the source changed under its own: the
-/// file's size, and an entry of its directory that it deleted (a journal).
+/// file's size, and an entry of its directory that it deleted (a journal), whether the
+/// client had looked it up before the first grant in the directory or after.
 #[test]
 fn a_grant_sees_the_hosts_changes() {
     if let Some(why) = skip() {
@@ -546,8 +554,17 @@ fn a_grant_sees_the_hosts_changes() {
     }
     let (m, mut host, mut client) = setup("");
     let (src, mnt) = (&m.source, &m.mounts[0]);
-    // The first grant marks the directory.
+    // Looked up before the first grant, which marks the directory.
+    host.status(&lk(SETLK, WR, 0, 0)).unwrap();
+    std::fs::write(src.join("f-journal"), b"j").unwrap();
+    assert!(mnt.join("f-journal").exists(), "the journal through the mount");
+    std::fs::remove_file(src.join("f-journal")).unwrap();
+    host.status(&lk(SETLK, UN, 0, 0)).unwrap();
     client.status(&lk(SETLK, WR, 0, 0)).unwrap();
+    assert!(
+        !mnt.join("f-journal").exists(),
+        "the journal the host deleted still shows through the mount after the first grant"
+    );
     client.status(&lk(SETLK, UN, 0, 0)).unwrap();
     assert_eq!(std::fs::metadata(mnt.join("f")).unwrap().len(), 4096);
     host.status(&lk(SETLK, WR, 0, 0)).unwrap();
@@ -651,4 +668,62 @@ fn contend(m: &Mounted, kind: &str) {
         "{kind}: 4 + 4 processes x 500 locked ranges, no overlap seen, in {:.1} s",
         start.elapsed().as_secs_f64()
     ));
+}
+
+/// An exclusive flock lock handed from one client to another stays held on the source
+/// (the next client takes the server's description over), shows there while the new
+/// holder has it, and goes with the last client's unlock; a host waiter then gets it
+/// promptly.
+#[test]
+fn flock_hand_off_among_clients_holds_the_source() {
+    if let Some(why) = skip() {
+        return say(&format!("SKIP: {why}"));
+    }
+    let (m, mut host, mut first) = setup("");
+    let mut second = Agent::start(&m.mounts[0].join("f"));
+    let (ex, un, nb) = (libc::LOCK_EX, libc::LOCK_UN, libc::LOCK_NB);
+    for round in 0..3 {
+        first.status(&format!("flock {ex}")).unwrap();
+        second.send(&format!("flock {ex}"));
+        assert!(
+            second.answer(Duration::from_millis(200)).is_none(),
+            "round {round}: the second client was granted while the first held"
+        );
+        first.status(&format!("flock {un}")).unwrap();
+        let w = second
+            .answer(Duration::from_secs(5))
+            .unwrap_or_else(|| panic!("round {round}: the second client never granted"));
+        assert_eq!(w[0], "ok", "round {round}: {w:?}");
+        assert_eq!(
+            host.status(&format!("flock {}", ex | nb)),
+            Err(EAGAIN),
+            "round {round}: the handed-off lock on the source"
+        );
+        assert_eq!(
+            first.status(&format!("flock {}", ex | nb)),
+            Err(EAGAIN),
+            "round {round}: the first client after the hand-off"
+        );
+        // A host waiter gets it at the last client's unlock.
+        host.send(&format!("flock {ex}"));
+        assert!(
+            host.answer(Duration::from_millis(200)).is_none(),
+            "round {round}: the host's wait ended while a client held"
+        );
+        let t = time_of(&second.run(&format!("flock {un}")));
+        prompt(
+            &mut host,
+            t,
+            &format!("round {round}: host behind the last client"),
+        );
+        assert_eq!(
+            first.status(&format!("flock {}", ex | nb)),
+            Err(EAGAIN),
+            "round {round}: the host's lock through the mount"
+        );
+        host.status(&format!("flock {un}")).unwrap();
+    }
+    drop((first, second));
+    // The pool closes with the files.
+    descriptions_close(&m, &m.source.join("f"));
 }

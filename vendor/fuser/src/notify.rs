@@ -83,6 +83,15 @@ impl Notifier {
         self.send_inval(notify_code::FUSE_NOTIFY_INVAL_INODE, &notif)
     }
 
+    /// Make every directory entry the kernel cached so far be looked up again before
+    /// its next use (`FUSE_NOTIFY_INC_EPOCH`, recent kernels)
+    /// # Errors
+    /// Returns an error if the kernel rejects the notification (older kernels: `EINVAL`).
+    pub fn inc_epoch(&self) -> io::Result<()> {
+        let notif = Notification::new_inc_epoch();
+        self.send(notify_code::FUSE_NOTIFY_INC_EPOCH, &notif)
+    }
+
     /// Update the kernel's cached copy of a given inode's data
     /// # Errors
     /// Returns an error if the notification data is too large.
