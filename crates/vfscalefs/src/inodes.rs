@@ -542,9 +542,10 @@ impl InodeTable {
                 Err(why) => (None, None, Some(why), None),
             },
         };
-        // 2^18 chains: about four inodes a chain at a million cached.
+        // 2^20 chains (8 MiB): about one inode a chain at a million cached. A lookup of a
+        // new name walks its chain three times, each a cache miss per inode passed.
         let cache = InodeCache::new(Settings {
-            hash_bits: 18,
+            hash_bits: 20,
             ..Settings::default()
         });
         let own_fds = Arc::new(AtomicU64::new(0));
