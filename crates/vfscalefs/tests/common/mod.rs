@@ -239,6 +239,12 @@ pub struct Stats {
     pub lookups: u64,
     /// `handles=`: the open files.
     pub handles: u64,
+    /// `reads=`: requests the dispatch threads read.
+    pub reads: u64,
+    /// `busy_reads=`: reads that found another request queued behind theirs.
+    pub busy_reads: u64,
+    /// `dispatch_wakes=`: parked dispatch threads woken to read.
+    pub dispatch_wakes: u64,
 }
 
 impl Mounted {
@@ -265,6 +271,9 @@ impl Mounted {
                     inodes: field("inodes"),
                     lookups: field("lookups"),
                     handles: field("handles"),
+                    reads: field("reads"),
+                    busy_reads: field("busy_reads"),
+                    dispatch_wakes: field("dispatch_wakes"),
                 };
                 eprintln!("stats: {s:?}");
                 return s;
