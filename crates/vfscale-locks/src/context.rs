@@ -991,6 +991,43 @@ impl Inner {
         found.map(|id| self.node(id).fl.reported())
     }
 
+    /// The POSIX and OFD locks of `owner` that overlap `[start, end]`, in start order,
+    /// each as (start, end, type) cut to the range. `flc_lock` held.
+    pub fn posix_owner_locks(&mut self, owner: OwnerKey, start: i64, end: i64) -> Vec<(i64, i64, LockType)> {
+        let mut out = Vec::new();
+        let cut = |fl: &FileLock| (fl.start.max(start), fl.end.min(end), fl.ty);
+        match self.index {
+            LockIndex::List => {
+                for &id in &self.posix {
+                    let fl = &self.arena.node(id).fl;
+                    if fl.owner == owner && fl.start <= end && fl.end >= start {
+                        out.push(cut(fl));
+                    }
+                }
+                out.sort_by_key(|p| p.0);
+            }
+            LockIndex::Tree => {
+                let w = &mut self.work;
+                let (t, ar) = (&self.tree, &self.arena);
+                // An owner's locks do not overlap: the one starting at or before
+                // `start` if it reaches it, then its successors up to `end`.
+                let mut at = match t.owner_around(ar, owner, start, w) {
+                    (Some(f), _) if ar.node(f).fl.end >= start => Some(f),
+                    (_, after) => after,
+                };
+                while let Some(id) = at {
+                    let fl = &ar.node(id).fl;
+                    if fl.start > end {
+                        break;
+                    }
+                    out.push(cut(fl));
+                    at = t.owner_next(ar, id, w);
+                }
+            }
+        }
+        out
+    }
+
     /// The first lock in list order that request `req` conflicts with
     /// (`posix_locks_conflict`).
     fn posix_first_conflict(&mut self, req: &FileLock) -> Option<NodeId> {

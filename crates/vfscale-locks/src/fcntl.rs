@@ -248,6 +248,31 @@ impl FileLockContext {
         Ok(())
     }
 
+    /// The POSIX locks `who` holds over `[start, end]` (inclusive; `OFFSET_MAX`: to the
+    /// end of the file), in start order, each as (start, end, type) cut to the range:
+    /// what a request of `who` over that range replaces, for a caller that may have to
+    /// put it back.
+    ///
+    /// ```
+    /// use vfscale_locks::*;
+    /// let mgr = LockManager::new();
+    /// let inode = FileLockContext::new(&mgr, InodeKey::default());
+    /// let (p, f) = (Process::new(1), OpenFile::new(1, AccessMode::ReadWrite));
+    /// inode.fcntl(p, f, FcntlCmd::SetLk, &mut Flock::new(LockType::Read, 0, 10)).unwrap();
+    /// inode.fcntl(p, f, FcntlCmd::SetLk, &mut Flock::new(LockType::Write, 20, 0)).unwrap();
+    /// assert_eq!(
+    ///     inode.posix_owner_locks(p, 5, 29),
+    ///     vec![(5, 9, LockType::Read), (20, 29, LockType::Write)]
+    /// );
+    /// assert_eq!(inode.posix_owner_locks(Process::new(2), 0, OFFSET_MAX), vec![]);
+    /// ```
+    pub fn posix_owner_locks(&self, who: Process, start: i64, end: i64) -> Vec<(i64, i64, LockType)> {
+        let _big = self.mgr.big_lock();
+        self.inner
+            .lock()
+            .posix_owner_locks(OwnerKey::Process(who.owner), start, end)
+    }
+
     /// `flock(fd, op | (nb ? LOCK_NB : 0))`: `Ok(None)` when done, a [`PendingLock`] when
     /// it must wait (only without `nb`).
     ///

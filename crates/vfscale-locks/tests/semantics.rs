@@ -544,3 +544,44 @@ fn blocking_calls_say_whether_they_waited() {
     let slept = h.join().unwrap().unwrap().expect("p2 waited");
     assert!(slept >= t && slept <= Instant::now());
 }
+
+/// `posix_owner_locks` lists one owner's locks over a range, cut to it, in start order,
+/// alike with the index and with Linux's list.
+#[test]
+fn posix_owner_locks_lists_one_owners_locks_in_a_range() {
+    for index in [LockIndex::Tree, LockIndex::List] {
+        let (_mgr, ctx) = setup(Settings {
+            index,
+            ..Settings::default()
+        });
+        let (p, q) = (Process::new(1), Process::new(2));
+        let set = |who: Process, f: u64, ty: LockType, s: i64, l: i64| {
+            ctx.fcntl(who, rw(f), FcntlCmd::SetLk, &mut Flock::new(ty, s, l))
+                .unwrap();
+        };
+        set(p, 1, LockType::Write, 40, 0);
+        set(p, 1, LockType::Read, 0, 10);
+        set(q, 2, LockType::Read, 5, 10);
+        set(p, 1, LockType::Write, 20, 5);
+        assert_eq!(
+            ctx.posix_owner_locks(p, 5, 44),
+            vec![
+                (5, 9, LockType::Read),
+                (20, 24, LockType::Write),
+                (40, 44, LockType::Write)
+            ],
+            "{index:?}"
+        );
+        assert_eq!(ctx.posix_owner_locks(p, 10, 19), vec![], "{index:?}");
+        assert_eq!(
+            ctx.posix_owner_locks(p, 50, OFFSET_MAX),
+            vec![(50, OFFSET_MAX, LockType::Write)],
+            "{index:?}"
+        );
+        assert_eq!(
+            ctx.posix_owner_locks(q, 0, OFFSET_MAX),
+            vec![(5, 14, LockType::Read)],
+            "{index:?}"
+        );
+    }
+}

@@ -88,9 +88,10 @@
 //! `vfscale-icache`) are taken only inside its calls; an
 //! inode's `pin` is held around its lookup counts and released before the reference it
 //! held is put. Per inode: the mirror's state (`mirror.rs`: held across a request's
-//! raise on the source, `vfscale-locks` and the lowering) → `lock_owners` → the lock
-//! context's inode lock (`flc_lock`, inside `vfscale-locks`) → a waiter's state. A
-//! connection's interrupt table → a waiter's state (interrupting). The driver's task map and queue are leaves. No path
+//! `vfscale-locks` call, its raise on the source, the direct hand-off and the lowering)
+//! → `lock_owners` → the lock context's inode lock (`flc_lock`, inside `vfscale-locks`)
+//! → a waiter's state. A connection's interrupt table → a waiter's state
+//! (interrupting). The driver's task map and queue are leaves. No path
 //! holds two inodes' locks, or any lock across a reply.
 //!
 //! # Locks on the source
@@ -101,13 +102,15 @@
 //! locks on one description per locked inode, each client file's flock lock as a flock
 //! lock on a description of the inode's own (from a pool). The lock space among clients
 //! stays `vfscale-locks`: owners, merging and splitting, the close rules, `EDEADLK`
-//! among clients, the wait tree and the hand-off are as without mirroring. Per record
-//! lock request the source is asked first (`F_OFD_SETLK`: `EAGAIN` for `F_SETLK`, a wait
-//! in a thread of its own for `F_SETLKW`), then `vfscale-locks`, then the mirror is
-//! lowered to what the clients hold; a flock request asks `vfscale-locks` first and the
-//! source once granted there. So a client is answered only once the source holds its
-//! lock, and the source lets a lock go only after `vfscale-locks` has. What it gives and
-//! cannot give:
+//! among clients, the wait tree and the hand-off are as without mirroring. Per request
+//! `vfscale-locks` is asked first, then, once granted there (at once or after a wait
+//! among clients), the source (`F_OFD_SETLK`, `flock(LOCK_NB)`); where a host process
+//! holds the lock the grant goes back among clients (what the owner held before put
+//! back) and the request fails with `EAGAIN` or waits for the host in a thread of its
+//! own; then the mirror is lowered to what the clients hold. So a client is answered
+//! only once the source holds its lock, the source lets a lock go only after
+//! `vfscale-locks` has, and a request waiting among clients holds nothing on the source.
+//! What it gives and cannot give:
 //!
 //! * A holder on the source makes a conflicting client request fail or wait, and a
 //!   client's lock a host's; `F_GETLK` through the mount reports a host holder (a POSIX
@@ -117,11 +120,12 @@
 //!   (never passthrough backing files, which the kernel would keep open).
 //! * A cycle of waits through a host process is not detected (Linux detects none through
 //!   OFD locks); such a waiter can still be interrupted. Between client waiters and host
-//!   waiters the kernel decides the order; a client waiting for another client reserves
-//!   its range on the source meanwhile (a host request for it waits too); a flock
-//!   waiter for another client holds nothing there until it is granted, but an
-//!   exclusive flock lock handed from client to client stays held on the source through
-//!   the hand-off (a host request for it waits until no client waits for it).
+//!   waiters the kernel decides the order, except at a direct hand-off: an unlock that
+//!   grants a waiting client in the same step keeps the source lock held for it (no
+//!   call), one of the orders Linux allows, but not where Linux's wait tree queues that
+//!   client behind a host waiter, which the server cannot see. Such hand-offs keep the
+//!   source lock held for 5 ms at most without a break, so a host waiter is not starved
+//!   by clients handing a lock on among themselves.
 //! * At a grant the client's cached attributes and data of the file are invalidated
 //!   before the answer (`FUSE_NOTIFY_INVAL_INODE`, from a notify thread: the kernel may
 //!   wait there for a page that a read waiting for a dispatch thread holds, so a grant

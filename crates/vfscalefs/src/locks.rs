@@ -63,7 +63,7 @@ use crate::handles::Handle;
 use crate::inodes::{Inode, InodeTable, Kind};
 use crate::mirror::{
     mirror_flock_op, mirror_getlk, mirror_ofd, FlockTake, GrantCheck, GrantKind, HostWait, Mirror,
-    MirrorAttempt, MirrorBudget, MirrorFd, MirrorLocks, MirrorOpen, SourceLocks,
+    MirrorAttempt, MirrorBudget, MirrorFd, MirrorLocks, MirrorOpen, MirrorSaved, SourceLocks,
 };
 
 /// How long an interrupt that found no parked request is remembered.
@@ -191,8 +191,8 @@ impl Interrupts {
 }
 
 /// What a parked request does once it is done, before it is answered (granted: true):
-/// drop its reservation on the source, or take its flock lock there. It gives the reply
-/// back to be answered as the request ended, or keeps it (answered, or waiting on).
+/// take its lock on the source. It gives the reply back to be answered as the request
+/// ended, or keeps it (answered, or waiting on).
 type TaskDone = Box<dyn FnOnce(bool, ReplyEmpty) -> Option<ReplyEmpty> + Send>;
 
 struct Task {
@@ -201,6 +201,10 @@ struct Task {
     intr: Arc<Interrupts>,
     unique: u64,
     done: Option<TaskDone>,
+    /// Its result, when a direct hand-off ([`hand_off`]) finished it.
+    result: Option<Result<(), Errno>>,
+    /// An exclusive flock request.
+    flock_ex: bool,
 }
 
 struct DriverShared {
@@ -299,6 +303,56 @@ impl Drop for MirrorGuard<'_> {
     }
 }
 
+/// A direct hand-off: the parked requests that this critical section woke so far (held
+/// back by the [`MirrorGuard`]) try again in it, so that one granted holds its lock among
+/// clients before the section lowers the source, which then stays held for it with no
+/// call (see `mirror.rs`). A granted request is finished by the driver, which takes its
+/// lock on the source before answering it. Returns whether an exclusive flock request
+/// was granted (the flock lock let go in this section stays held for it).
+fn hand_off(m: &Mirror, st: &mut MirrorLocks) -> bool {
+    let woken: Vec<Arc<TaskWaker>> =
+        HELD_WAKES.with(|h| h.borrow_mut().as_mut().map(std::mem::take).unwrap_or_default());
+    if woken.is_empty() {
+        return false;
+    }
+    let mut send = Vec::with_capacity(woken.len());
+    let mut granted = false;
+    let mut flock_ex = false;
+    if m.may_hand_off(st) {
+        for w in woken {
+            // Absent: the driver is polling it (or it is done); it goes on there.
+            let Some(mut task) = w.shared.tasks.lock().remove(&w.id) else {
+                send.push(w);
+                continue;
+            };
+            if task.result.is_none() {
+                let waker = Waker::from(w.clone());
+                if let Poll::Ready(r) = Pin::new(&mut task.pending).poll(&mut Context::from_waker(&waker)) {
+                    granted |= r.is_ok();
+                    flock_ex |= r.is_ok() && task.flock_ex;
+                    task.result = Some(r);
+                }
+            }
+            let finished = task.result.is_some();
+            w.shared.tasks.lock().insert(w.id, task);
+            if finished {
+                send.push(w);
+            }
+        }
+    } else {
+        send = woken;
+    }
+    if granted {
+        m.handed_off(st);
+    }
+    HELD_WAKES.with(|h| {
+        if let Some(v) = h.borrow_mut().as_mut() {
+            v.extend(send);
+        }
+    });
+    flock_ex
+}
+
 /// The thread that finishes parked lock requests.
 #[derive(Clone)]
 pub struct Driver {
@@ -348,7 +402,11 @@ impl Driver {
                 shared: shared.clone(),
             }));
             let mut cx = Context::from_waker(&waker);
-            match Pin::new(&mut task.pending).poll(&mut cx) {
+            let polled = match task.result.take() {
+                Some(r) => Poll::Ready(r),
+                None => Pin::new(&mut task.pending).poll(&mut cx),
+            };
+            match polled {
                 Poll::Ready(r) => {
                     task.intr.unpark(task.unique);
                     let reply = match task.done.take() {
@@ -383,6 +441,7 @@ impl Driver {
         pending: PendingLock,
         reply: ReplyEmpty,
         done: TaskDone,
+        flock_ex: bool,
     ) {
         if !intr.repark(unique, hw, pending.interrupter()) {
             drop(pending); // abandons the request
@@ -399,6 +458,8 @@ impl Driver {
             intr: intr.clone(),
             unique,
             done: Some(done),
+            result: None,
+            flock_ex,
         });
     }
 }
@@ -694,7 +755,7 @@ impl Locks {
         let ctx = self.ctx(&h.inode);
         let Some(m) = self.mirror(&h.inode) else {
             let res = ctx.fcntl_lock(who, file, cmd, &mut fl.clone());
-            return self.finish(res, r.unique, intr, reply, None);
+            return self.finish(res, r.unique, intr, reply, None, false);
         };
         let req = PosixReq {
             conn: r.conn,
@@ -708,47 +769,68 @@ impl Locks {
         let open = |flags| inodes.open(&h.inode, flags);
         match req.attempt(m, ctx, Some(&open)) {
             MirrorAttempt::Done(res, check) => self.answer(r.conn, &h.inode, check, req.whole(), res, reply),
-            MirrorAttempt::Parked(p, id) => {
-                let done = Self::unreserve_when_done(h.clone(), id, self.hooks.clone(), r.conn, req.whole());
-                self.finish(Ok(Some(p)), r.unique, intr, reply, Some(done));
+            MirrorAttempt::Parked(p, saved) => {
+                let done = Self::posix_take_when_granted(
+                    h.clone(),
+                    req,
+                    saved,
+                    self.driver.clone(),
+                    self.hooks.clone(),
+                    intr.clone(),
+                    r.unique,
+                );
+                self.finish(Ok(Some(p)), r.unique, intr, reply, Some(done), false);
             }
             MirrorAttempt::Host if !sleep => reply.error(FErrno::EAGAIN),
             MirrorAttempt::Host => {
-                // A read waits on a probe description of its own (see `mirror.rs`).
-                let probe = match fl.l_type {
-                    LockType::Read => match m.probe(&open) {
-                        Ok(fd) => Some(fd),
-                        Err(e) => return reply.error(errno_of(&e)),
-                    },
-                    _ => None,
-                };
-                // The mirror description stays open for the wait.
-                let desc = {
-                    let mut st = MirrorGuard::lock(m);
-                    match m.desc(&mut st, Some(&open)) {
-                        Ok(_) => m.wait_started(&mut st),
-                        Err(e) => return reply.error(errno_of(&e)),
-                    }
-                };
-                let Some(desc) = desc else {
-                    return reply.error(FErrno::EIO);
-                };
-                self.wait_host_posix(h.clone(), req, desc, probe, r.conn, r.unique, intr, reply);
+                Self::wait_host_posix(&self.driver, &self.hooks, h.clone(), req, r.unique, intr, reply)
             }
         }
     }
 
-    /// A parked request's reservation goes when it is done; a grant runs the grant hook.
-    fn unreserve_when_done(h: Arc<Handle>, id: u64, hooks: Arc<Hooks>, conn: usize, whole: bool) -> TaskDone {
+    /// A parked POSIX request, once granted among clients, raises the mirror over its
+    /// range before it is answered (it held nothing there while parked; after a direct
+    /// hand-off the source is held already, and this makes no call). If a host process
+    /// took part of the range meanwhile, the grant goes back (the owner's locks over the
+    /// range are put back as they were when it parked) and the request waits for the host.
+    #[allow(clippy::too_many_arguments)]
+    fn posix_take_when_granted(
+        h: Arc<Handle>,
+        req: PosixReq,
+        saved: MirrorSaved,
+        driver: Driver,
+        hooks: Arc<Hooks>,
+        intr: Arc<Interrupts>,
+        unique: u64,
+    ) -> TaskDone {
         Box::new(move |granted, reply| {
-            let mut check = None;
-            if let (Some(m), Some(ctx)) = (h.inode.source_mirror_if_any(), h.inode.lock_context_if_any()) {
-                let mut st = MirrorGuard::lock(m);
-                m.unreserve(&mut st, ctx, id);
-                check = granted.then(|| m.grant_begin(&mut st, conn, GrantKind::Record));
+            let (Some(m), Some(ctx)) = (h.inode.source_mirror_if_any(), h.inode.lock_context_if_any()) else {
+                return Some(reply);
+            };
+            if !granted {
+                // Parked, it held nothing on the source.
+                return Some(reply);
             }
-            hooks.granted(&h.inode, conn, check, whole);
-            Some(reply)
+            let taken = {
+                let mut st = MirrorGuard::lock(m);
+                let open = |flags| hooks.open(&h.inode, flags);
+                req.take_on_source(m, &mut st, ctx, Some(&open), &saved)
+            };
+            match taken {
+                MirrorAttempt::Done(Ok(()), check) => {
+                    hooks.granted(&h.inode, req.conn, check, req.whole());
+                    Some(reply)
+                }
+                MirrorAttempt::Host => {
+                    Self::wait_host_posix(&driver, &hooks, h.clone(), req, unique, &intr, reply);
+                    None
+                }
+                MirrorAttempt::Done(Err(e), _) => {
+                    reply.error(ferr(e));
+                    None
+                }
+                MirrorAttempt::Parked(..) => unreachable!("taking a lock on the source parks nothing"),
+            }
         })
     }
 
@@ -774,18 +856,39 @@ impl Locks {
 
     /// An `F_SETLKW` that waits for a holder on the source: in a thread of its own, until
     /// the source lets it raise the mirror, then on as any request (see `mirror.rs`).
-    #[allow(clippy::too_many_arguments)]
     fn wait_host_posix(
-        &self,
+        driver: &Driver,
+        hooks: &Arc<Hooks>,
         h: Arc<Handle>,
         req: PosixReq,
-        desc: Arc<MirrorFd>,
-        probe: Option<MirrorFd>,
-        conn: usize,
         unique: u64,
         intr: &Arc<Interrupts>,
         reply: ReplyEmpty,
     ) {
+        let Some(m) = h.inode.source_mirror_if_any() else {
+            return reply.error(FErrno::EIO);
+        };
+        let open = |flags| hooks.open(&h.inode, flags);
+        // A read waits on a probe description of its own (see `mirror.rs`).
+        let probe = match req.fl.l_type {
+            LockType::Read => match m.probe(&open) {
+                Ok(fd) => Some(fd),
+                Err(e) => return reply.error(errno_of(&e)),
+            },
+            _ => None,
+        };
+        // The mirror description stays open for the wait.
+        let desc = {
+            let mut st = MirrorGuard::lock(m);
+            match m.desc(&mut st, Some(&open)) {
+                Ok(_) => m.wait_started(&mut st),
+                Err(e) => return reply.error(errno_of(&e)),
+            }
+        };
+        let Some(desc) = desc else {
+            return reply.error(FErrno::EIO);
+        };
+        let conn = req.conn;
         let ended = |h: &Handle| {
             if let Some(m) = h.inode.source_mirror_if_any() {
                 m.wait_ended(&mut MirrorGuard::lock(m));
@@ -798,7 +901,7 @@ impl Locks {
         }
         let intr_unpark = intr.clone();
         let h_unspawned = h.clone();
-        let (intr, driver, hooks) = (intr.clone(), self.driver.clone(), self.hooks.clone());
+        let (intr, driver, hooks) = (intr.clone(), driver.clone(), hooks.clone());
         let spawned = hw.spawn(move |hw| {
             let (Some(m), Some(ctx)) = (h.inode.source_mirror_if_any(), h.inode.lock_context_if_any()) else {
                 intr.unpark(unique);
@@ -849,9 +952,19 @@ impl Locks {
                             Err(e) => reply.error(ferr(e)),
                         };
                     }
-                    MirrorAttempt::Parked(p, id) => {
-                        let done = Self::unreserve_when_done(h.clone(), id, hooks.clone(), conn, req.whole());
-                        return driver.after_host_wait(&intr, hw, unique, p, reply, done);
+                    MirrorAttempt::Parked(p, saved) => {
+                        // What the wait took on the source and no client holds goes.
+                        m.lower(&mut MirrorGuard::lock(m), ctx, req.s, req.e);
+                        let done = Self::posix_take_when_granted(
+                            h.clone(),
+                            req,
+                            saved,
+                            driver.clone(),
+                            hooks.clone(),
+                            intr.clone(),
+                            unique,
+                        );
+                        return driver.after_host_wait(&intr, hw, unique, p, reply, done, false);
                     }
                     MirrorAttempt::Host => {
                         // What the wait took and no client holds goes before waiting again.
@@ -893,7 +1006,7 @@ impl Locks {
         let ctx = self.ctx(&h.inode);
         let Some(m) = self.mirror(&h.inode) else {
             let res = ctx.flock_lock(who, file, fop, nb || fop == FlockOp::Unlock);
-            return self.finish(res, r.unique, intr, reply, None);
+            return self.finish(res, r.unique, intr, reply, None, false);
         };
         let req = FlockReq {
             who,
@@ -904,7 +1017,7 @@ impl Locks {
         };
         if fop == FlockOp::Unlock {
             let res = req.unlock(m, ctx);
-            return self.finish(res.map(|_| None), r.unique, intr, reply, None);
+            return self.finish(res.map(|_| None), r.unique, intr, reply, None, false);
         }
         let open = |flags| inodes.open(&h.inode, flags);
         match req.attempt(m, ctx, Some(&open), None) {
@@ -918,7 +1031,7 @@ impl Locks {
                     intr.clone(),
                     r.unique,
                 );
-                self.finish(Ok(Some(p)), r.unique, intr, reply, Some(done));
+                self.finish(Ok(Some(p)), r.unique, intr, reply, Some(done), req.exclusive());
             }
             MirrorAttempt::Host if nb => reply.error(FErrno::EAGAIN),
             MirrorAttempt::Host => {
@@ -942,13 +1055,11 @@ impl Locks {
             let (Some(m), Some(ctx)) = (h.inode.source_mirror_if_any(), h.inode.lock_context_if_any()) else {
                 return Some(reply);
             };
-            let taken = {
+            let taken = granted.then(|| {
                 let mut st = MirrorGuard::lock(m);
                 let open = |flags| hooks.open(&h.inode, flags);
-                let r = granted.then(|| req.take_on_source(m, &mut st, ctx, Some(&open)));
-                m.flock_unpark(&mut st);
-                r
-            };
+                req.take_on_source(m, &mut st, ctx, Some(&open))
+            });
             match taken {
                 // Not granted: parked, it held nothing on the source.
                 None => Some(reply),
@@ -1034,7 +1145,7 @@ impl Locks {
                         intr.clone(),
                         unique,
                     );
-                    driver.after_host_wait(&intr, hw, unique, p, reply, done);
+                    driver.after_host_wait(&intr, hw, unique, p, reply, done, req.exclusive());
                 }
                 MirrorAttempt::Host => {
                     intr.unpark(unique);
@@ -1051,6 +1162,7 @@ impl Locks {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn finish(
         &self,
         res: Result<Option<PendingLock>, Errno>,
@@ -1058,6 +1170,7 @@ impl Locks {
         intr: &Arc<Interrupts>,
         reply: ReplyEmpty,
         done: Option<TaskDone>,
+        flock_ex: bool,
     ) {
         match res {
             Ok(None) => reply.ok(),
@@ -1080,6 +1193,8 @@ impl Locks {
                     intr: intr.clone(),
                     unique,
                     done,
+                    result: None,
+                    flock_ex,
                 });
             }
         }
@@ -1089,12 +1204,19 @@ impl Locks {
     /// (on the source too).
     pub fn flush(&self, inode: &Inode, conn: usize, lock_owner: u64) {
         if let Some(ctx) = inode.lock_context_if_any() {
-            ctx.posix_remove_owner(Process {
+            let who = Process {
                 owner: owner_id(conn, lock_owner),
                 pid: Pid(0),
-            });
-            if let Some(m) = inode.source_mirror_if_any() {
-                m.lower(&mut MirrorGuard::lock(m), ctx, 0, OFFSET_MAX);
+            };
+            match inode.source_mirror_if_any() {
+                Some(m) => {
+                    // Under the mirror's mutex, as an unlock: a direct hand-off.
+                    let mut st = MirrorGuard::lock(m);
+                    ctx.posix_remove_owner(who);
+                    hand_off(m, &mut st);
+                    m.lower(&mut st, ctx, 0, OFFSET_MAX);
+                }
+                None => ctx.posix_remove_owner(who),
             }
         }
     }
@@ -1106,6 +1228,10 @@ impl Locks {
         let Some(ctx) = h.inode.lock_context_if_any() else {
             return;
         };
+        // Under the mirror's mutex, as an unlock (a direct hand-off; lock order: the
+        // mirror's, then the inode's lock owners).
+        let mirror = h.inode.source_mirror_if_any();
+        let mut st = mirror.map(MirrorGuard::lock);
         if !owners.is_empty() {
             let mut counts = h.inode.lock_owners().lock();
             for o in owners {
@@ -1130,19 +1256,17 @@ impl Locks {
         // The open file's flock lock. The kernel says FUSE_RELEASE_FLOCK_UNLOCK when it
         // sent a flock request through this file; without one there is nothing to drop,
         // so dropping unconditionally is the same and also covers RELEASEDIR.
-        let Some(m) = h.inode.source_mirror_if_any() else {
+        let (Some(m), Some(st)) = (mirror, st.as_mut()) else {
             ctx.file_remove(FileId(fh));
             return;
         };
-        {
-            // Under the mirror's mutex, as an unlock: a client handed the flock lock
-            // takes it on the source only once the released file's lock there is gone.
-            let mut st = MirrorGuard::lock(m);
-            ctx.file_remove(FileId(fh));
-            m.lower(&mut st, ctx, 0, OFFSET_MAX);
-            m.flock_closed(&mut st, (h.conn, fh));
-            m.close_if_idle(&mut st);
-        }
+        // A client handed the flock lock takes it on the source only once the released
+        // file's lock there is gone (or kept for it).
+        ctx.file_remove(FileId(fh));
+        let ex = hand_off(m, st);
+        m.lower(st, ctx, 0, OFFSET_MAX);
+        m.flock_closed(st, (h.conn, fh), ex);
+        m.close_if_idle(st);
     }
 }
 
@@ -1165,32 +1289,72 @@ impl PosixReq {
         self.s == 0 && self.e == OFFSET_MAX
     }
 
-    /// Raise, `vfscale-locks`, lower, under the mirror's mutex (see `mirror.rs`);
-    /// `open` opens the mirror description if it is not open.
+    /// `vfscale-locks`, then raise, then lower, under the mirror's mutex (see
+    /// `mirror.rs`); `open` opens the mirror description if it is not open.
     fn attempt(&self, m: &Mirror, ctx: &Arc<FileLockContext>, open: Option<MirrorOpen<'_>>) -> MirrorAttempt {
         let mut st = MirrorGuard::lock(m);
         let ty = self.fl.l_type;
-        // A lock the open file's mode does not allow fails in `vfscale-locks` (EBADF),
-        // never with the source's EAGAIN first.
-        let allowed = match ty {
-            LockType::Read => self.file.mode.can_read(),
-            LockType::Write => self.file.mode.can_write(),
-            LockType::Unlock => false,
+        // What a grant replaces, to put back if the source refuses it.
+        let saved = match ty {
+            LockType::Unlock => Vec::new(),
+            _ => ctx.posix_owner_locks(self.who, self.s, self.e),
         };
-        if allowed && !m.raise(&mut st, open, ty, self.s, self.e) {
+        match ctx.fcntl_lock(self.who, self.file, self.cmd, &mut self.fl.clone()) {
+            // Parked among clients, holding nothing on the source; nothing changed.
+            Ok(Some(p)) => MirrorAttempt::Parked(p, saved),
+            Ok(None) if ty != LockType::Unlock => self.take_on_source(m, &mut st, ctx, open, &saved),
+            res => {
+                hand_off(m, &mut st);
+                m.lower(&mut st, ctx, self.s, self.e);
+                MirrorAttempt::Done(res.map(|_| ()), None)
+            }
+        }
+    }
+
+    /// Granted among clients: the mirror raised over the range (`F_OFD_SETLK`), then
+    /// lowered to the clients' union (a downgrade or a replaced write lock lets go);
+    /// `Host` where a holder on the source conflicts: the grant goes back among clients,
+    /// the owner's locks over the range put back as `saved`.
+    fn take_on_source(
+        &self,
+        m: &Mirror,
+        st: &mut MirrorLocks,
+        ctx: &Arc<FileLockContext>,
+        open: Option<MirrorOpen<'_>>,
+        saved: &MirrorSaved,
+    ) -> MirrorAttempt {
+        let raised = m.raise(st, open, self.fl.l_type, self.s, self.e);
+        if !raised {
+            self.give_back(ctx, saved);
+        }
+        hand_off(m, st);
+        m.lower(st, ctx, self.s, self.e);
+        if !raised {
             return MirrorAttempt::Host;
         }
-        match ctx.fcntl_lock(self.who, self.file, self.cmd, &mut self.fl.clone()) {
-            Ok(Some(p)) => {
-                let id = m.reserve(&mut st, ty, self.s, self.e);
-                MirrorAttempt::Parked(p, id)
+        MirrorAttempt::Done(Ok(()), Some(m.grant_begin(st, self.conn, GrantKind::Record)))
+    }
+
+    /// Puts back what the owner held over the range (`saved`), which the grant replaced:
+    /// the pieces it held, each with its type, and nothing between them. Going back down
+    /// never fails; an upgrade put back (a read request granted over the owner's write
+    /// lock) may, where another client was granted a read lock meanwhile: the owner then
+    /// keeps the read lock there.
+    fn give_back(&self, ctx: &Arc<FileLockContext>, saved: &MirrorSaved) {
+        let set = |ty: LockType, a: i64, b: i64| {
+            let len = if b == OFFSET_MAX { 0 } else { b - a + 1 };
+            let _ = ctx.fcntl_lock(self.who, self.file, FcntlCmd::SetLk, &mut Flock::new(ty, a, len));
+        };
+        let mut at = Some(self.s);
+        for &(a, b, ty) in saved {
+            if let Some(x) = at.filter(|&x| x < a) {
+                set(LockType::Unlock, x, a - 1);
             }
-            res => {
-                m.lower(&mut st, ctx, self.s, self.e);
-                let check = (res.is_ok() && ty != LockType::Unlock)
-                    .then(|| m.grant_begin(&mut st, self.conn, GrantKind::Record));
-                MirrorAttempt::Done(res.map(|_| ()), check)
-            }
+            set(ty, a, b);
+            at = b.checked_add(1).filter(|_| b < OFFSET_MAX);
+        }
+        if let Some(x) = at.filter(|&x| x <= self.e) {
+            set(LockType::Unlock, x, self.e);
         }
     }
 }
@@ -1211,8 +1375,14 @@ impl FlockReq {
     fn unlock(&self, m: &Mirror, ctx: &Arc<FileLockContext>) -> Result<(), Errno> {
         let mut st = MirrorGuard::lock(m);
         let res = ctx.flock_lock(self.who, self.file, FlockOp::Unlock, true);
-        m.flock_let_go(&mut st, self.key, true);
+        let ex = hand_off(m, &mut st);
+        m.flock_let_go(&mut st, self.key, ex);
         res.map(|_| ())
+    }
+
+    /// Whether it asks for an exclusive lock.
+    fn exclusive(&self) -> bool {
+        self.fop == FlockOp::Exclusive
     }
 
     fn lock_type(&self) -> LockType {
@@ -1241,16 +1411,22 @@ impl FlockReq {
         match ctx.flock_lock(self.who, self.file, self.fop, self.nb) {
             Ok(Some(p)) => {
                 // Parked requests hold nothing on the source (a conversion has dropped
-                // the old lock among clients; on the source too).
-                m.flock_let_go(&mut st, self.key, false);
-                m.flock_park(&mut st);
-                MirrorAttempt::Parked(p, 0)
+                // the old lock among clients; on the source too, or handed on).
+                let ex = hand_off(m, &mut st);
+                m.flock_let_go(&mut st, self.key, ex);
+                MirrorAttempt::Parked(p, Vec::new())
             }
-            Ok(None) => self.take_on_source(m, &mut st, ctx, open),
+            Ok(None) => {
+                let r = self.take_on_source(m, &mut st, ctx, open);
+                // A conversion to shared may have let others in.
+                hand_off(m, &mut st);
+                r
+            }
             Err(e) => {
                 // EAGAIN: a conversion dropped the old lock first, as flock(2) does.
                 if e == Errno::EAGAIN {
-                    m.flock_let_go(&mut st, self.key, false);
+                    let ex = hand_off(m, &mut st);
+                    m.flock_let_go(&mut st, self.key, ex);
                 }
                 MirrorAttempt::Done(Err(e), None)
             }
@@ -1273,10 +1449,12 @@ impl FlockReq {
             }
             FlockTake::Conflict => {
                 let _ = ctx.flock_lock(self.who, self.file, FlockOp::Unlock, true);
+                hand_off(m, st);
                 MirrorAttempt::Host
             }
             FlockTake::Failed(e) => {
                 let _ = ctx.flock_lock(self.who, self.file, FlockOp::Unlock, true);
+                hand_off(m, st);
                 MirrorAttempt::Done(Err(Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))), None)
             }
         }

@@ -7,30 +7,46 @@
 //! Each locked inode opens its source file once more, `O_RDWR` (`O_RDONLY` where that is
 //! all it may) `| O_CLOEXEC`, for this alone: the *mirror description*, never a
 //! passthrough backing file (the kernel's reference would keep its locks after the
-//! server died). On it the server holds, as OFD locks, the union of the clients' locks:
-//! write where any client holds a write lock, read where clients hold only reads, plus
-//! the ranges of requests parked among clients (*reservations*, below). [`MirrorLocks`]
-//! keeps a copy of what the description holds (only this module changes it).
+//! server died). On it the server holds, as OFD locks, the union of the locks clients
+//! hold: write where any client holds a write lock, read where clients hold only reads.
+//! A request waiting among clients holds nothing there, as a waiter holds nothing in
+//! Linux. [`MirrorLocks`] keeps a copy of what the description holds (only this module
+//! changes it).
 //!
 //! The order, per request, under the inode's mirror mutex:
 //!
-//! 1. **Raise first.** A lock request first raises the mirror on its range with
-//!    `F_OFD_SETLK` (write: the whole range in one call, atomic; read: the ranges the
-//!    mirror does not hold yet, undone on failure). `EAGAIN` there is a holder on the
-//!    source: `F_SETLK` fails with `EAGAIN`, `F_SETLKW` waits for the host (below).
-//!    Nothing was asked of `vfscale-locks` yet, so there is nothing to roll back.
-//! 2. **Then `vfscale-locks`**, unchanged: the lock space among clients.
+//! 1. **`vfscale-locks` first**, unchanged: the lock space among clients. A request that
+//!    must wait for another client parks there, with no call on the source; what its
+//!    owner held over the range is kept (a POSIX request replaces the owner's locks in
+//!    its range when granted).
+//! 2. **Raise once granted.** A grant (at once, or to a parked request, by the driver)
+//!    raises the mirror on its range with `F_OFD_SETLK` (write: the whole range in one
+//!    call, atomic; read: the ranges the mirror does not hold yet, undone on failure)
+//!    before it is answered. `EAGAIN` there is a holder on the source: the grant goes
+//!    back among clients (the owner's locks over the range put back as they were) and
+//!    `F_SETLK` fails with `EAGAIN`, `F_SETLKW` waits for the host (below), then tries
+//!    again.
 //! 3. **Lower last.** The mirror is brought down to the clients' union on the range:
 //!    it is computed from `vfscale-locks` itself (`F_GETLK` probes of an owner that holds
-//!    nothing), so a failed request, a downgrade, an unlock, `FLUSH` or `RELEASE` all
-//!    lower it the same way. Lowering never fails.
+//!    nothing), so a downgrade, an unlock, `FLUSH` or `RELEASE` all lower it the same
+//!    way. Lowering never fails.
 //!
-//! So a client's granted lock is always covered on the source before it is answered, and
-//! the mirror is lowered only after `vfscale-locks` let the lock go. A request that must
-//! wait for another client is parked in `vfscale-locks` with its range raised on the
-//! mirror as a reservation: when it is handed the lock, the source is held already (a
-//! host process asking for that range meanwhile waits, as it would behind the client
-//! once granted). A failed or interrupted request drops its reservation.
+//! So a client's granted lock is covered on the source before it is answered, and the
+//! mirror is lowered only after `vfscale-locks` let the lock go.
+//!
+//! **Direct hand-off.** A critical section that lets a lock go (an unlock, a downgrade,
+//! `FLUSH`, `RELEASE`, a conversion, a grant given back) first lets the parked requests
+//! it woke try again inside it (`locks.rs`), before it lowers: one granted then holds its
+//! lock among clients, so the lowering keeps the source lock held for it, and its raise
+//! finds it held (no call). The mirror then holds exactly the clients' union, and this is
+//! one of the orders Linux allows (it wakes every waiter and the first to run wins). A
+//! host process waiting for that lock in the kernel keeps waiting, so once such
+//! hand-offs have kept it held for [`MIRROR_HANDOFF_BOUND`], the next section lets its
+//! woken requests try again later instead: the source lock goes, and a host waiter races
+//! for it as in Linux. What the server cannot see is the kernel's queue of the host's
+//! waiters: Linux queues a request behind a waiting request it conflicts with and wakes
+//! only a lock's direct waiters, so it may grant host waiters where the server hands the
+//! range on to a client.
 //!
 //! # Waiting for the host
 //!
@@ -68,12 +84,10 @@
 //! on a description from the pool: the kernel orders it among the host's waiters. An
 //! unlock lets `vfscale-locks` go first, then the source.
 //!
-//! A hand-off among clients makes no call on the source: an exclusive lock let go while
-//! other requests are parked for it stays held, as the *spare*, and the next client
-//! granted it takes that description over. So while clients hand an exclusive lock on,
-//! a host process asking for it waits, as behind a record-lock reservation; the spare
-//! goes as soon as no parked request is left, or a request waits for the host (which it
-//! would keep out), or the next client granted asks for a shared lock.
+//! A direct hand-off (above) of an exclusive lock makes no call on the source: the
+//! exclusive lock let go in the section that granted it to another client stays held, as
+//! the *spare*, and that client takes the description over. No lock is kept for a client
+//! that was not granted it, and the bound on hand-offs without a break holds here too.
 //!
 //! # Coherence at a grant
 //!
@@ -88,7 +102,7 @@ use std::io;
 use std::os::fd::{AsFd as _, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use vfscale_locks::{
@@ -337,27 +351,25 @@ struct MirrorSeen {
     at: i128,
 }
 
-/// A reservation: the range and type of requests parked among clients, and how many
-/// (one entry per range and type: a herd of waiters costs one, not one each).
-#[derive(Clone, Copy, Debug)]
-struct Reservation {
-    id: u64,
-    s: i64,
-    e: i64,
-    ty: LockType,
-    count: u32,
-}
+/// How long the source lock may stay held through direct hand-offs among clients
+/// before one hand-off goes through the source (see [`Mirror::may_hand_off`]).
+pub const MIRROR_HANDOFF_BOUND: Duration = Duration::from_millis(5);
+
+/// What a POSIX owner held over a request's range before it was granted, as
+/// (start, end, type): put back if the grant must be given back.
+pub type MirrorSaved = Vec<(i64, i64, LockType)>;
 
 /// The mirror state of one inode (under [`Mirror::state`]).
 #[derive(Default)]
 pub struct MirrorLocks {
-    /// The mirror description while it holds or reserves something, or a wait uses it;
-    /// whether it was opened for writing.
+    /// The mirror description while it holds something, or a wait uses it; whether it
+    /// was opened for writing.
     fd: Option<(Arc<MirrorFd>, bool)>,
     /// What the mirror description holds.
     held: MirrorRanges,
-    reserved: Vec<Reservation>,
-    next_id: u64,
+    /// Since when the source locks have been kept through direct hand-offs without a
+    /// break (see [`Mirror::may_hand_off`]).
+    handoff_since: Option<Instant>,
     /// Host waits in flight on the mirror description: it stays open for them.
     waits: u32,
     /// flock: the description that holds each client open file's (connection, `fh`)
@@ -365,13 +377,9 @@ pub struct MirrorLocks {
     flock_held: HashMap<(usize, u64), (Arc<MirrorFd>, LockType)>,
     /// flock descriptions that hold nothing, for the next lock.
     flock_free: Vec<Arc<MirrorFd>>,
-    /// A description that still holds the exclusive lock a client let go while others
-    /// were parked for it: the next client granted it takes it over.
+    /// A description that still holds the exclusive lock a client let go in the same
+    /// critical section as another client was granted it: that client takes it over.
     flock_spare: Option<Arc<MirrorFd>>,
-    /// flock requests parked among clients.
-    flock_parked: u32,
-    /// flock requests waiting for the source in a thread of their own.
-    flock_waits: u32,
     /// Client open files that asked for a flock lock, until their `RELEASE`.
     flock_files: HashSet<(usize, u64)>,
     /// Descriptions that hold an exclusive flock lock (held or spare): 0 or 1, as the
@@ -447,8 +455,9 @@ pub struct Mirror {
 pub enum MirrorAttempt {
     /// Done: answer this (a grant after its coherence check, begun).
     Done(Result<(), vfscale_locks::Errno>, Option<GrantCheck>),
-    /// Parked among clients, reservation `id` held until it completes.
-    Parked(vfscale_locks::PendingLock, u64),
+    /// Parked among clients (holding nothing on the source), with what a POSIX owner
+    /// held over the range before (empty for flock).
+    Parked(vfscale_locks::PendingLock, MirrorSaved),
     /// A holder on the source conflicts (nothing was changed).
     Host,
 }
@@ -600,11 +609,10 @@ impl Mirror {
         })
     }
 
-    /// Closes the mirror description if it holds and reserves nothing and no wait uses
-    /// it: at the `RELEASE` of a handle of the inode (kept open between a client's lock
+    /// Closes the mirror description if it holds nothing and no wait uses it: at the `RELEASE` of a handle of the inode (kept open between a client's lock
     /// and unlock cycles, it costs no open and close each time), and after a host wait.
     pub fn close_if_idle(&self, st: &mut MirrorLocks) {
-        if st.held.is_empty() && st.reserved.is_empty() && st.waits == 0 {
+        if st.held.is_empty() && st.waits == 0 {
             st.fd = None;
         }
     }
@@ -656,7 +664,7 @@ impl Mirror {
         };
         let fd = desc.as_raw_fd();
         match ty {
-            // Held already (the holder's or a reservation's range): the call would change nothing.
+            // Held already (a holder's range, or handed off): the call would change nothing.
             LockType::Write if st.held.holds_write(s, e) => true,
             LockType::Write if writable => match mirror_ofd(fd, libc::F_OFD_SETLK, Some(ty), s, e) {
                 Ok(()) => {
@@ -695,25 +703,18 @@ impl Mirror {
         true
     }
 
-    /// Lowers the mirror over `[s, e]` to what the clients hold (`ctx`) and the
-    /// reservations (step 3). Never raises: what needs raising was raised before its
-    /// grant.
+    /// Lowers the mirror over `[s, e]` to what the clients hold (`ctx`; step 3). Never
+    /// raises: a grant raises what it needs before it is answered.
     pub fn lower(&self, st: &mut MirrorLocks, ctx: &Arc<FileLockContext>, s: i64, e: i64) {
         let Some((desc, _)) = st.fd.clone() else {
             return;
         };
-        // A write reservation over all of `[s, e]` wants it all write: nothing to lower
-        // (the common case of an unlock or a grant with waiters behind it).
-        if st
-            .reserved
-            .iter()
-            .any(|r| r.ty == LockType::Write && r.s <= s && r.e >= e)
-        {
+        if st.held.is_empty() {
             return;
         }
         for (a, b, have) in st.held.pieces(s, e) {
             let Some(have) = have else { continue };
-            let want = Self::wanted(st, ctx, a, b);
+            let want = Self::wanted(ctx, a, b);
             for (x, y, w) in want.pieces(a, b) {
                 let lower = matches!((have, w), (_, None) | (LockType::Write, Some(LockType::Read)));
                 if lower && mirror_ofd(desc.as_raw_fd(), libc::F_OFD_SETLK, w, x, y).is_ok() {
@@ -724,9 +725,8 @@ impl Mirror {
         self.sync_cover(st);
     }
 
-    /// What the mirror should hold over `[s, e]`: the clients' locks (write over read)
-    /// and the reservations.
-    fn wanted(st: &MirrorLocks, ctx: &Arc<FileLockContext>, s: i64, e: i64) -> MirrorRanges {
+    /// What the mirror should hold over `[s, e]`: the clients' locks (write over read).
+    fn wanted(ctx: &Arc<FileLockContext>, s: i64, e: i64) -> MirrorRanges {
         let mut want = MirrorRanges::default();
         // A write probe conflicts with every lock, a read probe with write locks only.
         for (a, b) in client_cover(ctx, LockType::Write, s, e) {
@@ -735,54 +735,28 @@ impl Mirror {
         for (a, b) in client_cover(ctx, LockType::Read, s, e) {
             want.set(a, b, Some(LockType::Write));
         }
-        for r in &st.reserved {
-            let (a, b) = (r.s.max(s), r.e.min(e));
-            if a > b {
-                continue;
-            }
-            if r.ty == LockType::Write {
-                want.set(a, b, Some(LockType::Write));
-            } else {
-                for (x, y, t) in want.pieces(a, b) {
-                    if t.is_none() {
-                        want.set(x, y, Some(LockType::Read));
-                    }
-                }
-            }
-        }
         want
     }
 
-    /// Keeps `[s, e]` raised for a parked request; its id for [`Mirror::unreserve`].
-    /// Requests parked with the same range and type share one reservation.
-    pub fn reserve(&self, st: &mut MirrorLocks, ty: LockType, s: i64, e: i64) -> u64 {
-        if let Some(r) = st.reserved.iter_mut().find(|r| (r.s, r.e, r.ty) == (s, e, ty)) {
-            r.count += 1;
-            return r.id;
+    /// Whether a critical section that lets a lock go may grant the clients' requests it
+    /// woke in that section (a direct hand-off: the source lock stays held for the
+    /// grantee, with no call). Not once such hand-offs have kept it held for
+    /// [`MIRROR_HANDOFF_BOUND`]: that section lets the woken requests retry later, as
+    /// Linux's woken waiters do, so the source lock goes and a host waiter gets its turn
+    /// to race for it.
+    pub fn may_hand_off(&self, st: &mut MirrorLocks) -> bool {
+        match st.handoff_since {
+            Some(t) if t.elapsed() >= MIRROR_HANDOFF_BOUND => {
+                st.handoff_since = None;
+                false
+            }
+            _ => true,
         }
-        st.next_id += 1;
-        let id = st.next_id;
-        st.reserved.push(Reservation {
-            id,
-            s,
-            e,
-            ty,
-            count: 1,
-        });
-        id
     }
 
-    /// Drops one request's share of reservation `id` and lowers its range.
-    pub fn unreserve(&self, st: &mut MirrorLocks, ctx: &Arc<FileLockContext>, id: u64) {
-        if let Some(i) = st.reserved.iter().position(|r| r.id == id) {
-            let r = &mut st.reserved[i];
-            r.count -= 1;
-            let (s, e) = (r.s, r.e);
-            if r.count == 0 {
-                st.reserved.swap_remove(i);
-            }
-            self.lower(st, ctx, s, e);
-        }
+    /// A direct hand-off granted a request (see [`Mirror::may_hand_off`]).
+    pub fn handed_off(&self, st: &mut MirrorLocks) {
+        st.handoff_since.get_or_insert_with(Instant::now);
     }
 
     /// Reads back what the mirror description holds (after a wait on it, which changed
@@ -924,19 +898,14 @@ impl Mirror {
     }
 
     /// Client file `key` holds no flock lock among clients any more: its lock on the
-    /// source goes. With `hand_on`, an exclusive lock that parked requests wait for (and
-    /// no request waits for the source, which it would keep out) stays held as the spare
-    /// for the next client granted it: a hand-off among clients then makes no call.
+    /// source goes. With `hand_on` (another client file was granted the exclusive lock in
+    /// the same critical section: a direct hand-off), an exclusive lock stays held as the
+    /// spare, which that client takes over: the hand-off then makes no call.
     pub fn flock_let_go(&self, st: &mut MirrorLocks, key: (usize, u64), hand_on: bool) {
         let Some((fd, ty)) = st.flock_held.remove(&key) else {
             return;
         };
-        if hand_on
-            && ty == LockType::Write
-            && st.flock_parked > 0
-            && st.flock_waits == 0
-            && st.flock_spare.is_none()
-        {
+        if hand_on && ty == LockType::Write && st.flock_spare.is_none() {
             st.flock_spare = Some(fd);
             return;
         }
@@ -944,20 +913,6 @@ impl Mirror {
         st.flock_free.push(fd);
         Self::flock_ex_count(st, Some(ty), None);
         self.sync_flock_cover(st);
-    }
-
-    /// A flock request parks among clients.
-    pub fn flock_park(&self, st: &mut MirrorLocks) {
-        st.flock_parked += 1;
-    }
-
-    /// A parked flock request is done (after [`Mirror::flock_take`] if it was granted):
-    /// the spare goes once no request is left to take it over.
-    pub fn flock_unpark(&self, st: &mut MirrorLocks) {
-        st.flock_parked = st.flock_parked.saturating_sub(1);
-        if st.flock_parked == 0 {
-            self.flock_drop_spare(st);
-        }
     }
 
     fn flock_drop_spare(&self, st: &mut MirrorLocks) {
@@ -970,28 +925,26 @@ impl Mirror {
     }
 
     /// A description for a request that waits for the source in a thread of its own
-    /// (the spare goes first: it would keep the wait out).
+    /// (a spare goes first: the server never conflicts with itself).
     pub fn flock_wait_started(
         &self,
         st: &mut MirrorLocks,
         open: Option<MirrorOpen<'_>>,
     ) -> io::Result<Arc<MirrorFd>> {
         self.flock_drop_spare(st);
-        let fd = self.flock_desc(st, open)?;
-        st.flock_waits += 1;
-        Ok(fd)
+        self.flock_desc(st, open)
     }
 
     /// A wait for the source ended; `unused`: its description, which holds nothing.
     pub fn flock_wait_ended(&self, st: &mut MirrorLocks, unused: Option<Arc<MirrorFd>>) {
-        st.flock_waits = st.flock_waits.saturating_sub(1);
         st.flock_free.extend(unused);
     }
 
-    /// Client file `key` was released: its lock goes (handed on as by an unlock), and
-    /// the free descriptions beyond what the files still open may use close.
-    pub fn flock_closed(&self, st: &mut MirrorLocks, key: (usize, u64)) {
-        self.flock_let_go(st, key, true);
+    /// Client file `key` was released: its lock goes (handed on as by an unlock, with
+    /// `hand_on`), and the free descriptions beyond what the files still open may use
+    /// close.
+    pub fn flock_closed(&self, st: &mut MirrorLocks, key: (usize, u64), hand_on: bool) {
+        self.flock_let_go(st, key, hand_on);
         st.flock_files.remove(&key);
         let keep = st.flock_files.len().saturating_sub(st.flock_held.len());
         st.flock_free.truncate(keep);

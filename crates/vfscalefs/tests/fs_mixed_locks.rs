@@ -31,10 +31,10 @@ const LIST_ORDER: &str = "F_GETLK answers with the first conflicting lock in the
     the server answers with a client's lock before a source's, and the source lists the \
     server's lock where the server first took it";
 
-const RESERVATION: &str = "a request waiting through the mount for another client's lock holds \
-    its range on the source (the mirror's reservation): a process on the source that waits \
-    for a conflicting lock there is not granted when Linux grants it, a waiting request \
-    holding nothing in Linux";
+const HAND_OFF_ORDER: &str = "Linux queues a request behind a waiting request it conflicts \
+    with, and wakes only a lock's direct waiters at its unlock; the server cannot see the \
+    source's waiters, so a client's unlock hands the range on to a client that waits \
+    for it there, and host processes waiting for the same lock wait on behind that client";
 
 const KNOWN: &[Known] = &[
     Known {
@@ -49,23 +49,15 @@ const KNOWN: &[Known] = &[
         shows: "steps [8, 9, 15]",
         why: LIST_ORDER,
     },
-    // p1 through the mount holds [0,10) for writing, p2 on the source waits to read it,
-    // p3 through the mount waits to write [5,6); p1 goes down to read: Linux grants
-    // p2, but the server still holds [5,6) for writing on the source for p3.
-    Known {
-        scenario: "wait_downgrade_wakes_reader",
-        source_first: false,
-        shows: r#"process "p2" is blocked in step 4"#,
-        why: RESERVATION,
-    },
     // p1 through the mount holds [0,4), p2 and p4 on the source wait for [2,4) and
-    // [0,2), p3 through the mount for [1,3); p1 unlocks: Linux grants p2 and p4, the
-    // server hands [1,3) to p3, whose range it held on the source.
+    // [0,2), p3 through the mount for [1,3), which Linux queues behind p2's request;
+    // p1 unlocks: Linux grants p2 and p4, the server hands [1,3) on to p3 (the one
+    // waiter it sees), and p2 and p4 wait for p3.
     Known {
         scenario: "seed003_transitivity",
         source_first: false,
         shows: r#"process "p2" is blocked in step 6"#,
-        why: RESERVATION,
+        why: HAND_OFF_ORDER,
     },
 ];
 

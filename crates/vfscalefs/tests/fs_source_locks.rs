@@ -727,3 +727,103 @@ fn flock_hand_off_among_clients_holds_the_source() {
     // The pool closes with the files.
     descriptions_close(&m, &m.source.join("f"));
 }
+
+/// A client waiting for another client's lock holds nothing on the source, as a waiter
+/// holds nothing in Linux: a host reader waiting behind a client writer is granted when
+/// that writer goes down to read, though another client still waits to write part of the
+/// range, and a host `F_SETLK` there is granted too.
+#[test]
+fn a_client_waiter_holds_nothing_on_the_source() {
+    if let Some(why) = skip() {
+        return say(&format!("SKIP: {why}"));
+    }
+    let (m, mut host, mut writer) = setup("");
+    let mut other_host = Agent::start(&m.source.join("f"));
+    let mut waiter = Agent::start(&m.mounts[0].join("f"));
+    writer.status(&lk(SETLK, WR, 0, 10)).unwrap();
+    host.send(&lk(SETLKW, RD, 0, 10));
+    assert!(
+        host.answer(Duration::from_millis(200)).is_none(),
+        "the host reader was granted while a client held the range for writing"
+    );
+    waiter.send(&lk(SETLKW, WR, 5, 1));
+    assert!(
+        waiter.answer(Duration::from_millis(200)).is_none(),
+        "the client writer was granted while another client held the range"
+    );
+    let t = time_of(&writer.run(&lk(SETLK, RD, 0, 10)));
+    prompt(
+        &mut host,
+        t,
+        "the host reader after the client writer went down to read",
+    );
+    assert_eq!(
+        other_host.status(&lk(SETLK, RD, 5, 1)),
+        Ok(()),
+        "a host F_SETLK for reading where a client only waits to write"
+    );
+    assert!(
+        waiter.answer(Duration::from_millis(100)).is_none(),
+        "the client writer was granted while readers held the range"
+    );
+    // The waiting client is granted once every reader has gone, and holds the source.
+    other_host.status(&lk(SETLK, UN, 0, 0)).unwrap();
+    host.status(&lk(SETLK, UN, 0, 0)).unwrap();
+    let t = time_of(&writer.run(&lk(SETLK, UN, 0, 0)));
+    prompt(&mut waiter, t, "the client writer after the last reader");
+    assert_eq!(
+        host.status(&lk(SETLK, RD, 5, 1)),
+        Err(EAGAIN),
+        "the granted client writer's range on the source"
+    );
+    assert_eq!(
+        host.status(&lk(SETLK, RD, 0, 5)),
+        Ok(()),
+        "beside the client writer's range"
+    );
+}
+
+/// A host process waiting for a flock lock that clients hand on among themselves without
+/// a break gets it, as a waiter in Linux races for it at every unlock: within a second,
+/// while eight client threads lock and unlock it in a loop.
+#[test]
+fn a_host_flock_waiter_is_not_starved_by_a_client_herd() {
+    if let Some(why) = skip() {
+        return say(&format!("SKIP: {why}"));
+    }
+    let (m, mut host, client) = setup("");
+    drop(client);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let herd: Vec<_> = (0..8)
+        .map(|_| {
+            let file = std::fs::File::open(m.mounts[0].join("f")).unwrap();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // SAFETY: flock on a descriptor this thread holds.
+                    unsafe {
+                        assert_eq!(libc::flock(file.as_raw_fd(), libc::LOCK_EX), 0);
+                        assert_eq!(libc::flock(file.as_raw_fd(), libc::LOCK_UN), 0);
+                    }
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    host.send(&format!("flock {}", libc::LOCK_EX));
+    let got = host.answer(Duration::from_secs(1));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    if got.is_some() {
+        host.status(&format!("flock {}", libc::LOCK_UN)).unwrap();
+    }
+    let rounds: u64 = herd.into_iter().map(|t| t.join().unwrap()).sum();
+    let got =
+        got.unwrap_or_else(|| panic!("the host waiter was not granted within 1 s ({rounds} client rounds)"));
+    assert_eq!(got[0], "ok", "{got:?}");
+    say(&format!(
+        "host waiter granted during a herd of {rounds} client rounds"
+    ));
+}
