@@ -37,13 +37,13 @@ fn a_serial_stream_is_served_by_one_thread() {
     let t = TempDir::new("dispatch-serial");
     let sf = t.0.join("stats");
     let Some(m) = mount("ttl=0", &sf) else { return };
-    let before = m.stats(&sf);
+    let before = m.dispatch_stats(&sf);
     for _ in 0..3 {
         for i in 0..FILES {
             std::fs::symlink_metadata(m.mounts[0].join(format!("f{i}"))).unwrap();
         }
     }
-    let after = m.stats(&sf);
+    let after = m.dispatch_stats(&sf);
     let reads = after.reads - before.reads;
     let wakes = after.dispatch_wakes - before.dispatch_wakes;
     say(&format!("serial walk: {reads} reads, {wakes} spare wake-ups"));
@@ -64,7 +64,7 @@ fn clients_at_once_wake_spares() {
     let t = TempDir::new("dispatch-parallel");
     let sf = t.0.join("stats");
     let Some(m) = mount("ttl=0", &sf) else { return };
-    let before = m.stats(&sf);
+    let before = m.dispatch_stats(&sf);
     let stop = Arc::new(AtomicBool::new(false));
     let until = Instant::now() + Duration::from_secs(2);
     let hs: Vec<_> = (0..8)
@@ -82,7 +82,7 @@ fn clients_at_once_wake_spares() {
         .collect();
     let after = loop {
         std::thread::sleep(Duration::from_millis(200));
-        let s = m.stats(&sf);
+        let s = m.dispatch_stats(&sf);
         if s.dispatch_wakes > before.dispatch_wakes || Instant::now() >= until {
             break s;
         }

@@ -239,6 +239,11 @@ pub struct Stats {
     pub lookups: u64,
     /// `handles=`: the open files.
     pub handles: u64,
+}
+
+/// The dispatch gate's counters from the same line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DispatchStats {
     /// `reads=`: requests the dispatch threads read.
     pub reads: u64,
     /// `busy_reads=`: reads that found another request queued behind theirs.
@@ -251,6 +256,29 @@ impl Mounted {
     /// The server's counters: sends `SIGUSR1` and reads the line it appends to `file`
     /// (the server's `VFSCALEFS_STATS`).
     pub fn stats(&self, file: &Path) -> Stats {
+        let field = self.stats_line(file);
+        let s = Stats {
+            inodes: field("inodes"),
+            lookups: field("lookups"),
+            handles: field("handles"),
+        };
+        eprintln!("stats: {s:?}");
+        s
+    }
+
+    /// The dispatch gate's counters, as [`Mounted::stats`] reads the others.
+    pub fn dispatch_stats(&self, file: &Path) -> DispatchStats {
+        let field = self.stats_line(file);
+        DispatchStats {
+            reads: field("reads"),
+            busy_reads: field("busy_reads"),
+            dispatch_wakes: field("dispatch_wakes"),
+        }
+    }
+
+    /// Sends `SIGUSR1`, waits for the line the server appends to `file`, and returns a
+    /// reader of its `key=value` fields.
+    fn stats_line(&self, file: &Path) -> impl Fn(&str) -> u64 {
         let before = std::fs::read_to_string(file).unwrap_or_default().lines().count();
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.pid()),
@@ -258,28 +286,19 @@ impl Mounted {
         )
         .unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
+        let line = loop {
             let text = std::fs::read_to_string(file).unwrap_or_default();
             if let Some(line) = text.lines().nth(before) {
-                let field = |k: &str| -> u64 {
-                    line.split_whitespace()
-                        .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or_else(|| panic!("no {k}= in the stats line {line:?}"))
-                };
-                let s = Stats {
-                    inodes: field("inodes"),
-                    lookups: field("lookups"),
-                    handles: field("handles"),
-                    reads: field("reads"),
-                    busy_reads: field("busy_reads"),
-                    dispatch_wakes: field("dispatch_wakes"),
-                };
-                eprintln!("stats: {s:?}");
-                return s;
+                break line.to_owned();
             }
             assert!(Instant::now() < deadline, "no stats line after SIGUSR1");
             std::thread::sleep(Duration::from_millis(10));
+        };
+        move |k: &str| -> u64 {
+            line.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {k}= in the stats line {line:?}"))
         }
     }
 
