@@ -156,6 +156,11 @@ impl DispatchGate {
         }
     }
 
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.spares.lock().closed
+    }
+
     /// The threads reading or about to (for tests and counters).
     pub fn readers(&self) -> usize {
         self.readers.load(Ordering::Acquire)

@@ -14,19 +14,29 @@
 //! [`blocking`]. The
 //! requests below are answered from one or a few metadata syscalls on the source; one
 //! that blocks anyway (a stalled network source) delays the requests behind it, not
-//! forever. Code that is about to wait in a request that is not listed as blocking
-//! calls [`blocking`].
+//! forever: a watchdog thread per connection wakes a spare once a request has been
+//! served for [`STALL`] with no thread reading. Code that is about to wait in a request
+//! that is not listed as blocking calls [`blocking`].
 
 use std::cell::RefCell;
+use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 use fuser::DispatchGate as Hook;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use vfscale_sync::DispatchGate;
+
+/// How long a request may be served with no thread reading before the watchdog wakes
+/// a spare (checked at this period while requests come, at [`IDLE_TICK`] after a second
+/// without one).
+pub const STALL: Duration = Duration::from_millis(2);
+
+/// The watchdog's period once no request came for a second.
+pub const IDLE_TICK: Duration = Duration::from_millis(50);
 
 /// A read that returns sooner found its request already queued: a read that sleeps
 /// takes at least a cross-CPU wake-up, several microseconds.
@@ -50,6 +60,8 @@ struct Reads {
 pub struct ConnGate {
     gate: Arc<DispatchGate>,
     threads: Vec<CachePadded<Reads>>,
+    /// Spares the watchdog woke (written only by it).
+    stall_wakes: AtomicU64,
 }
 
 /// What a connection's gate counted (the `SIGUSR1` line).
@@ -63,15 +75,28 @@ pub struct GateStats {
     pub parks: u64,
     /// Times a parked thread was woken to read.
     pub wakes: u64,
+    /// Of those, times the watchdog woke one behind a request served for [`STALL`].
+    pub stall_wakes: u64,
 }
 
 impl ConnGate {
-    /// The gate of a connection served by `threads` dispatch threads.
-    pub fn new(threads: usize) -> Self {
-        ConnGate {
+    /// The gate of a connection served by `threads` dispatch threads, with its watchdog
+    /// (a thread that ends once the gate is closed or dropped).
+    pub fn new(threads: usize) -> io::Result<Arc<Self>> {
+        let g = Arc::new(ConnGate {
             gate: Arc::new(DispatchGate::new(threads)),
             threads: (0..threads).map(|_| CachePadded::new(Reads::default())).collect(),
-        }
+            stall_wakes: AtomicU64::new(0),
+        });
+        let weak = Arc::downgrade(&g);
+        std::thread::Builder::new()
+            .name("vfscalefs-watch".into())
+            .spawn(move || watch(weak))?;
+        Ok(g)
+    }
+
+    fn reads(&self) -> u64 {
+        self.threads.iter().map(|t| t.reads.load(Ordering::Relaxed)).sum()
     }
 
     /// What the gate counted so far.
@@ -84,6 +109,7 @@ impl ConnGate {
             busy_reads: sum(|t| &t.busy_reads),
             parks,
             wakes,
+            stall_wakes: self.stall_wakes.load(Ordering::Relaxed),
         }
     }
 }
@@ -115,6 +141,44 @@ impl Hook for ConnGate {
 
     fn close(&self) {
         self.gate.close();
+    }
+}
+
+/// The watchdog: no thread read at two ticks in a row and no request was read in between,
+/// so one request has been served for a tick with nobody reading behind it.
+fn watch(gate: Weak<ConnGate>) {
+    let mut tick = STALL;
+    let mut last_reads = 0;
+    let mut active = Instant::now();
+    let mut stalled_at: Option<u64> = None;
+    loop {
+        std::thread::sleep(tick);
+        let Some(g) = gate.upgrade() else { return };
+        if g.gate.is_closed() {
+            return;
+        }
+        let reads = g.reads();
+        if reads != last_reads {
+            last_reads = reads;
+            active = Instant::now();
+        }
+        tick = if active.elapsed() > Duration::from_secs(1) {
+            IDLE_TICK
+        } else {
+            STALL
+        };
+        if g.gate.readers() > 0 {
+            stalled_at = None;
+            continue;
+        }
+        if stalled_at == Some(reads) {
+            let (_, before) = g.gate.parks_and_wakes();
+            g.gate.blocking();
+            if g.gate.parks_and_wakes().1 > before {
+                g.stall_wakes.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        stalled_at = Some(reads);
     }
 }
 
@@ -216,6 +280,38 @@ pub fn may_block(opcode: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request that is not listed as blocking but runs long: the watchdog wakes the
+    /// parked spare within a few ticks, and it reads.
+    #[test]
+    fn the_watchdog_wakes_a_spare_behind_a_long_request() {
+        let g = ConnGate::new(2).unwrap();
+        let null = std::fs::File::open("/dev/null").unwrap();
+        assert!(Hook::before_read(&*g, 0));
+        let g2 = g.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let spare = std::thread::spawn(move || {
+            let t = Instant::now();
+            let read = Hook::before_read(&*g2, 1);
+            let _ = tx.send(t.elapsed());
+            read
+        });
+        while g.gate.parks_and_wakes().0 == 0 {
+            std::thread::yield_now();
+        }
+        // Thread 0 took a LOOKUP (no wait in the read) and serves it for long.
+        use std::os::fd::AsFd as _;
+        Hook::after_read(&*g, 0, op::LOOKUP, Duration::from_secs(1), null.as_fd());
+        let waited = rx.recv_timeout(Duration::from_secs(5));
+        if waited.is_err() {
+            Hook::close(&*g);
+        }
+        assert!(spare.join().unwrap(), "the spare was woken to read, not closed");
+        assert!(waited.unwrap() < Duration::from_secs(2));
+        assert_eq!(g.stats().stall_wakes, 1);
+        assert_eq!(g.gate.readers(), 1);
+        Hook::close(&*g);
+    }
 
     #[test]
     fn metadata_is_served_inline_and_data_and_locks_hand_off() {

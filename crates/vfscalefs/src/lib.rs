@@ -578,6 +578,7 @@ fn write_stats(srv: &Server, gates: &[Arc<dispatch::ConnGate>]) {
             busy_reads: a.busy_reads + s.busy_reads,
             parks: a.parks + s.parks,
             wakes: a.wakes + s.wakes,
+            stall_wakes: a.stall_wakes + s.stall_wakes,
         }
     });
     let s = srv.inodes.stats();
@@ -587,9 +588,9 @@ fn write_stats(srv: &Server, gates: &[Arc<dispatch::ConnGate>]) {
     let l = srv.locks.stats();
     let f = srv.fds.stats();
     let line = format!(
-        "inodes={} lookups={} handles={open} fds_cached={} fds_capacity={} fds_opened={} lock_grants={} lock_blocks={} lock_wakeups={} lock_handoffs={} lock_held={} lock_wait_nodes={} reads={} busy_reads={} dispatch_parks={} dispatch_wakes={}\n",
+        "inodes={} lookups={} handles={open} fds_cached={} fds_capacity={} fds_opened={} lock_grants={} lock_blocks={} lock_wakeups={} lock_handoffs={} lock_held={} lock_wait_nodes={} reads={} busy_reads={} dispatch_parks={} dispatch_wakes={} dispatch_stall_wakes={}\n",
         s.inodes, s.lookups, f.cached, f.capacity, f.opened, l.grants, l.blocks, l.wakeups, l.handoffs, l.held, l.wait_nodes,
-        g.reads, g.busy_reads, g.parks, g.wakes
+        g.reads, g.busy_reads, g.parks, g.wakes, g.stall_wakes
     );
     let wrote = std::env::var_os("VFSCALEFS_STATS").is_some_and(|p| {
         std::fs::OpenOptions::new()
@@ -689,7 +690,7 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
     for (i, mp) in mountpoints.iter().enumerate() {
         config.dispatch_gate = None;
         if opts.dispatch_gate && opts.threads > 1 {
-            let g = Arc::new(dispatch::ConnGate::new(opts.threads));
+            let g = dispatch::ConnGate::new(opts.threads).map_err(|e| Error::Source(source.to_owned(), e))?;
             gates.push(g.clone());
             config.dispatch_gate = Some(fuser::GateHandle(g));
         }
