@@ -129,16 +129,14 @@ impl DispatchGate {
     pub fn after_read(&self, may_block: bool, busy: bool) {
         let left = self.readers.fetch_sub(1, Ordering::AcqRel) - 1;
         if left == 0 && (may_block || busy) {
-            self.wake_spare();
+            let _ = self.wake_spare();
         }
     }
 
     /// The calling thread, serving a request, is about to wait on something that may take
-    /// long: a spare reads meanwhile if no thread does.
-    pub fn blocking(&self) {
-        if self.readers.load(Ordering::Acquire) == 0 {
-            self.wake_spare();
-        }
+    /// long: a spare reads meanwhile if no thread does. Returns whether one was woken.
+    pub fn blocking(&self) -> bool {
+        self.readers.load(Ordering::Acquire) == 0 && self.wake_spare()
     }
 
     /// Ends the pool: every parked thread and every later [`before_read`] that would park
@@ -172,19 +170,23 @@ impl DispatchGate {
         (s.parks, s.wakes)
     }
 
-    /// Wakes the most recently parked spare to read, if no thread reads.
-    fn wake_spare(&self) {
+    /// Wakes the most recently parked spare to read, if no thread reads. Returns whether
+    /// one was woken.
+    fn wake_spare(&self) -> bool {
         let t = {
             let mut spares = self.spares.lock();
             if self.readers.load(Ordering::Acquire) > 0 {
-                return;
+                return false;
             }
-            let Some(t) = spares.parked.pop() else { return };
+            let Some(t) = spares.parked.pop() else {
+                return false;
+            };
             spares.wakes += 1;
             self.readers.fetch_add(1, Ordering::AcqRel);
             t
         };
         self.wake(t, Spare::Read);
+        true
     }
 
     fn wake(&self, thread: usize, why: Spare) {
