@@ -21,6 +21,8 @@
 //!   the requests behind it wait at most as long as it takes.
 //! * [`DispatchGate::blocking`]: a thread about to wait on something that may take long
 //!   wakes a spare if no thread reads.
+//! * [`DispatchGate::leave`]: a reader whose thread fails leaves, and a spare takes its
+//!   place if it was the last; [`DispatchGate::close`] ends the pool (the queue is gone).
 //!
 //! So whenever no thread reads, some thread is serving a request that does not block,
 //! and it reads again when done: no request waits for a thread that will not come.
@@ -41,7 +43,7 @@
 //! assert!(!gate.before_read(1, false));
 //! ```
 
-use crate::{AtomicUsize, Condvar, Mutex, Ordering};
+use crate::{AtomicBool, AtomicUsize, Condvar, Mutex, Ordering};
 
 /// What a parked thread was woken for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,6 +77,8 @@ struct Spares {
 #[derive(Debug)]
 pub struct DispatchGate {
     readers: AtomicUsize,
+    /// Set with `spares.closed`, for readers of the flag that take no lock.
+    closed: AtomicBool,
     spares: Mutex<Spares>,
     slots: Vec<Slot>,
 }
@@ -84,6 +88,7 @@ impl DispatchGate {
     pub fn new(threads: usize) -> Self {
         DispatchGate {
             readers: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
             spares: Mutex::new(Spares::default()),
             slots: (0..threads)
                 .map(|_| Slot {
@@ -147,6 +152,7 @@ impl DispatchGate {
         let parked = {
             let mut spares = self.spares.lock();
             spares.closed = true;
+            self.closed.store(true, Ordering::Release);
             std::mem::take(&mut spares.parked)
         };
         for t in parked {
@@ -154,9 +160,17 @@ impl DispatchGate {
         }
     }
 
+    /// A reader leaves the pool for good while the queue goes on (its thread failed): a
+    /// spare reads in its place if no thread reads.
+    pub fn leave(&self) {
+        if self.readers.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let _ = self.wake_spare();
+        }
+    }
+
     /// Whether [`close`](Self::close) was called.
     pub fn is_closed(&self) -> bool {
-        self.spares.lock().closed
+        self.closed.load(Ordering::Acquire)
     }
 
     /// The threads reading or about to (for tests and counters).

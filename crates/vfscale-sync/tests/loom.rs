@@ -81,11 +81,16 @@ impl World {
 }
 
 /// One dispatch thread: the loop fuser runs with a gate. `busy` says what every read
-/// reports (false is the case that parks the most).
-fn worker(gate: Arc<DispatchGate>, world: Arc<World>, me: usize, busy: bool) {
+/// reports (false is the case that parks the most); `fails`: the thread's first read
+/// fails, and it leaves the pool.
+fn worker(gate: Arc<DispatchGate>, world: Arc<World>, me: usize, busy: bool, fails: bool) {
     let mut last_busy = false;
     loop {
         if !gate.before_read(me, last_busy) {
+            return;
+        }
+        if fails {
+            gate.leave();
             return;
         }
         let Some(r) = world.read() else {
@@ -99,12 +104,17 @@ fn worker(gate: Arc<DispatchGate>, world: Arc<World>, me: usize, busy: bool) {
 }
 
 fn run(requests: &[Req], threads: usize, busy: bool) {
+    run_failing(requests, threads, busy, usize::MAX)
+}
+
+/// As [`run`], thread `failing`'s first read failing.
+fn run_failing(requests: &[Req], threads: usize, busy: bool, failing: usize) {
     let gate = Arc::new(DispatchGate::new(threads));
     let world = Arc::new(World::default());
     let hs: Vec<_> = (0..threads)
         .map(|t| {
             let (g, w) = (gate.clone(), world.clone());
-            loom::thread::spawn(move || worker(g, w, t, busy))
+            loom::thread::spawn(move || worker(g, w, t, busy, t == failing))
         })
         .collect();
     for r in requests {
@@ -140,4 +150,11 @@ fn quick_requests_are_all_served() {
 #[test]
 fn busy_reads_keep_readers_and_lose_nothing() {
     model(|| run(&[Req::Waits, Req::Frees], 2, true));
+}
+
+/// A thread that fails leaves the pool; the others still read every request, a blocking
+/// one included.
+#[test]
+fn a_failing_thread_leaves_and_the_others_read() {
+    model(|| run_failing(&[Req::Waits, Req::Frees], 3, false, 0));
 }

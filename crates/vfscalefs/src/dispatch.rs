@@ -8,15 +8,20 @@
 //! and parks the others until requests queue up or one in hand may block.
 //!
 //! A request may block when it can wait on something outside this server's control for
-//! long: I/O on file data (`READ`, `WRITE`, `FSYNC`, ...), lock requests, and anything
-//! this list does not know. `FLUSH` and `RELEASE` release locks but wait only where a
-//! release grants a waiter whose cache must be invalidated, and that wait calls
-//! [`blocking`]. The
-//! requests below are answered from one or a few metadata syscalls on the source; one
-//! that blocks anyway (a stalled network source) delays the requests behind it, not
-//! forever: a watchdog thread per connection wakes a spare once a request has been
-//! served for [`STALL`] with no thread reading. Code that is about to wait in a request
-//! that is not listed as blocking calls [`blocking`].
+//! long: I/O on file data (`READ`, `WRITE`, `FSYNC`, ...), lock requests (a grant waits
+//! for the client's cache to be invalidated), and anything [`may_block`] does not know.
+//! The others are answered from one or a few syscalls on the source (`FLUSH` and
+//! `RELEASE` release locks; the waiters they grant are answered from the lock driver's
+//! thread). One of them that runs long anyway (a write-back at `FLUSH` on a network
+//! source, an open that breaks a lease, a truncate of a huge file) delays the requests
+//! behind it, not for long: a watchdog thread per connection wakes a spare once a
+//! request has been served for [`STALL`] with no thread reading. Code that is about to
+//! wait in a request not listed as blocking calls [`blocking`].
+//!
+//! A read counts as finding the queue busy when it returned within [`QUEUED_READ`] and
+//! `poll(2)` shows another request behind it. On a machine where a read of a queued
+//! request takes longer than that, parallel clients are served by one thread until the
+//! watchdog sees a request run for [`STALL`].
 
 use std::cell::RefCell;
 use std::io;
@@ -141,6 +146,10 @@ impl Hook for ConnGate {
 
     fn close(&self) {
         self.gate.close();
+    }
+
+    fn leave(&self, _thread: usize) {
+        self.gate.leave();
     }
 }
 

@@ -11,10 +11,15 @@
 //! itself can say whether it is the stat's file.
 //!
 //! The place is not assumed: the places where the root's handle holds the root's inode
-//! number are the candidates, and each lookup checked with the second `stat` keeps only
-//! the candidates that hold its inode number too. After [`CONFIRMATIONS`] such lookups
-//! the widest, first candidate left is used; if none is left, every lookup keeps its
-//! second `stat`. A handle whose field disagrees takes the second `stat` as before.
+//! number are the candidates, and each lookup checked with the second `stat` (of an inode
+//! number other than the one checked before) keeps only the candidates that hold its
+//! number too. After [`CONFIRMATIONS`] such lookups the widest, first candidate left is
+//! used; if none is left, every lookup keeps its second `stat`. A handle whose field
+//! disagrees takes the second `stat` as before, and if that shows the handle was the
+//! stat's file after all, the layout was wrong: the next candidate that fits every
+//! checked handle replaces it, or none is used. Handles of another
+//! type than the root's (an NFS export's root handle is shorter than its files') are not
+//! learned from; after [`CONFIRMATIONS`] of them, learning stops.
 //! A wrong layout would at worst keep a handle of another file with the same inode
 //! number, the case a second `stat` does not catch either: every open by handle is
 //! checked against the inode's `(st_dev, st_ino)`, so another file is never served.
@@ -74,6 +79,8 @@ struct Learn {
     /// The handle type they were learned on (another type is another layout).
     ty: i32,
     confirmed: u32,
+    /// Handles of another type than the root's seen while learning.
+    other_types: u32,
     last_ino: u64,
 }
 
@@ -107,6 +114,7 @@ impl HandleIno {
                 candidates,
                 ty: root.ty(),
                 confirmed: 0,
+                other_types: 0,
                 last_ino: root_ino,
             }),
         }
@@ -124,11 +132,30 @@ impl HandleIno {
 
     /// `h` was checked, by a second `stat`, to be the handle of inode number `ino`.
     pub fn confirm(&self, h: &FileHandle, ino: u64) {
-        if self.known.load(Ordering::Acquire) != LEARNING {
-            return;
+        match self.known.load(Ordering::Acquire) {
+            NONE => return,
+            LEARNING => {}
+            k => {
+                // The layout said no to a handle that was the stat's file: it is wrong, and
+                // the next candidate that still fits every checked handle takes its place.
+                if h.ty() == self.ty && !Field::unpack(k).holds(h.bytes(), ino) {
+                    let mut l = self.learn.lock();
+                    l.candidates.retain(|f| f.holds(h.bytes(), ino));
+                    let next = l.candidates.first().map_or(NONE, |f| f.pack());
+                    self.known.store(next, Ordering::Release);
+                }
+                return;
+            }
         }
         let mut l = self.learn.lock();
-        if h.ty() != l.ty || ino == l.last_ino || self.known.load(Ordering::Acquire) != LEARNING {
+        if self.known.load(Ordering::Acquire) != LEARNING || ino == l.last_ino {
+            return;
+        }
+        if h.ty() != l.ty {
+            l.other_types += 1;
+            if l.other_types >= CONFIRMATIONS {
+                self.known.store(NONE, Ordering::Release);
+            }
             return;
         }
         l.candidates.retain(|f| f.holds(h.bytes(), ino));
@@ -181,6 +208,41 @@ mod tests {
         h.confirm(&FileHandle::new(1, &[3, 3, 3, 3, 9, 9, 9, 9]), 5);
         assert!(!h.learned());
         assert_eq!(h.carries(&FileHandle::new(1, &[5, 0, 0, 0]), 5), None);
+    }
+
+    #[test]
+    fn a_layout_proved_wrong_is_replaced_and_other_types_stop_learning() {
+        // Learned on handles whose second word was always 0 (generation 0 everywhere).
+        let ext4 = |ino: u32, gen: u32| {
+            let mut b = ino.to_ne_bytes().to_vec();
+            b.extend_from_slice(&gen.to_ne_bytes());
+            FileHandle::new(1, &b)
+        };
+        let h = HandleIno::new(&ext4(2, 0), 2);
+        for i in 0..CONFIRMATIONS {
+            h.confirm(&ext4(100 + i, 0), (100 + i) as u64);
+        }
+        assert!(h.learned());
+        // A file with a generation: the 8-byte field says no, the second stat says yes.
+        assert_eq!(h.carries(&ext4(500, 7), 500), Some(false));
+        h.confirm(&ext4(500, 7), 500);
+        assert!(h.learned(), "the 4-byte field replaces the 8-byte one");
+        assert_eq!(h.carries(&ext4(501, 9), 501), Some(true));
+        // A handle no candidate fits: nothing is used any more.
+        h.confirm(&ext4(7, 7), 600);
+        assert!(!h.learned());
+        assert_eq!(h.carries(&ext4(601, 0), 601), None);
+
+        let nfs = HandleIno::new(&FileHandle::new(3, &[2, 0, 0, 0]), 2);
+        for i in 0..CONFIRMATIONS as u64 {
+            nfs.confirm(&FileHandle::new(7, &[9; 28]), 100 + i);
+        }
+        assert_eq!(nfs.carries(&FileHandle::new(3, &[5, 0, 0, 0]), 5), None);
+        assert!(
+            nfs.learn.lock().candidates.len() == 1,
+            "nothing learned from other types"
+        );
+        assert_eq!(nfs.known.load(Ordering::Acquire), NONE);
     }
 
     /// On the filesystem the tests run on (tmpfs under /dev/shm), the layout is learned

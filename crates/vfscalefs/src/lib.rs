@@ -567,8 +567,11 @@ fn check_mountpoint(p: &Path) -> Result<(), Error> {
 /// to stderr, followed by the lock counters of the live inodes, summed since they were
 /// loaded (`lock_grants= lock_blocks= lock_wakeups= lock_handoffs= lock_held=
 /// lock_wait_nodes=`, see `vfscale_locks::ContextStats`: `lock_wait_nodes` over
-/// `lock_blocks` is the wait-tree work per sleep). After the kernels have forgotten everything (`umount`, or
-/// `echo 2 > /proc/sys/vm/drop_caches` with nothing open) it reads `inodes=1 lookups=0`.
+/// `lock_blocks` is the wait-tree work per sleep), then the dispatch gates' counters over
+/// every connection (`dispatch_reads= dispatch_busy_reads= dispatch_parks= dispatch_wakes=
+/// dispatch_stall_wakes=`, see [`dispatch::GateStats`]). After the kernels have forgotten
+/// everything (`umount`, or `echo 2 > /proc/sys/vm/drop_caches` with nothing open) it
+/// reads `inodes=1 lookups=0`.
 fn write_stats(srv: &Server, gates: &[Arc<dispatch::ConnGate>]) {
     use std::io::Write as _;
     let g = gates.iter().fold(dispatch::GateStats::default(), |a, g| {
@@ -588,7 +591,7 @@ fn write_stats(srv: &Server, gates: &[Arc<dispatch::ConnGate>]) {
     let l = srv.locks.stats();
     let f = srv.fds.stats();
     let line = format!(
-        "inodes={} lookups={} handles={open} fds_cached={} fds_capacity={} fds_opened={} lock_grants={} lock_blocks={} lock_wakeups={} lock_handoffs={} lock_held={} lock_wait_nodes={} reads={} busy_reads={} dispatch_parks={} dispatch_wakes={} dispatch_stall_wakes={}\n",
+        "inodes={} lookups={} handles={open} fds_cached={} fds_capacity={} fds_opened={} lock_grants={} lock_blocks={} lock_wakeups={} lock_handoffs={} lock_held={} lock_wait_nodes={} dispatch_reads={} dispatch_busy_reads={} dispatch_parks={} dispatch_wakes={} dispatch_stall_wakes={}\n",
         s.inodes, s.lookups, f.cached, f.capacity, f.opened, l.grants, l.blocks, l.wakeups, l.handoffs, l.held, l.wait_nodes,
         g.reads, g.busy_reads, g.parks, g.wakes, g.stall_wakes
     );
@@ -690,7 +693,7 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
     for (i, mp) in mountpoints.iter().enumerate() {
         config.dispatch_gate = None;
         if opts.dispatch_gate && opts.threads > 1 {
-            let g = dispatch::ConnGate::new(opts.threads).map_err(|e| Error::Source(source.to_owned(), e))?;
+            let g = dispatch::ConnGate::new(opts.threads).map_err(|e| Error::Session(mp.clone(), e))?;
             gates.push(g.clone());
             config.dispatch_gate = Some(fuser::GateHandle(g));
         }

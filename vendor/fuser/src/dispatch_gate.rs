@@ -23,9 +23,13 @@ pub trait DispatchGate: Send + Sync {
     /// queued returns at once. `dev` is the `/dev/fuse` descriptor the thread read
     /// (`poll(2)` on it tells whether more requests are queued).
     fn after_read(&self, thread: usize, opcode: u32, read_time: Duration, dev: BorrowedFd<'_>);
-    /// Called once by a thread whose read failed for good (`ENODEV` at unmount): the
-    /// gate wakes every parked thread so that they end too.
+    /// Called by a thread that ends because the session is over (`ENODEV` at unmount, or
+    /// `DESTROY`): the gate wakes every parked thread so that they end too.
     fn close(&self);
+    /// Called by a thread that ends with an error (a failed read, a malformed request)
+    /// while the session may go on: it was counted as reading, and another thread
+    /// should read in its place.
+    fn leave(&self, thread: usize);
 }
 
 /// A [`DispatchGate`] in a [`Config`](crate::Config): compared by identity.

@@ -530,7 +530,10 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
     fn event_loop(&self) -> io::Result<()> {
         let res = self.serve();
         if let Some(g) = &self.gate {
-            g.0.close();
+            match res {
+                Ok(()) => g.0.close(),
+                Err(_) => g.0.leave(self.thread),
+            }
         }
         res
     }

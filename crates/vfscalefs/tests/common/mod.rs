@@ -244,9 +244,9 @@ pub struct Stats {
 /// The dispatch gate's counters from the same line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DispatchStats {
-    /// `reads=`: requests the dispatch threads read.
+    /// `dispatch_reads=`: requests the dispatch threads read.
     pub reads: u64,
-    /// `busy_reads=`: reads that found another request queued behind theirs.
+    /// `dispatch_busy_reads=`: reads that found another request queued behind theirs.
     pub busy_reads: u64,
     /// `dispatch_wakes=`: parked dispatch threads woken to read.
     pub dispatch_wakes: u64,
@@ -270,8 +270,8 @@ impl Mounted {
     pub fn dispatch_stats(&self, file: &Path) -> DispatchStats {
         let field = self.stats_line(file);
         DispatchStats {
-            reads: field("reads"),
-            busy_reads: field("busy_reads"),
+            reads: field("dispatch_reads"),
+            busy_reads: field("dispatch_busy_reads"),
             dispatch_wakes: field("dispatch_wakes"),
         }
     }
