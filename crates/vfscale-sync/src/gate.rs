@@ -226,31 +226,41 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_blocking_request_wakes_a_parked_spare() {
+    /// A gate whose thread 0 reads and whose thread 1 has parked behind it.
+    fn reader_and_parked_spare() -> (Arc<DispatchGate>, std::thread::JoinHandle<bool>) {
         let g = Arc::new(DispatchGate::new(2));
         assert!(g.before_read(0, false));
         let g2 = g.clone();
-        // Thread 1 finds a reader and parks.
         let h = std::thread::spawn(move || g2.before_read(1, false));
         while g.spares.lock().parked.is_empty() {
             std::thread::yield_now();
         }
+        (g, h)
+    }
+
+    #[test]
+    fn a_blocking_request_wakes_a_parked_spare() {
+        let (g, spare) = reader_and_parked_spare();
         g.after_read(true, false);
-        assert!(h.join().unwrap(), "the spare was woken to read");
+        assert!(spare.join().unwrap(), "the spare was woken to read");
         assert_eq!(g.readers(), 1);
     }
 
     #[test]
     fn close_releases_parked_threads() {
-        let g = Arc::new(DispatchGate::new(2));
-        assert!(g.before_read(0, false));
-        let g2 = g.clone();
-        let h = std::thread::spawn(move || g2.before_read(1, false));
-        while g.spares.lock().parked.is_empty() {
-            std::thread::yield_now();
-        }
+        let (g, spare) = reader_and_parked_spare();
         g.close();
-        assert!(!h.join().unwrap());
+        assert!(!spare.join().unwrap());
+    }
+
+    #[test]
+    fn a_leaving_reader_hands_its_place_to_a_spare() {
+        let (g, spare) = reader_and_parked_spare();
+        g.leave();
+        assert!(
+            spare.join().unwrap(),
+            "the spare reads in the failed thread's place"
+        );
+        assert_eq!(g.readers(), 1);
     }
 }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,14 +19,18 @@ fn populate(dir: &Path) {
     }
 }
 
-fn mount(opts: &str, stats: &Path) -> Option<Mounted> {
+/// A mount with `ttl=0` (every `lstat` is a `LOOKUP`) over a populated source, its stats
+/// file in the returned directory.
+fn mount(tag: &str) -> Option<(TempDir, PathBuf, Mounted)> {
     if let Some(why) = cannot_mount() {
         say(&format!("SKIP: {why}"));
         return None;
     }
-    let m = Mounted::start_env(1, opts, &[("VFSCALEFS_STATS", stats)]).expect("mount");
+    let t = TempDir::new(tag);
+    let sf = t.0.join("stats");
+    let m = Mounted::start_env(1, "ttl=0", &[("VFSCALEFS_STATS", &sf)]).expect("mount");
     populate(&m.source);
-    Some(m)
+    Some((t, sf, m))
 }
 
 /// A serial `lstat` walk: thousands of requests, and (almost) no spare thread woken. With
@@ -34,9 +38,9 @@ fn mount(opts: &str, stats: &Path) -> Option<Mounted> {
 /// third of its requests.
 #[test]
 fn a_serial_stream_is_served_by_one_thread() {
-    let t = TempDir::new("dispatch-serial");
-    let sf = t.0.join("stats");
-    let Some(m) = mount("ttl=0", &sf) else { return };
+    let Some((_t, sf, m)) = mount("dispatch-serial") else {
+        return;
+    };
     let before = m.dispatch_stats(&sf);
     for _ in 0..3 {
         for i in 0..FILES {
@@ -61,9 +65,9 @@ fn a_serial_stream_is_served_by_one_thread() {
 /// read them.
 #[test]
 fn clients_at_once_wake_spares() {
-    let t = TempDir::new("dispatch-parallel");
-    let sf = t.0.join("stats");
-    let Some(m) = mount("ttl=0", &sf) else { return };
+    let Some((_t, sf, m)) = mount("dispatch-parallel") else {
+        return;
+    };
     let before = m.dispatch_stats(&sf);
     let stop = Arc::new(AtomicBool::new(false));
     let until = Instant::now() + Duration::from_secs(2);
