@@ -67,7 +67,6 @@ struct Slot {
 #[derive(Debug, Default)]
 struct Spares {
     parked: Vec<usize>,
-    closed: bool,
     /// Times a thread parked, and times one was woken to read.
     parks: u64,
     wakes: u64,
@@ -77,7 +76,8 @@ struct Spares {
 #[derive(Debug)]
 pub struct DispatchGate {
     readers: AtomicUsize,
-    /// Set with `spares.closed`, for readers of the flag that take no lock.
+    /// Set under the `spares` lock, so a thread deciding there to park sees it; read
+    /// without the lock elsewhere.
     closed: AtomicBool,
     spares: Mutex<Spares>,
     slots: Vec<Slot>,
@@ -110,7 +110,7 @@ impl DispatchGate {
         let slot = &self.slots[thread];
         {
             let mut spares = self.spares.lock();
-            if spares.closed {
+            if self.closed.load(Ordering::Acquire) {
                 return false;
             }
             if self.readers.load(Ordering::Acquire) == 0 {
@@ -151,7 +151,6 @@ impl DispatchGate {
     pub fn close(&self) {
         let parked = {
             let mut spares = self.spares.lock();
-            spares.closed = true;
             self.closed.store(true, Ordering::Release);
             std::mem::take(&mut spares.parked)
         };

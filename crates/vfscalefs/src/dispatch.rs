@@ -84,6 +84,20 @@ pub struct GateStats {
     pub stall_wakes: u64,
 }
 
+impl std::ops::Add for GateStats {
+    type Output = GateStats;
+
+    fn add(self, o: GateStats) -> GateStats {
+        GateStats {
+            reads: self.reads + o.reads,
+            busy_reads: self.busy_reads + o.busy_reads,
+            parks: self.parks + o.parks,
+            wakes: self.wakes + o.wakes,
+            stall_wakes: self.stall_wakes + o.stall_wakes,
+        }
+    }
+}
+
 impl ConnGate {
     /// The gate of a connection served by `threads` dispatch threads, with its watchdog
     /// (a thread that ends once the gate is closed or dropped).

@@ -76,8 +76,6 @@ impl Field {
 struct Learn {
     /// Fields that held the inode number of every handle checked so far, widest first.
     candidates: Vec<Field>,
-    /// The handle type they were learned on (another type is another layout).
-    ty: i32,
     confirmed: u32,
     /// Handles of another type than the root's seen while learning.
     other_types: u32,
@@ -89,6 +87,7 @@ struct Learn {
 pub struct HandleIno {
     /// The field, packed, once learned; or [`LEARNING`] or [`NONE`].
     known: AtomicU32,
+    /// The root's handle type, the layout's (another type is another layout).
     ty: i32,
     learn: Mutex<Learn>,
 }
@@ -112,7 +111,6 @@ impl HandleIno {
             ty: root.ty(),
             learn: Mutex::new(Learn {
                 candidates,
-                ty: root.ty(),
                 confirmed: 0,
                 other_types: 0,
                 last_ino: root_ino,
@@ -151,7 +149,7 @@ impl HandleIno {
         if self.known.load(Ordering::Acquire) != LEARNING || ino == l.last_ino {
             return;
         }
-        if h.ty() != l.ty {
+        if h.ty() != self.ty {
             l.other_types += 1;
             if l.other_types >= CONFIRMATIONS {
                 self.known.store(NONE, Ordering::Release);

@@ -574,16 +574,9 @@ fn check_mountpoint(p: &Path) -> Result<(), Error> {
 /// reads `inodes=1 lookups=0`.
 fn write_stats(srv: &Server, gates: &[Arc<dispatch::ConnGate>]) {
     use std::io::Write as _;
-    let g = gates.iter().fold(dispatch::GateStats::default(), |a, g| {
-        let s = g.stats();
-        dispatch::GateStats {
-            reads: a.reads + s.reads,
-            busy_reads: a.busy_reads + s.busy_reads,
-            parks: a.parks + s.parks,
-            wakes: a.wakes + s.wakes,
-            stall_wakes: a.stall_wakes + s.stall_wakes,
-        }
-    });
+    let g = gates
+        .iter()
+        .fold(dispatch::GateStats::default(), |a, g| a + g.stats());
     let s = srv.inodes.stats();
     let open: usize = (0..srv.inodes.connections())
         .map(|c| srv.handles.of_connection(c).len())

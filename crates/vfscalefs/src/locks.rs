@@ -480,6 +480,26 @@ pub struct Hooks {
 }
 
 impl Hooks {
+    /// Answers a request that is done; a lock granted (with its coherence `check`, not
+    /// an unlock) invalidates the client's caches first where needed.
+    fn answer(
+        &self,
+        conn: usize,
+        inode: &Inode,
+        check: Option<GrantCheck>,
+        whole: bool,
+        res: Result<(), Errno>,
+        reply: ReplyEmpty,
+    ) {
+        match res {
+            Ok(()) => {
+                self.granted(inode, conn, check, whole);
+                reply.ok()
+            }
+            Err(e) => reply.error(ferr(e)),
+        }
+    }
+
     /// Before a grant to connection `conn` is answered (`whole`: of the whole file): ends
     /// its coherence check, and the client's caches go if the source may have changed
     /// (`Mirror::grant_begin`).
@@ -768,7 +788,10 @@ impl Locks {
         };
         let open = |flags| inodes.open(&h.inode, flags);
         match req.attempt(m, ctx, Some(&open)) {
-            MirrorAttempt::Done(res, check) => self.answer(r.conn, &h.inode, check, req.whole(), res, reply),
+            MirrorAttempt::Done(res, check) => {
+                self.hooks
+                    .answer(r.conn, &h.inode, check, req.whole(), res, reply)
+            }
             MirrorAttempt::Parked(p, saved) => {
                 let done = Self::posix_take_when_granted(
                     h.clone(),
@@ -832,26 +855,6 @@ impl Locks {
                 MirrorAttempt::Parked(..) => unreachable!("taking a lock on the source parks nothing"),
             }
         })
-    }
-
-    /// Answers a request done at once; a lock granted (with its coherence `check`, not
-    /// an unlock) invalidates the client's caches first where needed.
-    fn answer(
-        &self,
-        conn: usize,
-        inode: &Inode,
-        check: Option<GrantCheck>,
-        whole: bool,
-        res: Result<(), Errno>,
-        reply: ReplyEmpty,
-    ) {
-        match res {
-            Ok(()) => {
-                self.hooks.granted(inode, conn, check, whole);
-                reply.ok()
-            }
-            Err(e) => reply.error(ferr(e)),
-        }
     }
 
     /// An `F_SETLKW` that waits for a holder on the source: in a thread of its own, until
@@ -944,13 +947,7 @@ impl Locks {
                 match res {
                     MirrorAttempt::Done(res, check) => {
                         intr.unpark(unique);
-                        return match res {
-                            Ok(()) => {
-                                hooks.granted(&h.inode, conn, check, req.whole());
-                                reply.ok()
-                            }
-                            Err(e) => reply.error(ferr(e)),
-                        };
+                        return hooks.answer(conn, &h.inode, check, req.whole(), res, reply);
                     }
                     MirrorAttempt::Parked(p, saved) => {
                         // What the wait took on the source and no client holds goes.
@@ -1021,7 +1018,7 @@ impl Locks {
         }
         let open = |flags| inodes.open(&h.inode, flags);
         match req.attempt(m, ctx, Some(&open), None) {
-            MirrorAttempt::Done(res, check) => self.answer(r.conn, &h.inode, check, true, res, reply),
+            MirrorAttempt::Done(res, check) => self.hooks.answer(r.conn, &h.inode, check, true, res, reply),
             MirrorAttempt::Parked(p, _) => {
                 let done = Self::flock_take_when_granted(
                     h.clone(),
@@ -1128,13 +1125,7 @@ impl Locks {
             match req.attempt(m, ctx, None, Some(fd)) {
                 MirrorAttempt::Done(res, check) => {
                     intr.unpark(unique);
-                    match res {
-                        Ok(()) => {
-                            hooks.granted(&h.inode, req.key.0, check, true);
-                            reply.ok()
-                        }
-                        Err(e) => reply.error(ferr(e)),
-                    }
+                    hooks.answer(req.key.0, &h.inode, check, true, res, reply)
                 }
                 MirrorAttempt::Parked(p, _) => {
                     let done = Self::flock_take_when_granted(
