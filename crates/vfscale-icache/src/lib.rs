@@ -326,19 +326,33 @@
 #![warn(missing_docs)]
 
 mod cache;
+mod counters;
+mod deferred_free;
 mod epoch;
+mod evict;
+mod hash_table;
 mod inode;
-mod rcu;
-mod ready;
+mod inode_alloc;
+mod inode_wait;
+mod iput;
+mod lookup;
+mod lookup_fast;
+mod lru;
+mod orphan_list;
+mod outbox;
+mod sb_list;
+mod superblock;
 mod sync;
-mod wait;
+mod wait_table;
+mod waiter;
 
-#[doc(hidden)]
-pub use cache::Outcome;
-pub use cache::{
-    FromOutcome, InodeCache, InodeWait, InsertBusy, Interrupter, Match, Started, SuperBlock, WaitError,
-};
+pub use cache::InodeCache;
 pub use inode::{Iget, Inode, InodeFlags, InodeRef, InodeState, NewInode};
+pub use inode_wait::{FromOutcome, InodeWait, Started, WaitError};
+#[doc(hidden)]
+pub use lookup::Outcome;
+pub use superblock::{InsertBusy, Match, SuperBlock};
+pub use waiter::Interrupter;
 
 /// Hurries the deferred freeing of evicted inodes' memory (best effort; for tests that
 /// count drops of the filesystem's data). `->destroy_inode` itself runs at eviction.
@@ -346,19 +360,19 @@ pub use inode::{Iget, Inode, InodeFlags, InodeRef, InodeState, NewInode};
 /// orphan list has expired; another live thread's batches wait for that thread to pin or
 /// evict again, call this, or exit (the crate docs, "Lifetimes").
 pub fn flush_deferred() {
-    epoch::flush();
+    deferred_free::flush();
 }
 
 /// A read-side section of the cache's grace periods (`rcu_read_lock`): while one is held
 /// on any thread, no evicted inode's memory is freed. For tests that check deferred frees;
 /// a cache operation takes its own.
 #[doc(hidden)]
-pub struct RcuReadLock(#[allow(dead_code)] epoch::Guard);
+pub struct RcuReadLock(#[allow(dead_code)] deferred_free::Guard);
 
 /// Enters a read-side section (see [`RcuReadLock`]).
 #[doc(hidden)]
 pub fn rcu_read_lock() -> RcuReadLock {
-    RcuReadLock(epoch::Domain::new().pin())
+    RcuReadLock(deferred_free::Domain::new().pin())
 }
 
 /// What a filesystem gives the cache (`struct super_operations`). Every method but
