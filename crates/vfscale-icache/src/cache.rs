@@ -31,7 +31,6 @@ pub(crate) struct CacheInner<F: SuperOperations> {
     pub(crate) next_dev: StdAtomicU64,
 }
 
-
 /// An inode cache: the inode hash table and the counters shared by its superblocks.
 /// Cloning gives another handle to the same cache.
 pub struct InodeCache<F: SuperOperations> {

@@ -25,7 +25,7 @@ use crate::SuperOperations;
 /// (Normal builds compute it in [`CacheInner::counters`], from the one slot lookup that
 /// gives the counters too.)
 #[cfg(any(vfscale_loom, vfscale_shuttle))]
-pub(crate) fn shard_hint() -> usize {
+fn shard_hint() -> usize {
     #[cfg(vfscale_loom)]
     {
         // loom's `ThreadId` shows its index only through `Debug` ("ThreadId(3)").
@@ -47,7 +47,7 @@ pub(crate) fn shard_hint() -> usize {
 /// thread's slot was given back (in its other thread-local destructors).
 #[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
 #[inline]
-pub(crate) fn thread_slot() -> Option<usize> {
+fn thread_slot() -> Option<usize> {
     use std::sync::Mutex as StdMutex;
     /// Slots in use are `0..next` minus `free`.
     struct Pool {
@@ -113,7 +113,7 @@ pub(crate) enum Counter {
     OutboxLocks,
 }
 
-pub(crate) const NR_COUNTERS: usize = 10;
+const NR_COUNTERS: usize = 10;
 
 /// One thread's (or, under the models, one shard's) counters, on their own cache lines.
 #[derive(Default)]
@@ -167,7 +167,7 @@ pub(crate) fn counter_slots(shards: usize) -> usize {
 /// counters have a single writer. Threads beyond this many share one more slot, with
 /// atomic adds.
 #[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
-pub(crate) const OWN_SLOTS: usize = 64;
+const OWN_SLOTS: usize = 64;
 
 impl<F: SuperOperations> CacheInner<F> {
     /// The calling thread's counters (and its slot and shard): looked up once per

@@ -4,7 +4,7 @@
 //! on it; the memory of a destroyed inode is freed only once every walker that could have
 //! loaded its pointer has left its read-side section.
 //!
-//! * Normal builds: the epoch scheme of [`crate::rcu`]. A pin writes only the calling
+//! * Normal builds: the epoch scheme of [`crate::epoch`]. A pin writes only the calling
 //!   thread's own record (and reads the global epoch). Retired boxes are kept per thread in
 //!   batches, as RCU keeps per-CPU callback lists: a full batch is stamped and queued on its
 //!   thread, and the thread frees its own expired batches when its next batch fills (and
@@ -15,7 +15,7 @@
 //! * `--cfg vfscale_loom`/`vfscale_shuttle`: a model the schedulers can see (a reader
 //!   count per cache and a garbage list run when a collector observes no reader). It writes
 //!   a shared counter on every pin, so it is for the models only. The epoch scheme has
-//!   loom models of its own (`rcu.rs`).
+//!   loom models of its own (`epoch.rs`).
 
 #[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
 mod imp {

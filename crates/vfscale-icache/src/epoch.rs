@@ -19,9 +19,9 @@
 //!
 //! This is the protocol of crossbeam-epoch (Fraser's epoch-based reclamation), without
 //! its garbage queue: crossbeam allocates a ~2 KB node for every 64 deferred functions,
-//! and in a process that frees many small objects (an unlink storm) that one allocation
-//! made glibc consolidate every fastbin chunk (a fifth of the instructions of an unlink,
-//! counted with callgrind). The cache keeps its garbage itself, per thread (`epoch.rs`).
+//! and in a process that frees many small objects (an unlink storm) an allocation that
+//! large makes glibc consolidate every fastbin chunk. The cache keeps its garbage itself,
+//! per thread (`deferred_free.rs`).
 //!
 //! Records are never freed (a thread's record is reused by later threads), so the list of
 //! records is append-only and walked without a lock.
@@ -165,7 +165,7 @@ pub(crate) fn read_lock(g: &Global, r: &Record) {
         // Release, not Relaxed: an advancer that reads this state (this section's epoch,
         // equal to the current one) must also see the previous section of this record end
         // (its reads happen before the free that follows the advance); since C++20 a
-        // relaxed store no longer carries an earlier release along (loom caught it).
+        // relaxed store no longer carries an earlier release along (loom checks it).
         r.state.store(s, Ordering::Release);
         fence(Ordering::SeqCst);
     }

@@ -94,7 +94,7 @@ pub(crate) fn evict_with<F: SuperOperations>(inode: &Inode<F>, c: &CpuCounters<'
 /// over; a batch takes it off them later and frees it ([`park`]; the crate docs,
 /// "Batched removal").
 #[inline(never)]
-pub(crate) fn evict_parked<F: SuperOperations>(inode: &Inode<F>, c: &CpuCounters<'_>) {
+fn evict_parked<F: SuperOperations>(inode: &Inode<F>, c: &CpuCounters<'_>) {
     let p = evict_clear::<F, true>(inode, c);
     let q = catch_op(|| inode.sb().ops.destroy_inode(inode));
     c.add(Counter::NrInodes, -1);
@@ -115,7 +115,7 @@ pub(crate) fn evict_parked<F: SuperOperations>(inode: &Inode<F>, c: &CpuCounters
 /// Returns a panic of `->evict_inode`, for the caller to resume once the eviction is done
 /// ([`catch_op`]).
 #[must_use]
-pub(crate) fn evict_clear<F: SuperOperations, const PARKS: bool>(
+fn evict_clear<F: SuperOperations, const PARKS: bool>(
     inode: &Inode<F>,
     c: &CpuCounters<'_>,
 ) -> Option<PanicPayload> {

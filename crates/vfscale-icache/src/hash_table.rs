@@ -21,7 +21,7 @@ pub(crate) struct ChainHead<F: SuperOperations> {
 }
 
 /// Bit 0 of a chain head: `hlist_bl_lock`.
-pub(crate) const CHAIN_LOCK: usize = 1;
+const CHAIN_LOCK: usize = 1;
 
 impl<F: SuperOperations> ChainHead<F> {
     pub(crate) fn new() -> Self {
@@ -39,7 +39,7 @@ impl<F: SuperOperations> ChainHead<F> {
     /// Sets the first inode, keeping the lock bit; the caller holds the chain's lock (or
     /// `inode_hash_lock`, with which the bit is never set). Release: a lock-free walker
     /// that loads the pointer sees what was written before.
-    pub(crate) fn set_first(&self, p: *mut Inode<F>) {
+    fn set_first(&self, p: *mut Inode<F>) {
         let bit = self.head.load(Ordering::Relaxed) & CHAIN_LOCK;
         debug_assert!(p as usize & CHAIN_LOCK == 0);
         self.head.store(p as usize | bit, Ordering::Release);
@@ -53,7 +53,7 @@ impl<F: SuperOperations> ChainHead<F> {
     /// writes the word, and that write races the holder's plain store of a new first
     /// inode (`set_first`); the C++ model orders them (the failed RMW reads the holder's
     /// lock and precedes its store), but loom's modification order does not, and the
-    /// model then loses the store (`loom_bitlock` below caught it). A failed
+    /// model then loses the store (`loom_bitlock` below checks it). A failed
     /// compare-exchange writes nothing, so the waiter never dirties the holder's line.
     pub(crate) fn lock(&self) {
         let w = SpinWait::new();
@@ -77,7 +77,7 @@ impl<F: SuperOperations> ChainHead<F> {
     /// and only the holder sets the first inode), so the word read here is the current
     /// one. One locked instruction less per chain-lock hold (insert, load, eviction);
     /// `loom_bitlock` checks that both lockers' links survive.
-    pub(crate) fn unlock(&self) {
+    fn unlock(&self) {
         let cur = self.head.load(Ordering::Relaxed);
         debug_assert!(cur & CHAIN_LOCK != 0, "hash chain unlocked twice");
         self.head.store(cur & !CHAIN_LOCK, Ordering::Release);

@@ -111,7 +111,7 @@ impl<F: SuperOperations> FromOutcome<F> for Result<NewInode<F>, InsertBusy<F>> {
 }
 
 /// What an [`InodeWait`] is waiting for.
-pub(crate) enum WaitingFor<F: SuperOperations> {
+enum WaitingFor<F: SuperOperations> {
     /// The eviction of the inode at this address (it holds no reference).
     Eviction(usize),
     /// The end of the load of this `I_NEW` inode (it holds a reference).

@@ -65,7 +65,7 @@ pub(crate) fn iput<F: SuperOperations>(p: NonNull<Inode<F>>) {
 
 /// What a last `iput` will most likely do with an LRU (a racy look at the generic drop
 /// rule, for [`iput`]'s choice of locks only).
-pub(crate) enum LruGuess {
+enum LruGuess {
     /// Keep the inode, and add it to this CPU's LRU shard.
     Add,
     /// Evict the inode, and take it off the LRU shard it is on.
@@ -74,7 +74,7 @@ pub(crate) enum LruGuess {
     None,
 }
 
-pub(crate) fn lru_likely<F: SuperOperations>(inode: &Inode<F>, sb: &SbInner<F>) -> LruGuess {
+fn lru_likely<F: SuperOperations>(inode: &Inode<F>, sb: &SbInner<F>) -> LruGuess {
     let s = inode.state.load(Ordering::Relaxed);
     if s & (I_NEW | I_FREEING | I_WILL_FREE) != 0 {
         return LruGuess::None;
@@ -90,15 +90,11 @@ pub(crate) fn lru_likely<F: SuperOperations>(inode: &Inode<F>, sb: &SbInner<F>) 
 
 /// The LRU shard (and its lock) a last `iput` took before `i_lock`, with this CPU's
 /// counters (what it counts under that lock on).
-pub(crate) type LruHeld<'a, F> = Option<(usize, ShardGuard<'a, LruShard<F>>, CpuCounters<'a>)>;
+type LruHeld<'a, F> = Option<(usize, ShardGuard<'a, LruShard<F>>, CpuCounters<'a>)>;
 
 /// `iput_final`: the last reference went; the caller holds `i_lock`, and maybe this
 /// CPU's LRU shard lock, taken before it (`lru`, with this CPU's counters).
-pub(crate) fn iput_final<'a, F: SuperOperations>(
-    inode: &'a Inode<F>,
-    g: ILockGuard<'_>,
-    lru: LruHeld<'a, F>,
-) {
+fn iput_final<'a, F: SuperOperations>(inode: &'a Inode<F>, g: ILockGuard<'_>, lru: LruHeld<'a, F>) {
     let s = inode.state.load(Ordering::Relaxed);
     if s & I_NEW != 0 {
         drop(g);

@@ -59,7 +59,7 @@ impl<F: SuperOperations> Clone for NewInodeFrom<F> {
     }
 }
 
-pub(crate) enum FindInode<F: SuperOperations> {
+enum FindInode<F: SuperOperations> {
     Absent,
     /// `I_CREATING`: `-ESTALE`.
     Creating,
@@ -72,7 +72,7 @@ pub(crate) enum FindInode<F: SuperOperations> {
 /// `find_inode`/`find_inode_fast`: walk the chain newest first. The caller is pinned or
 /// holds the chain lock. `skip_freeing` is `insert_inode_locked`'s walk (it passes over
 /// inodes being freed and never waits).
-pub(crate) fn find_inode<F: SuperOperations>(
+fn find_inode<F: SuperOperations>(
     sb: &SbInner<F>,
     b: &ChainHead<F>,
     hashval: u64,
@@ -168,9 +168,9 @@ pub(crate) enum Attempt<F: SuperOperations> {
 /// models: one look (with a yield), so they explore both a wait that ends in the spin and
 /// one that registers.
 #[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
-pub(crate) const NEW_SPINS: u32 = 256;
+const NEW_SPINS: u32 = 256;
 #[cfg(any(vfscale_loom, vfscale_shuttle))]
-pub(crate) const NEW_SPINS: u32 = 1;
+const NEW_SPINS: u32 = 1;
 
 /// The optimistic spin of a lookup that found `r` `I_NEW` (it holds a reference): looks at
 /// `i_state` without a lock until `I_NEW` is clear, at most [`NEW_SPINS`] times. `true`:

@@ -29,8 +29,8 @@ pub(crate) enum InoMatch<F: SuperOperations> {
 }
 
 /// The walk of `iget_locked`/`ilookup` by inode number (`find_inode_fast`), without
-/// building the operation that only a wait or a miss needs (that machinery was most of a
-/// cached `stat`'s instructions): the first match decides; a hashed inode that is not
+/// building the operation that only a wait or a miss needs (it would cost more than the
+/// rest of a cached `stat`): the first match decides; a hashed inode that is not
 /// `I_CREATING` or being freed gets a reference under its `i_lock` (`__iget`), as
 /// [`find_inode`] gives it. The caller is pinned (lock-free walk) or holds the chain's
 /// lock; with [`Lookup::Locked`] the lock-free walk is not used (a miss would take the
@@ -47,7 +47,7 @@ pub(crate) enum InoMatch<F: SuperOperations> {
 /// [`InoMatch::Busy`]), so the lookup is the same as one that started later; the inode
 /// stays valid while pinned, and the walk compared `i_sb` with `sb` before the spin uses
 /// `sb`. Never under the chain lock (`ChainHold::Locked`): the spin would hold it.
-pub(crate) fn match_ino_on_chain<F: SuperOperations>(
+fn match_ino_on_chain<F: SuperOperations>(
     sb: &SbInner<F>,
     b: &ChainHead<F>,
     ino: u64,
@@ -83,7 +83,7 @@ pub(crate) fn match_ino_on_chain<F: SuperOperations>(
 
 /// How [`match_ino_on_chain`]'s caller holds the chain.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ChainHold {
+enum ChainHold {
     /// Pinned, without the chain lock (lock-free lookup).
     Pinned,
     /// Under the chain lock.
@@ -165,12 +165,7 @@ pub(crate) fn iget_fast<F: SuperOperations>(sb: &SbInner<F>, ino: u64) -> IgetFa
 
 /// Whether chain `b` holds an inode of `sb` with this hash value and `i_ino`, in any
 /// state. The caller holds the chain's lock.
-pub(crate) fn chain_has<F: SuperOperations>(
-    sb: &SbInner<F>,
-    b: &ChainHead<F>,
-    hashval: u64,
-    ino: u64,
-) -> bool {
+fn chain_has<F: SuperOperations>(sb: &SbInner<F>, b: &ChainHead<F>, hashval: u64, ino: u64) -> bool {
     debug_assert!(sb.cache.hash_locked(b));
     let mut p = b.first(Ordering::Acquire);
     while let Some(n) = NonNull::new(p) {

@@ -43,7 +43,7 @@ impl<F: SuperOperations> LruShard<F> {
     /// `list_add_tail` (newest at the tail). The caller holds this shard's lock (it has
     /// `&mut self` through the guard) and the inode is on no LRU (`ON_LRU` clear, under
     /// `i_lock`).
-    pub(crate) fn add_tail(&mut self, inode: &Inode<F>) {
+    fn add_tail(&mut self, inode: &Inode<F>) {
         let me = NonNull::from(inode);
         inode.set_lru_shard(self.shard);
         debug_assert!(inode.lru_prev.load(Ordering::Relaxed).is_null());
@@ -91,7 +91,7 @@ impl<F: SuperOperations> LruShard<F> {
     }
 
     /// `list_move_tail` (`LRU_ROTATE`).
-    pub(crate) fn rotate(&mut self, inode: &Inode<F>) {
+    fn rotate(&mut self, inode: &Inode<F>) {
         self.del(inode);
         self.add_tail(inode);
     }
@@ -105,8 +105,8 @@ impl<F: SuperOperations> LruShard<F> {
 
 /// One LRU shard and its length on the same lines: the length is written under the
 /// shard's lock on every add and delete and read without it (the shrinker's `count`), so
-/// a line of its own was one more line per LRU operation (a transfer between CPUs when
-/// an eviction takes an inode off another CPU's shard).
+/// a line of its own would be one more line per LRU operation (a transfer between CPUs
+/// when an eviction takes an inode off another CPU's shard).
 pub(crate) struct LruSlot<F: SuperOperations> {
     pub(crate) list: ShardMutex<LruShard<F>>,
     /// `list`'s `len`, for readers that do not take the lock.
@@ -296,8 +296,8 @@ mod tests {
     use super::scan_share;
 
     /// A scan's split over shards never overflows: with `nr_to_scan` = usize::MAX or
-    /// 2^63 every shard's share covers its whole length (a wrapped product once gave a
-    /// shard of 2 inodes a share of 0 at 2^63, and a debug build panicked). A share above
+    /// 2^63 every shard's share covers its whole length (a wrapped product would give a
+    /// shard of 2 inodes a share of 0 at 2^63, and panic in a debug build). A share above
     /// a shard's length is harmless: the walk ends with the list.
     #[test]
     fn scan_shares_of_huge_counts_cover_each_shard() {

@@ -1,15 +1,15 @@
 //! A lock-free list of batches of retired memory (a Treiber stack that is only ever
-//! emptied whole, so it has no ABA problem): the orphan list of `epoch.rs`, holding the
-//! stamped batches of threads that exited (or that queued more than they keep) before
-//! their grace period ended, for whichever thread reclaims next. The loom model below
-//! checks it.
+//! emptied whole, so it has no ABA problem): the orphan list of `deferred_free.rs`,
+//! holding the stamped batches of threads that exited (or that queued more than they
+//! keep) before their grace period ended, for whichever thread reclaims next. The loom
+//! model below checks it.
 
 // Under the models only the loom test uses it (the epoch there is a model of its own).
 #![cfg_attr(any(vfscale_loom, vfscale_shuttle), allow(dead_code))]
 
 use crate::sync::{AtomicPtr, Ordering};
 
-/// One entry of a [`OrphanList`] list.
+/// One entry of an [`OrphanList`].
 pub(crate) struct Link<T> {
     next: *mut Link<T>,
     /// The batch.

@@ -18,15 +18,15 @@ use crate::SuperOperations;
 /// "Batched removal"). A flush takes a remote shard's lock line to this CPU once per
 /// this many evictions instead of once (or, with the LRU, twice) per eviction: at 32 the
 /// two line transfers of an eviction whose inode another CPU listed cost about 1/16 of
-/// what they did, while a flush holds a shard lock for at most 32 unlinks (a few
+/// taking the locks per eviction, while a flush holds a shard lock for at most 32 unlinks (a few
 /// microseconds of a waiter's spin), the outbox's 256 bytes of pointers stay in L1, and
 /// each thread holds back at most 32 evicted inodes' memory per superblock. Under the
 /// models: 2 (a second remote eviction, or [`SuperBlock::flush_evictions`], flushes; one
 /// stays parked, so umount's drain and a prune meeting a parked inode are explored).
 #[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
-pub(crate) const OUTBOX_CAPACITY: usize = 32;
+const OUTBOX_CAPACITY: usize = 32;
 #[cfg(any(vfscale_loom, vfscale_shuttle))]
-pub(crate) const OUTBOX_CAPACITY: usize = 2;
+const OUTBOX_CAPACITY: usize = 2;
 
 /// A counter slot's evicted inodes whose list removal waits (at most [`OUTBOX_CAPACITY`]): each is
 /// `I_FREEING | I_CLEAR | PARKED`, unhashed, through `->evict_inode` and `->destroy_inode`,
@@ -81,7 +81,7 @@ pub(crate) fn park<F: SuperOperations>(sb: &SbInner<F>, inode: &Inode<F>, c: &Cp
 
 /// [`park`] without its reclaim: parks (or, unmounted, frees) the inode, flushing a full
 /// outbox, and frees nothing itself.
-pub(crate) fn park_quiet<F: SuperOperations>(sb: &SbInner<F>, inode: &Inode<F>, c: &CpuCounters<'_>) {
+fn park_quiet<F: SuperOperations>(sb: &SbInner<F>, inode: &Inode<F>, c: &CpuCounters<'_>) {
     // Pinned across the flush, and dropped after the outbox guard (declared first): the
     // flush frees inodes and may end the superblock's live count. Quiet: nothing is
     // freed while an inode is half parked or half flushed.
@@ -109,11 +109,7 @@ pub(crate) fn park_quiet<F: SuperOperations>(sb: &SbInner<F>, inode: &Inode<F>, 
 /// met it `I_FREEING`) is left alone there; `nr_unused` is not touched (it was counted
 /// out at the park). Lock order: (the caller's outbox lock →) superblock list shard;
 /// then LRU shard → `i_lock`.
-pub(crate) fn unlist_parked<F: SuperOperations>(
-    sb: &SbInner<F>,
-    items: &mut [InodePtr<F>],
-    c: &CpuCounters<'_>,
-) {
+fn unlist_parked<F: SuperOperations>(sb: &SbInner<F>, items: &mut [InodePtr<F>], c: &CpuCounters<'_>) {
     // SAFETY (every `get` below): a parked inode is alive until `free_inode`, which runs
     // after this, and it is ours (its evictor's, or a drain's under the outbox lock).
     let get = |p: &InodePtr<F>| unsafe { p.get() };

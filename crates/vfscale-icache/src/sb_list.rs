@@ -13,8 +13,8 @@ use crate::{SbList, SuperOperations};
 /// One shard of a superblock's inode list (`s_inodes`): a slot per inode, which the inode
 /// knows (`sb_index`). A removed inode's slot joins a free list threaded through the empty
 /// slots (bit 0 set: inode addresses are at least 8-aligned), and an add takes the most
-/// recently freed slot; so a removal writes only its own slot (a `swap_remove` also wrote
-/// the moved inode's index: one more cache miss, under a lock that another CPU's
+/// recently freed slot; so a removal writes only its own slot (a `swap_remove` would also
+/// write the moved inode's index: one more cache miss, under a lock that another CPU's
 /// evictions of the inodes this CPU allocated take too). An inode's slot is written only
 /// under the shard's lock.
 pub(crate) struct SbListSlots<F: SuperOperations> {
@@ -27,7 +27,7 @@ pub(crate) struct SbListSlots<F: SuperOperations> {
 }
 
 /// The end of an [`SbListSlots`] free list.
-pub(crate) const SB_SLOT_NONE: usize = usize::MAX >> 1;
+const SB_SLOT_NONE: usize = usize::MAX >> 1;
 
 impl<F: SuperOperations> SbListSlots<F> {
     pub(crate) fn new() -> Self {
@@ -67,9 +67,9 @@ impl<F: SuperOperations> SbListSlots<F> {
         self.len -= 1;
         if self.len == 0 {
             // Empty: forget the free list. The memory stays (the shrinker gives a large
-            // one back, `shrink_if_empty`): freeing a large block inside an eviction made
+            // one back, `shrink_if_empty`): freeing a large block inside an eviction makes
             // glibc consolidate every fastbin chunk of the process there (a mass unlink's
-            // last eviction paid for all the frees before it).
+            // last eviction would pay for all the frees before it).
             self.slots.clear();
             self.free = SB_SLOT_NONE;
         }
@@ -84,7 +84,7 @@ impl<F: SuperOperations> SbListSlots<F> {
     }
 
     /// The inodes in slots `start..`, with their slots. The caller holds the shard's lock.
-    pub(crate) fn iter_from(&self, start: usize) -> impl Iterator<Item = (usize, InodePtr<F>)> + '_ {
+    fn iter_from(&self, start: usize) -> impl Iterator<Item = (usize, InodePtr<F>)> + '_ {
         self.slots
             .iter()
             .enumerate()
@@ -109,7 +109,7 @@ impl<F: SuperOperations> SbListSlots<F> {
 /// slot, as Linux's `evict_inodes` drops `s_inode_list_lock` when it must reschedule.
 /// Slots do not move while an inode is on the list, so a resumed walk visits every inode
 /// that stayed; an inode added meanwhile may or may not be visited (as at any time).
-pub(crate) const SB_WALK_BATCH: usize = 128;
+const SB_WALK_BATCH: usize = 128;
 
 /// One shard of a superblock's inode list and its lock (`s_inode_list_lock`).
 pub(crate) type SbListShard<F> = ShardMutex<SbListSlots<F>>;
@@ -152,7 +152,7 @@ pub(crate) fn sb_walk<F: SuperOperations, T>(
 }
 
 impl<F: SuperOperations> SbInner<F> {
-    pub(crate) fn list_lock(&self, shard: usize) -> ShardGuard<'_, SbListSlots<F>> {
+    fn list_lock(&self, shard: usize) -> ShardGuard<'_, SbListSlots<F>> {
         self.list_lock_with(&self.cache.counters(), shard)
     }
 

@@ -129,9 +129,8 @@ pub(crate) fn sb_inode_gone<F: SuperOperations>(sb: &SbInner<F>, pin: &Guard, c:
     // load reads `detached` false it precedes the store, so the sum after it reads the
     // decrement), and on x86 the locked decrement is a full barrier already, so normal
     // builds leave the fence out (an `mfence` per eviction). loom models SeqCst accesses
-    // as AcqRel (with per-thread shards, `sb_freed_after_last_inode` then found the
-    // superblock never freed): under the models the fence is there, and loom checks it
-    // exactly.
+    // as AcqRel (without the fence, `sb_freed_after_last_inode` finds the superblock
+    // never freed): under the models the fence is there, and loom checks it exactly.
     sb.live_slot_of(c).0.fetch_sub(1, Ordering::SeqCst);
     #[cfg(any(vfscale_loom, vfscale_shuttle))]
     fence(Ordering::SeqCst);
@@ -141,7 +140,7 @@ pub(crate) fn sb_inode_gone<F: SuperOperations>(sb: &SbInner<F>, pin: &Guard, c:
 }
 
 /// Frees a detached superblock when no inode of it is live, a grace period later.
-pub(crate) fn sb_try_free<F: SuperOperations>(sb: &SbInner<F>, pin: &Guard) {
+fn sb_try_free<F: SuperOperations>(sb: &SbInner<F>, pin: &Guard) {
     // No inode is allocated once `detached` is set (allocating takes a handle, and every
     // handle's drop happens before the last one's), so every increment is visible here and
     // the sum can only overstate what is live: 0 means none.
