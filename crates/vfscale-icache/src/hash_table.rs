@@ -169,6 +169,30 @@ pub(crate) fn hash_link<F: SuperOperations>(cache: &CacheInner<F>, b: &ChainHead
     inode.set_bits(HASHED | WAS_HASHED);
 }
 
+/// `insert_inode_locked`'s insert: hashes `inode` `I_NEW | I_CREATING` on chain `b`, whose
+/// lock (`h`) the caller holds; drops that lock after.
+///
+/// # Panics
+/// If the inode was hashed before (after dropping the locks).
+pub(crate) fn hash_inserted<F: SuperOperations>(
+    cache: &CacheInner<F>,
+    b: &ChainHead<F>,
+    h: HashGuard<'_, F>,
+    inode: &Inode<F>,
+) {
+    {
+        let _g = inode.lock();
+        if inode.state.load(Ordering::Relaxed) & WAS_HASHED != 0 {
+            drop(_g);
+            drop(h);
+            panic!("insert_inode_locked: {} was hashed before", inode.name());
+        }
+        inode.set_bits(I_NEW | I_CREATING);
+        hash_link(cache, b, inode);
+    }
+    drop(h);
+}
+
 /// `remove_inode_hash`.
 pub(crate) fn remove_inode_hash<F: SuperOperations>(inode: &Inode<F>) {
     let cache = &*inode.sb().cache;

@@ -155,8 +155,8 @@ impl<F: SuperOperations, T: FromOutcome<F>> InodeWait<F, T> {
     ) -> Started<T, F> {
         let stage = match a {
             Attempt::Done(o) => return Started::Done(T::from_outcome(o)),
-            Attempt::Freeing(addr) => WaitingFor::Eviction(addr),
-            Attempt::New(r) => WaitingFor::Load(r),
+            Attempt::WaitEviction(addr) => WaitingFor::Eviction(addr),
+            Attempt::WaitLoad(r) => WaitingFor::Load(r),
         };
         Started::Wait(InodeWait {
             sb: sb.clone(),
@@ -242,11 +242,11 @@ impl<F: SuperOperations, T: FromOutcome<F>> InodeWait<F, T> {
         };
         match a {
             Attempt::Done(o) => Some(T::from_outcome(o)),
-            Attempt::Freeing(addr) => {
+            Attempt::WaitEviction(addr) => {
                 self.stage = WaitingFor::Eviction(addr);
                 None
             }
-            Attempt::New(r) => {
+            Attempt::WaitLoad(r) => {
                 self.stage = WaitingFor::Load(r);
                 None
             }
@@ -254,6 +254,15 @@ impl<F: SuperOperations, T: FromOutcome<F>> InodeWait<F, T> {
     }
 
     fn abandon(&mut self, e: WaitError) -> WaitError {
+        self.cancel();
+        e
+    }
+}
+
+impl<F: SuperOperations, T> InodeWait<F, T> {
+    /// Ends the wait: takes its entry out of the wait table and puts the reference it
+    /// holds, if any.
+    fn cancel(&mut self) {
         match std::mem::replace(&mut self.stage, WaitingFor::Nothing) {
             WaitingFor::Eviction(addr) => self.sb.cache.waits.cancel(addr, &self.waiter),
             WaitingFor::Load(r) => {
@@ -262,20 +271,12 @@ impl<F: SuperOperations, T: FromOutcome<F>> InodeWait<F, T> {
             }
             WaitingFor::Nothing => {}
         }
-        e
     }
 }
 
 impl<F: SuperOperations, T> Drop for InodeWait<F, T> {
     fn drop(&mut self) {
-        match std::mem::replace(&mut self.stage, WaitingFor::Nothing) {
-            WaitingFor::Eviction(addr) => self.sb.cache.waits.cancel(addr, &self.waiter),
-            WaitingFor::Load(r) => {
-                self.sb.cache.waits.cancel(r.addr(), &self.waiter);
-                drop(r);
-            }
-            WaitingFor::Nothing => {}
-        }
+        self.cancel();
     }
 }
 

@@ -6,8 +6,9 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::counters::Counter;
-use crate::hash_table::{hash_link, ChainHead};
+use crate::cache::CacheInner;
+use crate::counters::{Counter, CpuCounters};
+use crate::hash_table::{hash_inserted, hash_link, ChainHead, HashGuard};
 use crate::inode::*;
 use crate::inode_alloc::{alloc_inode, destroy_unpublished};
 use crate::sb_list::inode_sb_list_add;
@@ -18,10 +19,13 @@ use crate::{Lookup, SuperOperations};
 
 /// `test` of `iget5_locked`/`ilookup5`; `Ino` compares `i_ino` with the hash value.
 pub(crate) enum InodeTest<F: SuperOperations> {
+    /// `i_ino` equals the hash value (`iget_locked`, `ilookup`, `insert_inode_locked`).
     Ino,
+    /// The caller's `test`.
     Custom(InodeTestFn<F>),
 }
 
+/// The caller's `test` of an inode.
 pub(crate) type InodeTestFn<F> = Arc<dyn Fn(&Inode<F>) -> bool + Send + Sync>;
 
 impl<F: SuperOperations> Clone for InodeTest<F> {
@@ -59,7 +63,9 @@ impl<F: SuperOperations> Clone for NewInodeFrom<F> {
     }
 }
 
+/// What [`find_inode`] found.
 enum FindInode<F: SuperOperations> {
+    /// No inode matches.
     Absent,
     /// `I_CREATING`: `-ESTALE`.
     Creating,
@@ -126,15 +132,16 @@ fn find_inode<F: SuperOperations>(
 
 /// What a lookup operation is, kept by a waiting one to try again.
 pub(crate) enum LookupOp<F: SuperOperations> {
+    /// `iget_locked`, `iget5_locked`.
     Iget {
         hashval: u64,
         test: InodeTest<F>,
         make: NewInodeFrom<F>,
     },
-    Lookup {
-        hashval: u64,
-        test: InodeTest<F>,
-    },
+    /// `ilookup`, `ilookup5`.
+    Lookup { hashval: u64, test: InodeTest<F> },
+    /// `insert_inode_locked`, `insert_inode_locked4` (the inode until it is hashed or
+    /// given back).
     Insert {
         inode: Option<InodeRef<F>>,
         test: InodeTest<F>,
@@ -152,10 +159,15 @@ pub enum Outcome<F: SuperOperations> {
     Insert(Result<NewInode<F>, InsertBusy<F>>),
 }
 
+/// What one attempt of a lookup operation ended with: its result, or the wait it
+/// registered for (an [`InodeWait`](crate::InodeWait) then tries again when woken).
 pub(crate) enum Attempt<F: SuperOperations> {
+    /// The result.
     Done(Outcome<F>),
-    Freeing(usize),
-    New(InodeRef<F>),
+    /// Registered to wait for the eviction of the inode at this address.
+    WaitEviction(usize),
+    /// Registered to wait for the load of this `I_NEW` inode (a reference held).
+    WaitLoad(InodeRef<F>),
 }
 
 /// How many times a lookup that found an `I_NEW` inode looks at its state again before it
@@ -245,7 +257,7 @@ pub(crate) fn settle_found<F: SuperOperations>(
             sb.cache.waits.register(r.addr(), w);
             drop(_g);
             sb.cache.counters().add(Counter::NewWaitsSlept, 1);
-            return Attempt::New(r);
+            return Attempt::WaitLoad(r);
         }
     }
     if !r.is_hashed() {
@@ -264,6 +276,52 @@ pub(crate) fn settle_found<F: SuperOperations>(
     })
 }
 
+/// A lookup's first [`find_inode`]: pinned (lock-free) or under the hash lock, as
+/// [`Lookup`] says.
+fn find_inode_pinned_or_locked<F: SuperOperations>(
+    sb: &SbInner<F>,
+    b: &ChainHead<F>,
+    hashval: u64,
+    test: &InodeTest<F>,
+    waiter: &mut Option<Arc<Waiter>>,
+) -> FindInode<F> {
+    let cache = &*sb.cache;
+    match cache.settings.lookup {
+        Lookup::Lockless => {
+            let _p = cache.domain.pin();
+            find_inode(sb, b, hashval, test, waiter, false)
+        }
+        Lookup::Locked => {
+            let _h = cache.hash_lock(b);
+            find_inode(sb, b, hashval, test, waiter, false)
+        }
+    }
+}
+
+/// `iget_locked`'s miss: hashes `new` (just allocated, not yet published) `I_NEW` on
+/// chain `b`, whose lock (`h`) the caller holds, adds it to this CPU's superblock list
+/// shard, then drops the chain lock. The caller loads it.
+#[inline]
+pub(crate) fn hash_new<F: SuperOperations>(
+    cache: &CacheInner<F>,
+    b: &ChainHead<F>,
+    h: HashGuard<'_, F>,
+    new: NonNull<Inode<F>>,
+    c: &CpuCounters<'_>,
+) -> NewInode<F> {
+    // SAFETY: just allocated; published below under the chain lock.
+    let inode = unsafe { new.as_ref() };
+    {
+        let _g = inode.lock();
+        inode.set_bits(I_NEW);
+        hash_link(cache, b, inode);
+    }
+    inode_sb_list_add(inode, c);
+    drop(h);
+    c.add(Counter::Loads, 1);
+    NewInode::new(InodeRef { ptr: new })
+}
+
 /// Runs an operation from the start.
 pub(crate) fn run<F: SuperOperations>(
     sb: &SbInner<F>,
@@ -275,19 +333,9 @@ pub(crate) fn run<F: SuperOperations>(
         LookupOp::Iget { hashval, test, make } => {
             let (hashval, test, make) = (*hashval, test.clone(), make.clone());
             let b = cache.chain(sb, hashval);
-            let first = match cache.settings.lookup {
-                Lookup::Lockless => {
-                    let _p = cache.domain.pin();
-                    find_inode(sb, b, hashval, &test, waiter, false)
-                }
-                Lookup::Locked => {
-                    let _h = cache.hash_lock(b);
-                    find_inode(sb, b, hashval, &test, waiter, false)
-                }
-            };
-            match first {
+            match find_inode_pinned_or_locked(sb, b, hashval, &test, waiter) {
                 FindInode::Creating => return Attempt::Done(Outcome::Iget(None)),
-                FindInode::Freeing(a) => return Attempt::Freeing(a),
+                FindInode::Freeing(a) => return Attempt::WaitEviction(a),
                 FindInode::Found(r, new) => return settle_found(sb, op, r, FoundAs::with_i_new(new), waiter),
                 FindInode::Absent => {}
             }
@@ -301,19 +349,7 @@ pub(crate) fn run<F: SuperOperations>(
             // We released the lock, so..
             match find_inode(sb, b, hashval, &test, waiter, false) {
                 FindInode::Absent => {
-                    // SAFETY: just allocated; published below under the chain lock.
-                    let inode = unsafe { new.as_ref() };
-                    {
-                        let _g = inode.lock();
-                        inode.set_bits(I_NEW);
-                        hash_link(cache, b, inode);
-                    }
-                    inode_sb_list_add(inode, &c);
-                    drop(h);
-                    c.add(Counter::Loads, 1);
-                    Attempt::Done(Outcome::Iget(Some(Iget::New(NewInode::new(InodeRef {
-                        ptr: new,
-                    })))))
+                    Attempt::Done(Outcome::Iget(Some(Iget::New(hash_new(cache, b, h, new, &c)))))
                 }
                 other => {
                     // Somebody else created it under us: use theirs.
@@ -321,7 +357,7 @@ pub(crate) fn run<F: SuperOperations>(
                     destroy_unpublished(new);
                     match other {
                         FindInode::Creating => Attempt::Done(Outcome::Iget(None)),
-                        FindInode::Freeing(a) => Attempt::Freeing(a),
+                        FindInode::Freeing(a) => Attempt::WaitEviction(a),
                         FindInode::Found(r, new) => settle_found(sb, op, r, FoundAs::with_i_new(new), waiter),
                         FindInode::Absent => unreachable!(),
                     }
@@ -331,19 +367,9 @@ pub(crate) fn run<F: SuperOperations>(
         LookupOp::Lookup { hashval, test } => {
             let (hashval, test) = (*hashval, test.clone());
             let b = cache.chain(sb, hashval);
-            let f = match cache.settings.lookup {
-                Lookup::Lockless => {
-                    let _p = cache.domain.pin();
-                    find_inode(sb, b, hashval, &test, waiter, false)
-                }
-                Lookup::Locked => {
-                    let _h = cache.hash_lock(b);
-                    find_inode(sb, b, hashval, &test, waiter, false)
-                }
-            };
-            match f {
+            match find_inode_pinned_or_locked(sb, b, hashval, &test, waiter) {
                 FindInode::Absent | FindInode::Creating => Attempt::Done(Outcome::Lookup(None)),
-                FindInode::Freeing(a) => Attempt::Freeing(a),
+                FindInode::Freeing(a) => Attempt::WaitEviction(a),
                 FindInode::Found(r, new) => settle_found(sb, op, r, FoundAs::with_i_new(new), waiter),
             }
         }
@@ -374,18 +400,7 @@ pub(crate) fn run<F: SuperOperations>(
             };
             match old {
                 None => {
-                    {
-                        let _g = me.lock();
-                        let s = me.state.load(Ordering::Relaxed);
-                        if s & WAS_HASHED != 0 {
-                            drop(_g);
-                            drop(h);
-                            panic!("insert_inode_locked: {} was hashed before", me.name());
-                        }
-                        me.set_bits(I_NEW | I_CREATING);
-                        hash_link(cache, b, me);
-                    }
-                    drop(h);
+                    hash_inserted(cache, b, h, me);
                     cache.counters().add(Counter::Loads, 1);
                     let r = inode.take().expect("held");
                     Attempt::Done(Outcome::Insert(Ok(NewInode::new(r))))

@@ -6,11 +6,10 @@
 use std::ptr::NonNull;
 
 use crate::counters::Counter;
-use crate::hash_table::{hash_link, ChainHead};
+use crate::hash_table::{hash_inserted, ChainHead};
 use crate::inode::*;
 use crate::inode_alloc::{alloc_inode, destroy_unpublished};
-use crate::lookup::spin_while_new;
-use crate::sb_list::inode_sb_list_add;
+use crate::lookup::{hash_new, spin_while_new};
 use crate::superblock::SbInner;
 use crate::sync::Ordering;
 use crate::{Lookup, SuperOperations};
@@ -150,17 +149,7 @@ pub(crate) fn iget_fast<F: SuperOperations>(sb: &SbInner<F>, ino: u64) -> IgetFa
             _ => IgetFastPath::FullPath,
         };
     }
-    // SAFETY: just allocated; published below under the chain lock.
-    let inode = unsafe { new.as_ref() };
-    {
-        let _g = inode.lock();
-        inode.set_bits(I_NEW);
-        hash_link(cache, b, inode);
-    }
-    inode_sb_list_add(inode, &c);
-    drop(h);
-    c.add(Counter::Loads, 1);
-    IgetFastPath::Done(Iget::New(NewInode::new(InodeRef { ptr: new })))
+    IgetFastPath::Done(Iget::New(hash_new(cache, b, h, new, &c)))
 }
 
 /// Whether chain `b` holds an inode of `sb` with this hash value and `i_ino`, in any
@@ -200,17 +189,7 @@ pub(crate) fn insert_fast<F: SuperOperations>(
         drop(h);
         return Err(inode);
     }
-    {
-        let _g = inode.lock();
-        if inode.state.load(Ordering::Relaxed) & WAS_HASHED != 0 {
-            drop(_g);
-            drop(h);
-            panic!("insert_inode_locked: {} was hashed before", inode.name());
-        }
-        inode.set_bits(I_NEW | I_CREATING);
-        hash_link(cache, b, &inode);
-    }
-    drop(h);
+    hash_inserted(cache, b, h, &inode);
     c.add(Counter::Loads, 1);
     Ok(NewInode::new(inode))
 }

@@ -62,23 +62,24 @@ impl Waiter {
         self.ready.store(true, std::sync::atomic::Ordering::Release);
     }
 
+    /// Ends the wait: the state it waited for changed.
     pub(crate) fn wake(&self) {
-        let w = {
-            let mut s = self.st.lock();
-            s.woken = true;
-            self.set_ready();
-            s.waker.take()
-        };
-        self.cv.notify_all();
-        if let Some(w) = w {
-            w.wake();
-        }
+        self.notify(false);
     }
 
+    /// Ends the wait with [`WaitOutcome::Interrupted`].
     pub(crate) fn interrupt(&self) {
+        self.notify(true);
+    }
+
+    fn notify(&self, interrupt: bool) {
         let w = {
             let mut s = self.st.lock();
-            s.interrupted = true;
+            if interrupt {
+                s.interrupted = true;
+            } else {
+                s.woken = true;
+            }
             self.set_ready();
             s.waker.take()
         };
