@@ -1,12 +1,7 @@
-//! Waiting on an inode: the `__I_NEW` bit waitqueue of `fs/inode.c`.
-//!
-//! Linux sleeps on a hashed table of wait queues keyed by the inode's address
-//! (`inode_bit_waitqueue`), so an inode carries no wait queue of its own. So does this:
-//! a waiter registers `(inode address, waiter)` in one of [`WAIT_BUCKETS`] buckets while it
-//! holds the inode's `i_lock` and sets the inode's `WAITERS` bit; whoever changes the state
-//! (clears `I_NEW`, or unhashes an inode being freed) clears that bit under `i_lock` and,
-//! after dropping it, wakes every waiter registered for the address. A waiter that waits
-//! for an eviction holds no reference and never touches the inode again: it only rescans.
+//! One waiting task and how its wait ends: the [`Waiter`] a lookup blocks on (a thread on a
+//! condition variable, or a future's waker), the [`WaitOutcome`] it reports, and the
+//! public [`Interrupter`] that ends it from anywhere. Nothing else lives here: the rest
+//! of the crate uses the three through this module only.
 
 use std::sync::Arc;
 use std::task::Waker;
@@ -14,19 +9,19 @@ use std::time::Instant;
 
 use crate::sync::{Condvar, Mutex};
 
-/// Buckets of the wait table (a power of two).
-pub(crate) const WAIT_BUCKETS: usize = 64;
-
 /// How a wait ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum WaitOutcome {
+    /// The state it waited for changed ([`Waiter::wake`]).
     Woken,
+    /// An [`Interrupter`] ended it.
     Interrupted,
+    /// Its deadline passed.
     TimedOut,
 }
 
 #[derive(Debug, Default)]
-struct WState {
+struct WaiterState {
     woken: bool,
     interrupted: bool,
     waker: Option<Waker>,
@@ -35,7 +30,7 @@ struct WState {
 /// One waiting task: a thread blocked on the condition variable, or a future's waker.
 #[derive(Debug, Default)]
 pub(crate) struct Waiter {
-    st: Mutex<WState>,
+    st: Mutex<WaiterState>,
     cv: Condvar,
     /// A mirror of `woken || interrupted`, set before the condition variable is
     /// notified: a blocking waiter spins on it briefly before it sleeps.
@@ -67,23 +62,24 @@ impl Waiter {
         self.ready.store(true, std::sync::atomic::Ordering::Release);
     }
 
+    /// Ends the wait: the state it waited for changed.
     pub(crate) fn wake(&self) {
-        let w = {
-            let mut s = self.st.lock();
-            s.woken = true;
-            self.set_ready();
-            s.waker.take()
-        };
-        self.cv.notify_all();
-        if let Some(w) = w {
-            w.wake();
-        }
+        self.notify(false);
     }
 
+    /// Ends the wait with [`WaitOutcome::Interrupted`].
     pub(crate) fn interrupt(&self) {
+        self.notify(true);
+    }
+
+    fn notify(&self, interrupt: bool) {
         let w = {
             let mut s = self.st.lock();
-            s.interrupted = true;
+            if interrupt {
+                s.interrupted = true;
+            } else {
+                s.woken = true;
+            }
             self.set_ready();
             s.waker.take()
         };
@@ -140,61 +136,24 @@ impl Waiter {
     }
 }
 
-type Entry = (usize, Arc<Waiter>);
-
-/// The hashed wait queues (`bit_wait_table`).
-pub(crate) struct WaitTable {
-    buckets: Box<[Mutex<Vec<Entry>>]>,
+/// Ends an [`InodeWait`](crate::InodeWait) with
+/// [`WaitError::Interrupted`](crate::WaitError::Interrupted) from anywhere (the role of a
+/// fatal signal).
+#[derive(Clone, Debug)]
+pub struct Interrupter {
+    waiter: Arc<Waiter>,
 }
 
-impl std::fmt::Debug for WaitTable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("WaitTable")
-    }
-}
-
-impl WaitTable {
-    pub(crate) fn new() -> Self {
-        WaitTable {
-            buckets: (0..WAIT_BUCKETS).map(|_| Mutex::new(Vec::new())).collect(),
+impl Interrupter {
+    /// A handle that interrupts `waiter`'s wait.
+    pub(crate) fn new(waiter: &Arc<Waiter>) -> Self {
+        Interrupter {
+            waiter: waiter.clone(),
         }
     }
 
-    fn bucket(&self, addr: usize) -> &Mutex<Vec<Entry>> {
-        let h = (addr >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58;
-        &self.buckets[h & (WAIT_BUCKETS - 1)]
-    }
-
-    /// Registers `w` for the inode at `addr`. The caller holds that inode's `i_lock` and
-    /// sets its `WAITERS` bit, so the waker (which reads the bit under `i_lock`) cannot
-    /// miss this entry.
-    pub(crate) fn register(&self, addr: usize, w: &Arc<Waiter>) {
-        self.bucket(addr).lock().push((addr, w.clone()));
-    }
-
-    /// Removes `w`'s entry for `addr`, if it is still there (an abandoned wait).
-    pub(crate) fn cancel(&self, addr: usize, w: &Arc<Waiter>) {
-        self.bucket(addr)
-            .lock()
-            .retain(|(a, x)| !(*a == addr && Arc::ptr_eq(x, w)));
-    }
-
-    /// Wakes every waiter registered for `addr`, after dropping the bucket lock.
-    pub(crate) fn wake_all(&self, addr: usize) {
-        let mut woken = Vec::new();
-        {
-            let mut b = self.bucket(addr).lock();
-            let mut i = 0;
-            while i < b.len() {
-                if b[i].0 == addr {
-                    woken.push(b.swap_remove(i).1);
-                } else {
-                    i += 1;
-                }
-            }
-        }
-        for w in woken {
-            w.wake();
-        }
+    /// Interrupts the wait (no effect once it finished).
+    pub fn interrupt(&self) {
+        self.waiter.interrupt();
     }
 }
