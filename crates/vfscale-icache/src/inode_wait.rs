@@ -12,7 +12,7 @@ use std::time::Instant;
 use crate::inode::*;
 use crate::lookup::{run, settle_found, Attempt, FoundAs, LookupOp, Outcome};
 use crate::superblock::{InsertBusy, SbHandle};
-use crate::waiter::{Interrupter, WaitOutcome, Waiter};
+use crate::waiter::{self, Interrupter, WaitOutcome, WaiterRef};
 use crate::SuperOperations;
 
 /// Why a wait ended without a result.
@@ -131,7 +131,7 @@ pub struct InodeWait<F: SuperOperations, T> {
     sb: Arc<SbHandle<F>>,
     op: LookupOp<F>,
     stage: WaitingFor<F>,
-    waiter: Arc<Waiter>,
+    waiter: WaiterRef,
     _t: PhantomData<fn() -> T>,
 }
 
@@ -150,7 +150,7 @@ impl<F: SuperOperations, T: FromOutcome<F>> InodeWait<F, T> {
     pub(crate) fn from_attempt(
         sb: &Arc<SbHandle<F>>,
         op: LookupOp<F>,
-        waiter: Option<Arc<Waiter>>,
+        waiter: Option<WaiterRef>,
         a: Attempt<F>,
     ) -> Started<T, F> {
         let stage = match a {
@@ -193,7 +193,7 @@ impl<F: SuperOperations, T: FromOutcome<F>> InodeWait<F, T> {
 
     fn wait_deadline(&mut self, deadline: Option<Instant>) -> Result<T, WaitError> {
         loop {
-            match self.waiter.wait(deadline) {
+            match waiter::wait(&self.waiter, deadline) {
                 WaitOutcome::Woken => {
                     if let Some(t) = self.advance() {
                         return Ok(t);

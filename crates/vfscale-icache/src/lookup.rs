@@ -14,7 +14,7 @@ use crate::inode_alloc::{alloc_inode, destroy_unpublished};
 use crate::sb_list::inode_sb_list_add;
 use crate::superblock::{InsertBusy, SbInner};
 use crate::sync::Ordering;
-use crate::waiter::Waiter;
+use crate::waiter::{new_waiter, WaiterRef};
 use crate::{Lookup, SuperOperations};
 
 /// `test` of `iget5_locked`/`ilookup5`; `Ino` compares `i_ino` with the hash value.
@@ -83,7 +83,7 @@ fn find_inode<F: SuperOperations>(
     b: &ChainHead<F>,
     hashval: u64,
     test: &InodeTest<F>,
-    waiter: &mut Option<Arc<Waiter>>,
+    waiter: &mut Option<WaiterRef>,
     skip_freeing: bool,
 ) -> FindInode<F> {
     'repeat: loop {
@@ -111,11 +111,11 @@ fn find_inode<F: SuperOperations>(
                     // The waiter is made without `i_lock` held (no allocation under the
                     // spinlock); then look again.
                     drop(g);
-                    *waiter = Some(Waiter::new());
+                    *waiter = Some(new_waiter());
                     continue 'repeat;
                 }
                 // __wait_on_freeing_inode: sleep until evict() unhashes it.
-                let w = waiter.get_or_insert_with(Waiter::new);
+                let w = waiter.get_or_insert_with(new_waiter);
                 w.rearm();
                 inode.set_bits(WAITERS);
                 sb.cache.waits.register(inode.addr(), w);
@@ -237,7 +237,7 @@ pub(crate) fn settle_found<F: SuperOperations>(
     op: &mut LookupOp<F>,
     r: InodeRef<F>,
     seen: FoundAs,
-    waiter: &mut Option<Arc<Waiter>>,
+    waiter: &mut Option<WaiterRef>,
 ) -> Attempt<F> {
     // I_NEW is set only before an inode is published, so one found without it needs no
     // second look under `i_lock`. One found I_NEW is spun on first.
@@ -249,7 +249,7 @@ pub(crate) fn settle_found<F: SuperOperations>(
     if !settled {
         // The waiter is made before `i_lock` is taken, so that no allocation runs under
         // the spinlock; if the inode settled meanwhile it is kept for a later wait.
-        let w = waiter.get_or_insert_with(Waiter::new);
+        let w = waiter.get_or_insert_with(new_waiter);
         let _g = r.lock();
         if r.state.load(Ordering::Relaxed) & I_NEW != 0 {
             w.rearm();
@@ -283,7 +283,7 @@ fn find_inode_pinned_or_locked<F: SuperOperations>(
     b: &ChainHead<F>,
     hashval: u64,
     test: &InodeTest<F>,
-    waiter: &mut Option<Arc<Waiter>>,
+    waiter: &mut Option<WaiterRef>,
 ) -> FindInode<F> {
     let cache = &*sb.cache;
     match cache.settings.lookup {
@@ -326,7 +326,7 @@ pub(crate) fn hash_new<F: SuperOperations>(
 pub(crate) fn run<F: SuperOperations>(
     sb: &SbInner<F>,
     op: &mut LookupOp<F>,
-    waiter: &mut Option<Arc<Waiter>>,
+    waiter: &mut Option<WaiterRef>,
 ) -> Attempt<F> {
     let cache = &*sb.cache;
     match op {

@@ -8,15 +8,13 @@
 //! after dropping it, wakes every waiter registered for the address. A waiter that waits
 //! for an eviction holds no reference and never touches the inode again: it only rescans.
 
-use std::sync::Arc;
-
 use crate::sync::Mutex;
-use crate::waiter::Waiter;
+use crate::waiter::WaiterRef;
 
 /// Buckets of the wait table (a power of two).
 pub(crate) const WAIT_BUCKETS: usize = 64;
 
-type Entry = (usize, Arc<Waiter>);
+type Entry = (usize, WaiterRef);
 
 /// The hashed wait queues (`bit_wait_table`).
 pub(crate) struct WaitTable {
@@ -44,15 +42,15 @@ impl WaitTable {
     /// Registers `w` for the inode at `addr`. The caller holds that inode's `i_lock` and
     /// sets its `WAITERS` bit, so the waker (which reads the bit under `i_lock`) cannot
     /// miss this entry.
-    pub(crate) fn register(&self, addr: usize, w: &Arc<Waiter>) {
+    pub(crate) fn register(&self, addr: usize, w: &WaiterRef) {
         self.bucket(addr).lock().push((addr, w.clone()));
     }
 
     /// Removes `w`'s entry for `addr`, if it is still there (an abandoned wait).
-    pub(crate) fn cancel(&self, addr: usize, w: &Arc<Waiter>) {
+    pub(crate) fn cancel(&self, addr: usize, w: &WaiterRef) {
         self.bucket(addr)
             .lock()
-            .retain(|(a, x)| !(*a == addr && Arc::ptr_eq(x, w)));
+            .retain(|(a, x)| !(*a == addr && WaiterRef::ptr_eq(x, w)));
     }
 
     /// Wakes every waiter registered for `addr`, after dropping the bucket lock.
