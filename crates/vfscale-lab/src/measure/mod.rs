@@ -8,13 +8,14 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use vfscale_conformance::harness::Outcome;
+
 pub mod fd_kernel;
 pub mod fd_library;
-mod gate;
 pub mod inodes;
-pub mod kernel;
-pub mod library;
 pub mod lockmany;
+pub mod locks_kernel;
+pub mod locks_library;
 pub mod loop_dev;
 
 /// One repetition's measurements, by metric name.
@@ -392,6 +393,24 @@ impl fmt::Display for Skip {
     }
 }
 
+/// A harness error (its message says what failed and where) is a reason to skip.
+impl From<std::io::Error> for Skip {
+    fn from(e: std::io::Error) -> Skip {
+        Skip(e.to_string())
+    }
+}
+
+/// `ops_per_sec` of a timed thread team, over its measured interval.
+pub(crate) fn rate_sample<S, B>(out: &Outcome<S, B>) -> Result<Sample, Skip> {
+    let secs = out.interval.as_secs_f64();
+    if out.ops_in_interval == 0 || secs <= 0.0 {
+        return Err(Skip(format!("no operations in the measured interval ({secs} s)")));
+    }
+    let mut s = Sample::new();
+    s.insert("ops_per_sec".into(), out.ops_in_interval as f64 / secs);
+    Ok(s)
+}
+
 /// Whether `target` can run `workload` here: checked once per run, before measuring.
 pub fn available(workload: Workload, target: Target) -> Result<(), Skip> {
     if !workload.targets().contains(&target) {
@@ -410,7 +429,7 @@ pub fn available(workload: Workload, target: Target) -> Result<(), Skip> {
             _ => Ok(()),
         },
         _ => match target {
-            Target::Kernel => kernel::available(),
+            Target::Kernel => locks_kernel::available(),
             _ => Ok(()),
         },
     }
@@ -446,9 +465,9 @@ pub fn run_once(target: Target, cfg: &Config) -> Result<Sample, Skip> {
         };
     }
     match target {
-        Target::Kernel => kernel::run(cfg),
-        Target::Library => library::run(cfg, false),
-        Target::LibraryPrepatch => library::run(cfg, true),
+        Target::Kernel => locks_kernel::run(cfg),
+        Target::Library => locks_library::run(cfg, false),
+        Target::LibraryPrepatch => locks_library::run(cfg, true),
         t => Err(Skip(format!(
             "{} has no {} target",
             cfg.workload.name(),

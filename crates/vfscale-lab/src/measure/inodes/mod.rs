@@ -1,4 +1,5 @@
-//! W4 `inodes`: seed 002's experiment, after Dave Chinner's benchmark. Each of N tasks
+//! The `inodes` workload: the inode cache experiment, after the benchmark of Dave
+//! Chinner's 2023 "vfs: inode cache scalability improvements". Each of N tasks
 //! creates F files in its own directory, walks them (readdir + stat of each), chmods
 //! each, and unlinks each, every phase timed on its own; plus a cold walk before the
 //! unlink: the inode cache is dropped, then every task walks every task's directory in
@@ -74,6 +75,8 @@ mod fs;
 mod kernel;
 pub mod million;
 mod tables;
+
+use vfscale_conformance::harness::StartGate;
 
 use super::{Config, Sample, Skip, Target, SKIP_PREFIX};
 
@@ -252,43 +255,23 @@ impl Span {
     }
 }
 
-/// Where a phase starts: the tasks spin at it (yielding now and then, so that the driver
-/// gets a CPU) until the driver opens it, which it does once every task is spinning, so
-/// that every task is running when the phase starts. The tasks reach it from a futex
-/// barrier, which wakes its sleepers one after the other: on this 2-vCPU guest the second
-/// task of an in-memory phase of `vfscale run` (2–6 ms at 30,000 files) started up to a
-/// millisecond after the first, and the span ([`Span`]: first start to last end) of a
-/// 2-task walk or chmod was then as long as a 1-task one (2/1 read 1.0–1.2×).
-#[derive(Default)]
-pub(super) struct StartGate {
-    arrived: std::sync::atomic::AtomicUsize,
-    opened: std::sync::atomic::AtomicUsize,
+/// Where each phase starts, one gate per phase: the tasks spin at it
+/// ([`StartGate::arrive_and_spin`], yielding now and then, so that the driver gets a
+/// CPU) until the driver opens it ([`open_phase`]), which it does once every task is
+/// spinning, so that every task is running when the phase starts. The tasks reach it
+/// from a futex barrier, which wakes its sleepers one after the other: on this 2-vCPU
+/// guest the second task of an in-memory phase of `vfscale run` (2–6 ms at 30,000 files)
+/// started up to a millisecond after the first, and the span ([`Span`]: first start to
+/// last end) of a 2-task walk or chmod was then as long as a 1-task one (2/1 read
+/// 1.0–1.2×).
+pub(super) fn phase_gates() -> Vec<StartGate> {
+    PHASES.iter().map(|_| StartGate::new()).collect()
 }
 
-impl StartGate {
-    /// A task waits at phase `k` (0, 1, ... in order) until the driver opens it.
-    pub(super) fn wait(&self, k: usize) {
-        use std::sync::atomic::Ordering;
-        self.arrived.fetch_add(1, Ordering::AcqRel);
-        let mut spins = 0u32;
-        while self.opened.load(Ordering::Acquire) <= k {
-            spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(64) {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
-        }
-    }
-
-    /// The driver opens phase `k` once all `tasks` tasks wait at it.
-    pub(super) fn open(&self, k: usize, tasks: usize) {
-        use std::sync::atomic::Ordering;
-        while self.arrived.load(Ordering::Acquire) < tasks * (k + 1) {
-            std::thread::yield_now();
-        }
-        self.opened.store(k + 1, Ordering::Release);
-    }
+/// The driver opens a phase's gate once all `tasks` tasks spin at it.
+pub(super) fn open_phase(gate: &StartGate, tasks: usize) {
+    gate.yield_until_arrived(tasks);
+    gate.open();
 }
 
 /// The phases, in the order one run performs them (the cold walk needs the files, so it
@@ -558,14 +541,14 @@ mod tests {
     #[test]
     fn the_start_gate_holds_every_task_until_it_opens() {
         use std::sync::atomic::{AtomicUsize, Ordering};
-        let gate = StartGate::default();
+        let gates = phase_gates();
         let opened = AtomicUsize::new(0);
         let passed = AtomicUsize::new(0);
         std::thread::scope(|s| {
             for _ in 0..3 {
                 s.spawn(|| {
-                    for k in 0..4 {
-                        gate.wait(k);
+                    for (k, gate) in gates.iter().enumerate().take(4) {
+                        assert!(gate.arrive_and_spin());
                         assert!(
                             opened.load(Ordering::SeqCst) > k,
                             "passed phase {k} before it opened"
@@ -574,7 +557,7 @@ mod tests {
                     }
                 });
             }
-            for k in 0..4 {
+            for (k, gate) in gates.iter().enumerate().take(4) {
                 std::thread::sleep(std::time::Duration::from_millis(5));
                 assert_eq!(
                     passed.load(Ordering::SeqCst),
@@ -582,7 +565,7 @@ mod tests {
                     "a task ran ahead of phase {k}"
                 );
                 opened.store(k + 1, Ordering::SeqCst);
-                gate.open(k, 3);
+                open_phase(gate, 3);
                 while passed.load(Ordering::SeqCst) < 3 * (k + 1) {
                     std::thread::yield_now();
                 }

@@ -10,9 +10,11 @@
 //! in 64 of those that did not (reading the clock twice would cost half an
 //! acquisition), weighted accordingly.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vfscale_conformance::harness::{Counter, StartGate};
 
 use vfscale_locks::{
     AccessMode, ContextLock, FcntlCmd, FileLockContext, Flock, FlockOp, InodeKey, LockManager, LockType,
@@ -23,6 +25,8 @@ use super::{Config, LockMode, Sample, Skip, TaskKind, Workload};
 
 /// Worker threads are small: a herd has 1,000 of them.
 const STACK: usize = 128 * 1024;
+/// How long all worker threads may take to start.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The settings for `cfg`'s workload.
 pub fn settings(workload: Workload, prepatch: bool) -> Settings {
@@ -108,6 +112,23 @@ fn join_all<T>(hs: Vec<std::thread::JoinHandle<T>>) -> Vec<T> {
         .collect()
 }
 
+/// Opens `gate` once all `hs.len()` workers arrived; if they do not within the start
+/// timeout, sets `stop`, aborts the gate, joins the workers and says why.
+fn open_when_arrived<T>(
+    gate: &StartGate,
+    stop: &AtomicBool,
+    hs: &mut Vec<std::thread::JoinHandle<T>>,
+) -> Result<(), Skip> {
+    if let Err(e) = gate.wait_arrived(hs.len(), START_TIMEOUT) {
+        stop.store(true, Ordering::Relaxed);
+        gate.abort();
+        join_all(std::mem::take(hs));
+        return Err(e.into());
+    }
+    gate.open();
+    Ok(())
+}
+
 /// Blocked-hash and global-lock acquisitions, the shared locks of the lock system.
 fn shared_lock_acquisitions(mgr: &LockManager) -> u64 {
     let s = mgr.stats();
@@ -123,22 +144,24 @@ fn lockperf(mgr: &Arc<LockManager>, cfg: &Config) -> Result<Sample, Skip> {
             .map(|i| inode(mgr, i as u64))
             .collect(),
     );
-    let go = Arc::new(Barrier::new(cfg.tasks + 1));
+    let go = Arc::new(StartGate::new());
     let iterations = cfg.iterations;
     let (f2, g2) = (files.clone(), go.clone());
-    let hs = spawn_all(cfg.tasks, move |i| {
+    let mut hs = spawn_all(cfg.tasks, move |i| {
         let ctx = &f2[if shared { 0 } else { i }];
         let (who, f) = owner(i);
-        g2.wait();
+        if !g2.arrive_and_wait() {
+            return None;
+        }
         let t = Instant::now();
         for _ in 0..iterations {
             whole_file(ctx, mode, who, f, true);
             whole_file(ctx, mode, who, f, false);
         }
-        (t, Instant::now())
+        Some((t, Instant::now()))
     })?;
-    go.wait();
-    let done = join_all(hs);
+    open_when_arrived(&go, &AtomicBool::new(false), &mut hs)?;
+    let done: Vec<_> = join_all(hs).into_iter().flatten().collect();
     // The interval runs from the first task's start to the last task's end, each stamped
     // by the task itself.
     let first = done.iter().map(|d| d.0).min().expect("at least one task");
@@ -155,11 +178,6 @@ fn lockperf(mgr: &Arc<LockManager>, cfg: &Config) -> Result<Sample, Skip> {
     );
     Ok(s)
 }
-
-/// One cache line per worker counter, so counting is not itself a shared write.
-#[repr(align(128))]
-#[derive(Default)]
-struct Slot(AtomicU64);
 
 /// Context switches of the calling thread so far (voluntary + involuntary).
 fn thread_context_switches() -> u64 {
@@ -211,12 +229,14 @@ const HERD_SAMPLE: u32 = 64;
 /// nothing. Acquisitions after the stop flag are not recorded.
 fn herd(mgr: &Arc<LockManager>, cfg: &Config) -> Result<Sample, Skip> {
     let ctx = inode(mgr, 0);
-    let counts: Arc<Vec<Slot>> = Arc::new((0..cfg.tasks).map(|_| Slot::default()).collect());
+    let counts: Arc<Vec<Counter>> = Arc::new((0..cfg.tasks).map(|_| Counter::default()).collect());
     let stop = Arc::new(AtomicBool::new(false));
-    let go = Arc::new(StartFlag::default());
+    // Opening wakes every worker with one futex wake, as the kernel target's go pipe
+    // does: they become runnable at once, not one by one while the first hold the lock.
+    let go = Arc::new(StartGate::new());
     let mode = cfg.mode;
     let (c2, k2, s2, g2) = (ctx.clone(), counts.clone(), stop.clone(), go.clone());
-    let hs = spawn_all(cfg.tasks, move |i| {
+    let mut hs = spawn_all(cfg.tasks, move |i| {
         let (who, f) = owner(i);
         let mut waits = WaitHistogram::new();
         g2.arrive_and_wait();
@@ -238,12 +258,7 @@ fn herd(mgr: &Arc<LockManager>, cfg: &Config) -> Result<Sample, Skip> {
         }
         (thread_context_switches() - cs, waits)
     })?;
-    let arrived = go.open_when_arrived(cfg.tasks, std::time::Duration::from_secs(60));
-    if let Err(e) = arrived {
-        stop.store(true, Ordering::Relaxed);
-        join_all(hs);
-        return Err(Skip(e));
-    }
+    open_when_arrived(&go, &stop, &mut hs)?;
     let (st0, sh0) = (ctx.stats(), shared_lock_acquisitions(mgr));
     let start = Instant::now();
     std::thread::sleep(cfg.duration);
@@ -288,60 +303,6 @@ fn herd(mgr: &Arc<LockManager>, cfg: &Config) -> Result<Sample, Skip> {
         (st1.wait_nodes - st0.wait_nodes) as f64 / (st1.blocks - st0.blocks).max(1) as f64,
     );
     Ok(s)
-}
-
-/// The herd's start: workers arrive and sleep on one futex word; the driver wakes them
-/// all with one `FUTEX_WAKE` once every one has arrived. They become runnable at once,
-/// as the kernel target's workers do when their go pipe closes — not one by one through
-/// a barrier's mutex while the first ones already hold the lock.
-#[derive(Default)]
-struct StartFlag {
-    open: std::sync::atomic::AtomicU32,
-    arrived: AtomicU64,
-}
-
-impl StartFlag {
-    fn arrive_and_wait(&self) {
-        self.arrived.fetch_add(1, Ordering::SeqCst);
-        while self.open.load(Ordering::Acquire) == 0 {
-            // SAFETY: FUTEX_WAIT on a live, aligned u32 that outlives the call; it
-            // returns at once if the word is no longer 0.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_futex,
-                    self.open.as_ptr(),
-                    libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-                    0u32,
-                    std::ptr::null::<libc::timespec>(),
-                )
-            };
-        }
-    }
-
-    /// Waits until `n` workers arrived (or says why not within `timeout`), then lets
-    /// them all go. Opens in both cases, so that no worker sleeps for ever.
-    fn open_when_arrived(&self, n: usize, timeout: std::time::Duration) -> Result<(), String> {
-        let deadline = Instant::now() + timeout;
-        let mut r = Ok(());
-        while self.arrived.load(Ordering::SeqCst) < n as u64 {
-            if Instant::now() >= deadline {
-                r = Err(format!("threads did not start within {timeout:?}"));
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        self.open.store(1, Ordering::Release);
-        // SAFETY: FUTEX_WAKE on a live, aligned u32; wakes every waiter.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                self.open.as_ptr(),
-                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-                i32::MAX,
-            )
-        };
-        r
-    }
 }
 
 fn nanos(d: std::time::Duration) -> u64 {
@@ -477,19 +438,21 @@ fn will_it_scale(mgr: &Arc<LockManager>, cfg: &Config) -> Result<Sample, Skip> {
             .map(|i| inode(mgr, i as u64))
             .collect(),
     );
-    let counts: Arc<Vec<Slot>> = Arc::new((0..cfg.tasks).map(|_| Slot::default()).collect());
+    let counts: Arc<Vec<Counter>> = Arc::new((0..cfg.tasks).map(|_| Counter::default()).collect());
     let stop = Arc::new(AtomicBool::new(false));
-    let go = Arc::new(Barrier::new(cfg.tasks + 1));
+    let go = Arc::new(StartGate::new());
     let kind = cfg.kind;
     let (f2, k2, s2, g2) = (files.clone(), counts.clone(), stop.clone(), go.clone());
-    let hs = spawn_all(cfg.tasks, move |i| {
+    let mut hs = spawn_all(cfg.tasks, move |i| {
         let ctx = &f2[if shared { 0 } else { i }];
         let (mut who, f) = owner(i);
         if kind == TaskKind::Threads {
             who = Process::new(1);
         }
         let byte = if shared { i as i64 } else { 0 };
-        g2.wait();
+        if !g2.arrive_and_wait() {
+            return;
+        }
         let mut n = 0u64;
         while !s2.load(Ordering::Relaxed) {
             for _ in 0..64 {
@@ -505,7 +468,7 @@ fn will_it_scale(mgr: &Arc<LockManager>, cfg: &Config) -> Result<Sample, Skip> {
             k2[i].0.store(n, Ordering::Relaxed);
         }
     })?;
-    go.wait();
+    open_when_arrived(&go, &stop, &mut hs)?;
     let sh0 = shared_lock_acquisitions(mgr);
     let start = Instant::now();
     std::thread::sleep(cfg.duration);
