@@ -1,6 +1,7 @@
-//! The kernel target of the descriptor-table workloads (seed 001): real system calls by
+//! The kernel target of the descriptor-table workloads (Mateusz Guzik's 2015 lock-free
+//! `fd_install`): real system calls by
 //! threads of this process, which share its descriptor table (`files_struct`) — the
-//! table whose `file_lock` the seed is about. Every thread closes only descriptors it
+//! table whose `file_lock` the upstream patch is about. Every thread closes only descriptors it
 //! created itself.
 //!
 //! # What each workload does (one op)

@@ -1,8 +1,9 @@
-//! The library target of the descriptor-table workloads (seed 001): `vfscale_fdtable`'s
+//! The library target of the descriptor-table workloads (Mateusz Guzik's 2015 lock-free
+//! `fd_install`): `vfscale_fdtable`'s
 //! [`FdTable`] shared by `tasks` threads, as threads of one process share
 //! `files_struct`, driven by the harness's timed thread team ([`drive`]).
 //!
-//! `prepatch` selects the seed's base, `InstallMode::UnderLock` (install takes the table
+//! `prepatch` selects the design before the patch, `InstallMode::UnderLock` (install takes the table
 //! lock again, so allocating a descriptor takes it twice); otherwise `Settings::default()`
 //! (lockless install, lowest-fd policy). The table's `RLIMIT_NOFILE` is raised to
 //! [`RLIMIT_NOFILE`] so that no configuration runs out of descriptors.
@@ -62,7 +63,8 @@ fn file(id: u64) -> Arc<File> {
     Arc::new(File { id })
 }
 
-/// The table settings: the seed's base (`UnderLock`) if `prepatch`, else the default.
+/// The table settings: the design before the patch (`UnderLock`) if `prepatch`, else
+/// the default.
 pub fn settings(prepatch: bool) -> Settings {
     if prepatch {
         Settings {

@@ -1,4 +1,4 @@
-//! The `lockmany` workload (issue 12): many locks held on one file, and what one more
+//! The `lockmany` workload: many locks held on one file, and what one more
 //! lock call costs.
 //!
 //! `held` (H) locks sit on non-adjacent one-byte ranges of one file, at bytes 0, 2, 4, …

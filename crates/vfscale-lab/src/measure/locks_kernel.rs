@@ -12,7 +12,7 @@
 //!   "mean time" is this total, per run), `lock_unlock_ns` that total per pair, and
 //!   `ops_per_sec` all pairs over the wall time from the go signal until the last loop
 //!   ended.
-//! * **herd** (seed 003): `tasks` forked processes contend for one whole-file exclusive
+//! * **herd** (the wait tree's test): `tasks` forked processes contend for one whole-file exclusive
 //!   lock on a 0-byte file, in `cfg.mode`: `flock(LOCK_EX)`, `F_OFD_SETLKW` or `F_SETLKW`
 //!   (each process opens the file itself, so each has its own open file description and
 //!   is its own POSIX owner). Each loops lock → count += 1 → unlock until the stop flag
@@ -58,7 +58,7 @@ use vfscale_conformance::harness::{
     WorkFailed, Worker,
 };
 
-use super::locks_library::{herd_fairness, WaitHistogram};
+use super::herd_metrics::{herd_fairness, WaitHistogram};
 use super::{Config, LockMode, Sample, Skip, TaskKind, Workload, SHM_DIR};
 
 /// Scratch directories are `<SHM_DIR>/<DIR_PREFIX>.<pid>.<n>`.
@@ -194,7 +194,7 @@ fn lockperf(cfg: &Config) -> Result<Sample, Skip> {
     Ok(s)
 }
 
-/// Seed 003's herd.
+/// The herd (the wait tree's test).
 ///
 /// Each worker also times every lock call (see [`HerdClock`]) and records the wait in
 /// its own histogram in shared memory ([`HerdWaits`]), which the parent merges after

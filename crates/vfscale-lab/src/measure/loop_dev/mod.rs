@@ -1,4 +1,4 @@
-//! The `loop` workload (issue 10, seed 004): loop devices at boot, open/close storms,
+//! The `loop` workload (Pasha Tatashin's 2021 "scale loop device lock"): loop devices at boot, open/close storms,
 //! configure/clear, registry churn and block I/O, against `vfscale-loop`
 //! (`library`: a lock per device; `library-prepatch`: [`vfscale_loop::CtlLock::Global`],
 //! every operation under the one control lock as before Linux 5.12) and the running
@@ -6,7 +6,7 @@
 //!
 //! # The modes (one per configuration)
 //!
-//! * **boot** (the seed's measurement): `size` devices (69 by default), each with its
+//! * **boot** (the upstream patch's measurement): `size` devices (69 by default), each with its
 //!   own small read-only image ([`IMAGE_BYTES`], as a squashfs image would be). One boot:
 //!   `tasks` tasks take devices from a shared counter and, per device, do what losetup,
 //!   udev, blkid and mount do: open it and `LOOP_CONFIGURE` it read-only, close; open,
@@ -35,7 +35,7 @@
 //!   device reads over the time of the device phases; the other modes: over the
 //!   measured interval, see the harness's `drive`).
 //! * `lock_wait_sec`: time the tasks spent waiting for the control lock and the device
-//!   locks (boot: per boot, the seed's 18.8 s figure; timed modes: over the run).
+//!   locks (boot: per boot, the upstream patch's 18.8 s figure; timed modes: over the run).
 //! * `ctl_lock_acquisitions_per_op`, `validate_lock_acquisitions_per_op`: control-lock
 //!   and loop-on-loop validation-lock acquisitions per operation.
 //! * boot: `boot_sec` (the wall time of one boot) and `devices`; io:
