@@ -120,7 +120,6 @@
 mod chain;
 mod context;
 mod errno;
-mod fair;
 mod fcntl;
 mod index;
 mod listing;

@@ -294,7 +294,7 @@ mod tests {
     }
 
     fn waiting(h: &mut BlockedHash, who: u64, on: u64) {
-        let w = Waiter::new(p(who), crate::fair::stamp_for_tests());
+        let w = Waiter::new(p(who), crate::context::fairness::stamp_for_tests());
         w.set_link(Link::Granted(p(on)));
         h.insert(&w);
     }
@@ -325,7 +325,10 @@ mod tests {
     #[test]
     fn file_owners_never_match_process_owners() {
         let mut h = BlockedHash::default();
-        let w = Waiter::new(OwnerKey::File(FileId(1)), crate::fair::stamp_for_tests());
+        let w = Waiter::new(
+            OwnerKey::File(FileId(1)),
+            crate::context::fairness::stamp_for_tests(),
+        );
         w.set_link(Link::Granted(p(1)));
         h.insert(&w);
         assert!(!h.posix_locks_deadlock(p(1), OwnerKey::Process(OwnerId(7))));

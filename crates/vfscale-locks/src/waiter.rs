@@ -4,7 +4,7 @@
 use std::task::Waker;
 use std::time::Instant;
 
-use crate::fair::Stamp;
+use crate::context::fairness::Stamp;
 use crate::lock::OwnerKey;
 use crate::sync::{Arc, Interrupt, Mutex, Precedence, WaitOutcome, Waiter as SharedWaiter};
 
