@@ -13,7 +13,7 @@ use crate::index::{PosixTree, Work};
 use crate::lock::FileLock;
 use crate::manager::{BlockedGuard, LockIndex, LockManager};
 use crate::sync::{Mutex, MutexGuard};
-use crate::waiter::{Waiter, WakeList};
+use crate::wait_cell::{WaitCell, WakeList};
 use crate::{Errno, InodeKey};
 
 pub(crate) mod fairness;
@@ -171,7 +171,7 @@ impl Inner {
         self.arena.children(id)
     }
 
-    pub fn waiter(&self, id: NodeId) -> Option<&crate::sync::Arc<Waiter>> {
+    pub fn waiter(&self, id: NodeId) -> Option<&crate::sync::Arc<WaitCell>> {
         self.arena.waiter(id)
     }
 
@@ -243,7 +243,7 @@ impl Inner {
             bytes += size_of::<WaitLinks>() + w.children.capacity() * size_of::<NodeId>();
             if w.waiter.is_some() {
                 m.requests += 1;
-                bytes += size_of::<Waiter>() + 2 * size_of::<usize>();
+                bytes += size_of::<WaitCell>() + 2 * size_of::<usize>();
             }
         }
         m.bytes = bytes;

@@ -125,11 +125,11 @@ mod index;
 mod listing;
 mod lock;
 mod manager;
-mod start_index;
+mod pending;
+mod start_tree;
 pub(crate) mod sync;
 mod types;
-mod wait;
-mod waiter;
+mod wait_cell;
 
 pub use context::{ContextMemory, ContextStats, FileLockContext};
 pub use errno::Errno;
@@ -139,6 +139,6 @@ pub use lock::{LockKind, OwnerKey};
 pub use manager::{
     ContextLock, LockIndex, LockManager, ManagerStats, Settings, WakeMode, MAX_DEADLK_ITERATIONS,
 };
+pub use pending::PendingLock;
 pub use types::*;
 pub use vfscale_sync::Interrupter;
-pub use wait::PendingLock;

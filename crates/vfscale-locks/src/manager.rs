@@ -9,7 +9,7 @@ use std::sync::{Arc, Weak};
 use crate::context::FileLockContext;
 use crate::lock::OwnerKey;
 use crate::sync::{Arc as SyncArc, AtomicU64, Mutex, MutexGuard, Ordering};
-use crate::waiter::{Link, Waiter};
+use crate::wait_cell::{Link, WaitCell};
 
 /// `MAX_DEADLK_ITERATIONS`: how far the deadlock detector follows a chain of owners.
 ///
@@ -84,15 +84,15 @@ pub struct ManagerStats {
 /// process-owned POSIX lock, keyed by the request's owner, newest last.
 #[derive(Debug, Default)]
 pub(crate) struct BlockedHash {
-    map: HashMap<OwnerKey, Vec<SyncArc<Waiter>>>,
+    map: HashMap<OwnerKey, Vec<SyncArc<WaitCell>>>,
 }
 
 impl BlockedHash {
-    pub fn insert(&mut self, w: &SyncArc<Waiter>) {
+    pub fn insert(&mut self, w: &SyncArc<WaitCell>) {
         self.map.entry(w.owner).or_default().push(w.clone());
     }
 
-    pub fn remove(&mut self, w: &SyncArc<Waiter>) {
+    pub fn remove(&mut self, w: &SyncArc<WaitCell>) {
         if let Some(v) = self.map.get_mut(&w.owner) {
             v.retain(|x| !SyncArc::ptr_eq(x, w));
             if v.is_empty() {
@@ -110,7 +110,7 @@ impl BlockedHash {
             match link {
                 Link::Detached => return Some(cur.owner),
                 Link::Granted(o) => return Some(o),
-                Link::Waiter(p) => cur = p,
+                Link::Request(p) => cur = p,
             }
         }
     }
@@ -294,7 +294,7 @@ mod tests {
     }
 
     fn waiting(h: &mut BlockedHash, who: u64, on: u64) {
-        let w = Waiter::new(p(who), crate::context::fairness::stamp_for_tests());
+        let w = WaitCell::new(p(who), crate::context::fairness::stamp_for_tests());
         w.set_link(Link::Granted(p(on)));
         h.insert(&w);
     }
@@ -325,7 +325,7 @@ mod tests {
     #[test]
     fn file_owners_never_match_process_owners() {
         let mut h = BlockedHash::default();
-        let w = Waiter::new(
+        let w = WaitCell::new(
             OwnerKey::File(FileId(1)),
             crate::context::fairness::stamp_for_tests(),
         );

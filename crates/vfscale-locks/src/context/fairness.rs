@@ -10,7 +10,7 @@
 use crate::context::{Attempt, Inner, NodeId};
 use crate::lock::{family_conflict, FileLock, LockKind, OwnerKey};
 use crate::manager::{BlockedGuard, LockManager};
-use crate::waiter::WakeList;
+use crate::wait_cell::WakeList;
 
 #[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
 mod imp {

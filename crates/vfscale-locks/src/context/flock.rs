@@ -3,7 +3,7 @@
 use crate::context::{Attempt, Inner, Slot};
 use crate::lock::{family_conflict, lock_is_unlock, FileLock, LockKind};
 use crate::manager::{BlockedGuard, LockManager};
-use crate::waiter::WakeList;
+use crate::wait_cell::WakeList;
 use crate::Errno;
 
 impl Inner {

@@ -6,7 +6,7 @@ use crate::lock::{
     lock_is_unlock, posix_locks_conflict, posix_test_locks_conflict, FileLock, LockKind, OwnerKey, Reported,
 };
 use crate::manager::{BlockedGuard, LockIndex, LockManager};
-use crate::waiter::WakeList;
+use crate::wait_cell::WakeList;
 use crate::{Errno, LockType, OFFSET_MAX};
 
 impl Inner {

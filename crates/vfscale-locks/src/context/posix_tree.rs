@@ -4,7 +4,7 @@ use crate::context::{Arena, Inner, NodeId, Slot};
 use crate::index::PosixTree;
 use crate::lock::{lock_is_unlock, posix_same_owner, FileLock};
 use crate::manager::BlockedGuard;
-use crate::waiter::WakeList;
+use crate::wait_cell::WakeList;
 
 impl Inner {
     /// `locks_delete_lock_ctx` for a POSIX or OFD lock with [`LockIndex::Tree`].

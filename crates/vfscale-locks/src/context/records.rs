@@ -3,7 +3,7 @@
 
 use crate::index::IndexLinks;
 use crate::lock::FileLock;
-use crate::waiter::Waiter;
+use crate::wait_cell::WaitCell;
 
 /// Index of a record in a context's arena.
 pub(crate) type NodeId = u32;
@@ -21,7 +21,7 @@ pub(crate) struct WaitLinks {
     /// every record above it; siblings never conflict with each other.
     pub children: Vec<NodeId>,
     /// The wait cell, for a request; `None` for a granted lock.
-    pub waiter: Option<crate::sync::Arc<Waiter>>,
+    pub waiter: Option<crate::sync::Arc<WaitCell>>,
     /// In the blocked hash (its blocker was a process-owned POSIX record when it was
     /// inserted, as `__locks_insert_block` decides).
     pub hashed: bool,
@@ -82,7 +82,7 @@ impl Arena {
     }
 
     /// The wait cell of request `id`; `None` for a granted lock.
-    pub fn waiter(&self, id: NodeId) -> Option<&crate::sync::Arc<Waiter>> {
+    pub fn waiter(&self, id: NodeId) -> Option<&crate::sync::Arc<WaitCell>> {
         self.wait(id).and_then(|w| w.waiter.as_ref())
     }
 

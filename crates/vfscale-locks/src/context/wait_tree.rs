@@ -5,13 +5,13 @@
 use crate::context::{Attempt, Inner, NodeId, Slot};
 use crate::lock::{family_conflict, FileLock};
 use crate::manager::{BlockedGuard, LockManager, WakeMode};
-use crate::waiter::{Link, Waiter, WakeList};
+use crate::wait_cell::{Link, WaitCell, WakeList};
 
 impl Inner {
     /// The link the detector sees for a request whose blocker is `b`.
     fn link_to(&self, b: NodeId) -> Link {
         match self.waiter(b) {
-            Some(w) => Link::Waiter(w.clone()),
+            Some(w) => Link::Request(w.clone()),
             None => Link::Granted(self.node(b).fl.owner),
         }
     }
@@ -400,7 +400,10 @@ impl Inner {
         };
         let now = self.clock.now();
         let n = self.wait_mut(id);
-        let w = n.waiter.get_or_insert_with(|| Waiter::new(fl.owner, now)).clone();
+        let w = n
+            .waiter
+            .get_or_insert_with(|| WaitCell::new(fl.owner, now))
+            .clone();
         w.rearm();
         id
     }
