@@ -9,7 +9,7 @@
 use std::sync::{Arc, Weak};
 
 use crate::chain::Chain;
-use crate::index::{PosixTree, Work};
+use crate::index::{PosixTree, SearchCost};
 use crate::lock::FileLock;
 use crate::manager::{BlockedGuard, LockIndex, LockManager};
 use crate::sync::{Mutex, MutexGuard};
@@ -101,7 +101,7 @@ pub(crate) struct Inner {
     /// This context is on a listing shard.
     listed: bool,
     pub stats: ContextStats,
-    work: Work,
+    cost: SearchCost,
     /// Requests woken and not yet tried again (possibly stale: see
     /// [`Inner::is_ready`]), the candidates for a hand-off.
     ready: Vec<NodeId>,
@@ -194,8 +194,8 @@ impl Inner {
     /// The counters, with the index's work folded in.
     pub fn stats(&self) -> ContextStats {
         ContextStats {
-            lock_checks: self.work.checks,
-            index_nodes: self.work.nodes,
+            lock_checks: self.cost.checks,
+            index_nodes: self.cost.nodes,
             ..self.stats
         }
     }

@@ -120,9 +120,11 @@ impl Default for IndexLinks {
     }
 }
 
-/// Work counters of one index, kept under the inode lock with the context's stats.
+/// What the searches of one inode cost, counted rather than timed (reported as
+/// [`ContextStats::lock_checks`](crate::ContextStats::lock_checks) and `index_nodes`);
+/// kept under the inode lock with the context's stats.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Work {
+pub(crate) struct SearchCost {
     /// Tree nodes visited (descents, scans, rebalancing paths).
     pub nodes: u64,
     /// Lock records tested against a request (Linux's list walk tests every lock).
@@ -208,29 +210,29 @@ impl PosixTree {
     }
 
     /// The root of `owner`'s tree, if it holds a lock here.
-    fn owner_root(&self, ar: &Arena, owner: OwnerKey, w: &mut Work) -> Option<NodeId> {
-        w.nodes += 1;
+    fn owner_root(&self, ar: &Arena, owner: OwnerKey, cost: &mut SearchCost) -> Option<NodeId> {
+        cost.nodes += 1;
         self.owners
             .find(owner_hash(owner), |&r| ar.node(r).fl.owner == owner)
             .copied()
     }
 
     /// Adds granted lock `id` with list-order key `seq`.
-    pub fn insert(&mut self, ar: &mut Arena, id: NodeId, seq: u32, w: &mut Work) {
+    pub fn insert(&mut self, ar: &mut Arena, id: NodeId, seq: u32, cost: &mut SearchCost) {
         let ix = &mut ar.node_mut(id).ix;
         debug_assert!(!ix.indexed, "record {id} indexed twice");
         ix.indexed = true;
         ix.seq = seq;
         let owner = ar.node(id).fl.owner;
         let h = owner_hash(owner);
-        w.nodes += 1;
+        cost.nodes += 1;
         match self.owners.find_mut(h, |&r| ar.node(r).fl.owner == owner) {
             Some(root) => {
                 debug_assert_eq!(ar.node(*root).ix.seq, seq, "one run, one key");
-                *root = owner_tree::insert::<ByOwner>(ar, *root, id, w).0;
+                *root = owner_tree::insert::<ByOwner>(ar, *root, id, cost).0;
             }
             None => {
-                let root = owner_tree::insert::<ByOwner>(ar, NIL, id, w).0;
+                let root = owner_tree::insert::<ByOwner>(ar, NIL, id, cost).0;
                 self.owners
                     .insert_unique(h, root, |&r| owner_hash(ar.node(r).fl.owner));
                 self.run_changed(owner, seq);
@@ -242,21 +244,21 @@ impl PosixTree {
             pid: fl.reported_pid(),
         };
         self.by_start
-            .insert(fl.start, fl.end, id, fl.ty == LockType::Write, tag, w);
+            .insert(fl.start, fl.end, id, fl.ty == LockType::Write, tag, cost);
         self.len += 1;
     }
 
     /// Takes lock `id` out of the trees.
-    pub fn remove(&mut self, ar: &mut Arena, id: NodeId, w: &mut Work) {
+    pub fn remove(&mut self, ar: &mut Arena, id: NodeId, cost: &mut SearchCost) {
         debug_assert!(ar.node(id).ix.indexed, "record {id} is not indexed");
         let owner = ar.node(id).fl.owner;
-        w.nodes += 1;
+        cost.nodes += 1;
         match self
             .owners
             .find_entry(owner_hash(owner), |&r| ar.node(r).fl.owner == owner)
         {
             Ok(mut e) => {
-                let root = owner_tree::remove::<ByOwner>(ar, *e.get(), id, w).0;
+                let root = owner_tree::remove::<ByOwner>(ar, *e.get(), id, cost).0;
                 if root == NIL {
                     e.remove();
                     self.run_changed(owner, 0);
@@ -266,7 +268,7 @@ impl PosixTree {
             }
             Err(_) => panic!("record {id}'s owner has no tree"),
         }
-        self.by_start.remove(ar.node(id).fl.start, id, w);
+        self.by_start.remove(ar.node(id).fl.start, id, cost);
         ar.node_mut(id).ix.indexed = false;
         self.len -= 1;
     }
@@ -280,13 +282,13 @@ impl PosixTree {
         ar: &Arena,
         owner: OwnerKey,
         x: i64,
-        w: &mut Work,
+        cost: &mut SearchCost,
     ) -> (Option<NodeId>, Option<NodeId>) {
         let key = (x, NodeId::MAX);
-        let mut t = self.owner_root(ar, owner, w).unwrap_or(NIL);
+        let mut t = self.owner_root(ar, owner, cost).unwrap_or(NIL);
         let (mut floor, mut after) = (None, None);
         while t != NIL {
-            w.nodes += 1;
+            cost.nodes += 1;
             let n = ar.node(t);
             if owner_key(&n.fl, t) <= key {
                 floor = Some(t);
@@ -300,7 +302,7 @@ impl PosixTree {
     }
 
     /// The next lock of the same owner after `id`, in start order.
-    pub fn owner_next(&self, ar: &Arena, id: NodeId, w: &mut Work) -> Option<NodeId> {
+    pub fn owner_next(&self, ar: &Arena, id: NodeId, cost: &mut SearchCost) -> Option<NodeId> {
         let fl = &ar.node(id).fl;
         let key = owner_key(fl, id);
         // The least key above `id`'s: the leftmost of its right subtree, or else the
@@ -308,7 +310,7 @@ impl PosixTree {
         let mut t = ar.node(id).ix.by_owner[1];
         if t != NIL {
             loop {
-                w.nodes += 1;
+                cost.nodes += 1;
                 let l = ar.node(t).ix.by_owner[0];
                 if l == NIL {
                     return Some(t);
@@ -316,9 +318,9 @@ impl PosixTree {
                 t = l;
             }
         }
-        let (mut t, mut best) = (self.owner_root(ar, fl.owner, w).unwrap_or(NIL), None);
+        let (mut t, mut best) = (self.owner_root(ar, fl.owner, cost).unwrap_or(NIL), None);
         while t != NIL && t != id {
-            w.nodes += 1;
+            cost.nodes += 1;
             if owner_key(&ar.node(t).fl, t) > key {
                 best = Some(t);
                 t = ar.node(t).ix.by_owner[0];
@@ -331,12 +333,12 @@ impl PosixTree {
 
     /// The run key of `owner`'s locks here; 0 (no run's) if it holds none.
     #[inline(always)]
-    fn run_of(&self, ar: &Arena, owner: OwnerKey, w: &mut Work) -> u32 {
+    fn run_of(&self, ar: &Arena, owner: OwnerKey, cost: &mut SearchCost) -> u32 {
         let (kind, v, seq) = self.last.get();
         if (kind, v) == owner_bits(owner) {
             seq
         } else {
-            self.look_up_run(ar, owner, w)
+            self.look_up_run(ar, owner, cost)
         }
     }
 
@@ -344,8 +346,8 @@ impl PosixTree {
     /// table. Out of line, so the usual way keeps a small frame.
     #[cold]
     #[inline(never)]
-    fn look_up_run(&self, ar: &Arena, owner: OwnerKey, w: &mut Work) -> u32 {
-        let seq = self.owner_root(ar, owner, w).map_or(0, |r| ar.node(r).ix.seq);
+    fn look_up_run(&self, ar: &Arena, owner: OwnerKey, cost: &mut SearchCost) -> u32 {
+        let seq = self.owner_root(ar, owner, cost).map_or(0, |r| ar.node(r).ix.seq);
         let (kind, v) = owner_bits(owner);
         self.last.set((kind, v, seq));
         seq
@@ -366,13 +368,18 @@ impl PosixTree {
     /// the requester's, looked up in the owner table, is a probe the descent does not
     /// wait for); the first in list order is the least (run key, start), which no two
     /// locks share (one owner's locks do not overlap).
-    pub fn first_conflict<'a>(&'a self, ar: &Arena, req: &FileLock, w: &mut Work) -> Option<Found<'a>> {
-        let me = self.run_of(ar, req.owner, w);
+    pub fn first_conflict<'a>(
+        &'a self,
+        ar: &Arena,
+        req: &FileLock,
+        cost: &mut SearchCost,
+    ) -> Option<Found<'a>> {
+        let me = self.run_of(ar, req.owner, cost);
         let write = req.ty == LockType::Write;
         let mut best: Option<Found<'a>> = None;
         // A read request (or an unlock) conflicts only with write locks: skip subtrees
         // without one.
-        self.by_start.scan(req.start, req.end, !write, w, &mut |e| {
+        self.by_start.scan(req.start, req.end, !write, cost, &mut |e| {
             // `posix_locks_conflict`: the scan reports locks that start at or before
             // the range's end and, to a request that does not write, only write locks;
             // what is left is another owner and the overlap (the scan may report one
@@ -447,7 +454,7 @@ impl PosixTree {
                 run.iter().all(|&id| ar.node(id).fl.owner == owner),
                 "one owner per tree"
             );
-            assert_eq!(self.owner_root(ar, owner, &mut Work::default()), Some(root));
+            assert_eq!(self.owner_root(ar, owner, &mut SearchCost::default()), Some(root));
             seqs.push(ar.node(root).ix.seq);
             a.extend(run);
         }
@@ -459,7 +466,7 @@ impl PosixTree {
         } else {
             OwnerKey::File(FileId(v))
         };
-        let root = self.owner_root(ar, owner, &mut Work::default());
+        let root = self.owner_root(ar, owner, &mut SearchCost::default());
         assert_eq!(
             root.map_or(0, |r| ar.node(r).ix.seq),
             seq,

@@ -2,7 +2,7 @@
 //! OFD locks, augmented with the greatest `end` (over all locks and over write locks)
 //! of every child subtree — an interval tree with wide nodes.
 //!
-//! Leaves hold up to [`CAP`] entries and branches [`BCAP`] children, in arrays of their
+//! Leaves hold up to [`LEAF_CAP`] entries and branches [`BRANCH_CAP`] children, in arrays of their
 //! own (a leaf's starts together, ends with tags together, a branch's separators
 //! together, ends together), apart from the lock records: a descent over 10,000 locks
 //! touches three nodes, whose upper levels stay in cache. A leaf entry carries what a
@@ -54,7 +54,7 @@
 //! evenness check on each leaf change).
 //!
 //! Invariants (checked by [`StartTree::check`]):
-//! * every leaf is at the same depth; every node but the root holds at least [`MIN`]
+//! * every leaf is at the same depth; every node but the root holds at least [`MIN_ENTRIES`]
 //!   entries;
 //! * a leaf's entries are sorted by (`start`, id); a branch's `sep[i]`, `i ≥ 1`, is a
 //!   lower bound of every key in child `i` and above every key in child `i - 1`; a
@@ -67,36 +67,36 @@
 //!   (`sep[k + 1]`).
 
 use crate::context::NodeId;
-use crate::index::Work;
+use crate::index::SearchCost;
 
 /// Entries per node: 15, so a leaf (starts, ends with tags, ids, header) is exactly seven
 /// cache lines, aligned (16 entries made a 328-byte leaf of starts, ends and ids
 /// straddling lines; at 10,000 locks the test's L1 misses went from 8.0 to 6.7).
-pub(crate) const CAP: usize = 15;
+pub(crate) const LEAF_CAP: usize = 15;
 /// Children per branch: 31, so that 10,000 locks taken in file order need two branch
 /// levels, not three (29^2 leaves of 14); a branch is sixteen lines, of which a step
 /// reads six (the children, the separators).
-pub(crate) const BCAP: usize = 31;
+pub(crate) const BRANCH_CAP: usize = 31;
 /// Least entries in a node other than the root: 2, so that an ascending run (locks
 /// taken in file order, as lockmany and many databases do) leaves its branches 29/31
 /// and its leaves 14/15 full (a leaf split by an append keeps all but one entry: the
 /// new key joins that one). With 3 and 12/15: at 10,000 locks 8% more leaves, memory
 /// per lock 117.4 -> 113.6 B with 320-byte leaves at 13/15; with the tags (448-byte
 /// leaves) 14/15 instead of 13/15 saves 2.5 B per lock.
-pub(crate) const MIN: usize = 2;
+pub(crate) const MIN_ENTRIES: usize = 2;
 
 /// Entries a node of height `h` holds at most.
-fn cap(h: u32) -> usize {
+fn capacity(h: u32) -> usize {
     if h == 0 {
-        CAP
+        LEAF_CAP
     } else {
-        BCAP
+        BRANCH_CAP
     }
 }
 
 /// A node index: into `leaves` at height 0, into `branches` above.
-type BId = u32;
-const NONE: BId = BId::MAX;
+type TreeNodeId = u32;
+const NO_NODE: TreeNodeId = TreeNodeId::MAX;
 
 type Key = (i64, NodeId);
 
@@ -115,7 +115,7 @@ const _: () = assert!(
 #[derive(Clone, Debug)]
 #[repr(C, align(64))]
 pub(crate) struct Leaf {
-    start: [i64; CAP],
+    start: [i64; LEAF_CAP],
     /// The slope of [`Leaf::guess`], times 2^32 (see [`slope`]; [`LEAF_NO_GUESS`] if
     /// the starts are not evenly spaced): 32 bits, so that it shares the start lines.
     inv: u32,
@@ -124,12 +124,12 @@ pub(crate) struct Leaf {
     /// a range starting at or after `start[k]` can overlap only entry `k` among them.
     spill: u32,
     /// Each entry's end and [`Tag`], 16 bytes: four to a line, so a test reads one.
-    ent: [Ent; CAP],
+    entry: [LeafEntry; LEAF_CAP],
     /// Bit `k`: entry `k` is a write lock.
     wmask: u32,
     len: u32,
     _pad: [u32; 2],
-    id: [NodeId; CAP],
+    id: [NodeId; LEAF_CAP],
     _pad_id: u32,
 }
 
@@ -166,7 +166,7 @@ impl Found<'_> {
     }
     /// The last byte.
     pub fn end(self) -> i64 {
-        self.leaf.ent[self.k].end
+        self.leaf.entry[self.k].end
     }
     /// A write lock.
     pub fn write(self) -> bool {
@@ -174,22 +174,22 @@ impl Found<'_> {
     }
     /// The run key and reported pid.
     pub fn tag(self) -> Tag {
-        self.leaf.ent[self.k].tag
+        self.leaf.entry[self.k].tag
     }
 }
 
 /// A leaf entry's end and tag, side by side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
-struct Ent {
+struct LeafEntry {
     end: i64,
     tag: Tag,
 }
 
 const _: () = assert!(
     std::mem::size_of::<Leaf>() == 448
-        && std::mem::size_of::<Ent>() == 16
-        && std::mem::offset_of!(Leaf, ent) == 128
+        && std::mem::size_of::<LeafEntry>() == 16
+        && std::mem::offset_of!(Leaf, entry) == 128
         && std::mem::offset_of!(Leaf, wmask) == 368
         && std::mem::offset_of!(Leaf, id) == 384
 );
@@ -203,14 +203,14 @@ const _: () = assert!(
 #[repr(C, align(64))]
 struct Branch {
     len: u32,
-    child: [BId; BCAP],
-    sep: [i64; BCAP],
+    child: [TreeNodeId; BRANCH_CAP],
+    sep: [i64; BRANCH_CAP],
     /// Bit `i`: child `i` reaches the next child's separator (`max_end[i] ≥
     /// sep[i + 1]`); as [`Leaf::spill`], for the children.
     spill: u32,
-    max_end: [i64; BCAP],
-    max_wend: [i64; BCAP],
-    sep_id: [NodeId; BCAP],
+    max_end: [i64; BRANCH_CAP],
+    max_wend: [i64; BRANCH_CAP],
+    sep_id: [NodeId; BRANCH_CAP],
     /// The slope of [`Branch::guess`], times 2^64 (see [`slope`]; [`NO_GUESS`] if the
     /// separators are not evenly spaced).
     inv: u64,
@@ -233,7 +233,7 @@ enum Item {
         sep: Key,
         max_end: i64,
         max_wend: i64,
-        child: BId,
+        child: TreeNodeId,
     },
 }
 
@@ -242,19 +242,19 @@ const EMPTY_LEAF: Leaf = Leaf {
     wmask: 0,
     _pad: [0; 2],
     spill: 0,
-    start: [PAD_START; CAP],
-    ent: [PAD_ENT; CAP],
+    start: [PAD_START; LEAF_CAP],
+    entry: [PAD_ENTRY; LEAF_CAP],
     inv: 0,
-    id: [0; CAP],
+    id: [0; LEAF_CAP],
     _pad_id: 0,
 };
 
 /// An unused leaf slot: a start above every key's and an end below every range's, so a
-/// pass over all [`CAP`] slots counts and reports only the live ones.
+/// pass over all [`LEAF_CAP`] slots counts and reports only the live ones.
 const PAD_START: i64 = i64::MAX;
 const PAD_END: i64 = i64::MIN;
 /// An unused leaf slot's end and tag.
-const PAD_ENT: Ent = Ent {
+const PAD_ENTRY: LeafEntry = LeafEntry {
     end: PAD_END,
     tag: Tag { seq: 0, pid: 0 },
 };
@@ -263,11 +263,11 @@ const PAD_ENT: Ent = Ent {
 const EMPTY_BRANCH: Branch = Branch {
     len: 0,
     spill: 0,
-    sep: [i64::MAX; BCAP],
-    max_end: [i64::MIN; BCAP],
-    max_wend: [i64::MIN; BCAP],
-    sep_id: [0; BCAP],
-    child: [NONE; BCAP],
+    sep: [i64::MAX; BRANCH_CAP],
+    max_end: [i64::MIN; BRANCH_CAP],
+    max_wend: [i64::MIN; BRANCH_CAP],
+    sep_id: [0; BRANCH_CAP],
+    child: [NO_NODE; BRANCH_CAP],
     inv: 0,
     base: 0,
 };
@@ -280,14 +280,14 @@ struct Query {
     writes_only: bool,
 }
 
-/// The tree. Empty: `root == NONE`.
+/// The tree. Empty: `root == NO_NODE`.
 #[derive(Debug)]
 pub(crate) struct StartTree {
     leaves: Vec<Leaf>,
     branches: Vec<Branch>,
-    free_leaves: Vec<BId>,
-    free_branches: Vec<BId>,
-    root: BId,
+    free_leaves: Vec<TreeNodeId>,
+    free_branches: Vec<TreeNodeId>,
+    root: TreeNodeId,
     /// Height of the root: 0 when it is a leaf.
     height: u32,
 }
@@ -299,7 +299,7 @@ impl Default for StartTree {
             branches: Vec::new(),
             free_leaves: Vec::new(),
             free_branches: Vec::new(),
-            root: NONE,
+            root: NO_NODE,
             height: 0,
         }
     }
@@ -357,12 +357,12 @@ const LEAF_NO_GUESS: u32 = u32::MAX;
 
 /// Grows `v` by an eighth at a time (as the record arena does), so a large index
 /// wastes little on spare capacity.
-fn push_slot<T>(v: &mut Vec<T>, x: T) -> BId {
+fn push_slot<T>(v: &mut Vec<T>, x: T) -> TreeNodeId {
     if v.len() == v.capacity() {
         v.reserve_exact((v.len() / 8).max(2));
     }
     v.push(x);
-    (v.len() - 1) as BId
+    (v.len() - 1) as TreeNodeId
 }
 
 const EMPTY_ITEM: Item = Item::Leaf {
@@ -400,7 +400,7 @@ mod avx2 {
 mod tests;
 
 impl StartTree {
-    fn new_leaf(&mut self) -> BId {
+    fn new_leaf(&mut self) -> TreeNodeId {
         match self.free_leaves.pop() {
             Some(b) => {
                 self.leaves[b as usize] = EMPTY_LEAF;
@@ -410,7 +410,7 @@ impl StartTree {
         }
     }
 
-    fn new_branch(&mut self) -> BId {
+    fn new_branch(&mut self) -> TreeNodeId {
         match self.free_branches.pop() {
             Some(b) => {
                 self.branches[b as usize] = EMPTY_BRANCH;
@@ -420,7 +420,7 @@ impl StartTree {
         }
     }
 
-    fn len_of(&self, b: BId, h: u32) -> usize {
+    fn len_of(&self, b: TreeNodeId, h: u32) -> usize {
         if h == 0 {
             self.leaves[b as usize].len as usize
         } else {
@@ -428,7 +428,7 @@ impl StartTree {
         }
     }
 
-    fn summary_of(&self, b: BId, h: u32) -> (i64, i64) {
+    fn summary_of(&self, b: TreeNodeId, h: u32) -> (i64, i64) {
         if h == 0 {
             self.leaves[b as usize].summary()
         } else {
@@ -436,7 +436,7 @@ impl StartTree {
         }
     }
 
-    fn item_of(&self, b: BId, h: u32, k: usize) -> Item {
+    fn item_of(&self, b: TreeNodeId, h: u32, k: usize) -> Item {
         if h == 0 {
             self.leaves[b as usize].item(k)
         } else {
@@ -445,7 +445,7 @@ impl StartTree {
     }
 
     /// The separator to file node `b` under: its least key (a leaf) or its own `sep[0]`.
-    fn lower_bound(&self, b: BId, h: u32) -> Key {
+    fn lower_bound(&self, b: TreeNodeId, h: u32) -> Key {
         if h == 0 {
             self.leaves[b as usize].key(0)
         } else {
@@ -454,7 +454,7 @@ impl StartTree {
     }
 
     /// Writes `items` into node `b` (of height `h`) as its whole content.
-    fn fill(&mut self, b: BId, h: u32, items: &[Item]) {
+    fn fill(&mut self, b: TreeNodeId, h: u32, items: &[Item]) {
         if h == 0 {
             let l = &mut self.leaves[b as usize];
             l.wmask = 0;
@@ -471,7 +471,7 @@ impl StartTree {
         }
     }
 
-    fn free(&mut self, b: BId, h: u32) {
+    fn free(&mut self, b: TreeNodeId, h: u32) {
         if h == 0 {
             self.free_leaves.push(b);
         } else {
@@ -480,23 +480,23 @@ impl StartTree {
     }
 
     /// Splits full child `i` of branch `p` (child height `h`) in two: in the middle, or,
-    /// if `key` goes after all of it, leaving [`MIN`] entries on the right, for a leaf
+    /// if `key` goes after all of it, leaving [`MIN_ENTRIES`] entries on the right, for a leaf
     /// one and the key, which the insert puts there next (so an ascending run fills its
-    /// branches to `BCAP - MIN` and its leaves to `CAP - 1`).
-    fn split_child(&mut self, p: BId, i: usize, h: u32, key: Key) {
+    /// branches to `BRANCH_CAP - MIN_ENTRIES` and its leaves to `LEAF_CAP - 1`).
+    fn split_child(&mut self, p: TreeNodeId, i: usize, h: u32, key: Key) {
         let c = self.branches[p as usize].child[i];
-        let cap = cap(h);
+        let cap = capacity(h);
         let appending = if h == 0 {
             self.leaves[c as usize].key(cap - 1) < key
         } else {
             self.branches[c as usize].key(cap - 1) <= key
         };
         let mid = match (appending, h) {
-            (true, 0) => cap - MIN + 1,
-            (true, _) => cap - MIN,
+            (true, 0) => cap - MIN_ENTRIES + 1,
+            (true, _) => cap - MIN_ENTRIES,
             (false, _) => cap / 2,
         };
-        let mut items = [EMPTY_ITEM; BCAP];
+        let mut items = [EMPTY_ITEM; BRANCH_CAP];
         for (k, it) in items.iter_mut().enumerate().take(cap).skip(mid) {
             *it = self.item_of(c, h, k);
         }
@@ -529,7 +529,7 @@ impl StartTree {
     }
 
     /// Adds an entry.
-    pub fn insert(&mut self, start: i64, end: i64, id: NodeId, write: bool, tag: Tag, w: &mut Work) {
+    pub fn insert(&mut self, start: i64, end: i64, id: NodeId, write: bool, tag: Tag, cost: &mut SearchCost) {
         let key = (start, id);
         let item = Item::Leaf {
             start,
@@ -538,11 +538,11 @@ impl StartTree {
             write,
             tag,
         };
-        if self.root == NONE {
+        if self.root == NO_NODE {
             self.root = self.new_leaf();
             self.height = 0;
         }
-        if self.len_of(self.root, self.height) == cap(self.height) {
+        if self.len_of(self.root, self.height) == capacity(self.height) {
             // A new root above the full one, which then splits under it.
             let (e, we) = self.summary_of(self.root, self.height);
             let nr = self.new_branch();
@@ -561,10 +561,10 @@ impl StartTree {
         }
         let (mut b, mut h) = (self.root, self.height);
         while h > 0 {
-            w.nodes += 1;
+            cost.nodes += 1;
             let mut i = self.branches[b as usize].find(key);
             let c = self.branches[b as usize].child[i];
-            if self.len_of(c, h - 1) == cap(h - 1) {
+            if self.len_of(c, h - 1) == capacity(h - 1) {
                 self.split_child(b, i, h - 1, key);
                 if self.branches[b as usize].key(i + 1) <= key {
                     i += 1;
@@ -579,17 +579,17 @@ impl StartTree {
             b = br.child[i];
             h -= 1;
         }
-        w.nodes += 1;
+        cost.nodes += 1;
         let l = &mut self.leaves[b as usize];
         let pos = l.rank(key);
         l.insert(pos, item);
     }
 
     /// Takes out the entry (`start`, `id`).
-    pub fn remove(&mut self, start: i64, id: NodeId, w: &mut Work) {
+    pub fn remove(&mut self, start: i64, id: NodeId, cost: &mut SearchCost) {
         let key = (start, id);
-        assert!(self.root != NONE, "record {id} is not in the index");
-        self.remove_in(self.root, self.height, key, w);
+        assert!(self.root != NO_NODE, "record {id} is not in the index");
+        self.remove_in(self.root, self.height, key, cost);
         let (r, h) = (self.root, self.height);
         if h > 0 && self.branches[r as usize].len == 1 {
             self.root = self.branches[r as usize].child[0];
@@ -597,13 +597,13 @@ impl StartTree {
             self.free(r, h);
         } else if h == 0 && self.leaves[r as usize].len == 0 {
             self.free(r, 0);
-            self.root = NONE;
+            self.root = NO_NODE;
         }
     }
 
     /// Removes `key` below node `b`; returns the removed entry's (end, write).
-    fn remove_in(&mut self, b: BId, h: u32, key: Key, w: &mut Work) -> (i64, bool) {
-        w.nodes += 1;
+    fn remove_in(&mut self, b: TreeNodeId, h: u32, key: Key, cost: &mut SearchCost) -> (i64, bool) {
+        cost.nodes += 1;
         if h == 0 {
             let l = &mut self.leaves[b as usize];
             let pos = l.rank(key);
@@ -612,15 +612,15 @@ impl StartTree {
                 "record {} is not in the index",
                 key.1
             );
-            let gone = (l.ent[pos].end, l.wmask & (1 << pos) != 0);
+            let gone = (l.entry[pos].end, l.wmask & (1 << pos) != 0);
             l.remove(pos);
             return gone;
         }
         let i = self.branches[b as usize].find(key);
         let c = self.branches[b as usize].child[i];
-        let (end, write) = self.remove_in(c, h - 1, key, w);
+        let (end, write) = self.remove_in(c, h - 1, key, cost);
         let n = self.branches[b as usize].len as usize;
-        let under = self.len_of(c, h - 1) < MIN && n > 1;
+        let under = self.len_of(c, h - 1) < MIN_ENTRIES && n > 1;
         let br = &self.branches[b as usize];
         // The child's summary changes only if the entry gone was its greatest end.
         if !under && (end == br.max_end[i] || (write && end == br.max_wend[i])) {
@@ -639,13 +639,13 @@ impl StartTree {
 
     /// Merges children `j` and `j + 1` of branch `p` (height `h`), or, if they do not
     /// fit in one node, shares their entries evenly between them.
-    fn rebalance(&mut self, p: BId, j: usize, h: u32) {
+    fn rebalance(&mut self, p: TreeNodeId, j: usize, h: u32) {
         let (a, c) = {
             let pb = &self.branches[p as usize];
             (pb.child[j], pb.child[j + 1])
         };
         let (na, nc) = (self.len_of(a, h), self.len_of(c, h));
-        let mut items = [EMPTY_ITEM; 2 * BCAP];
+        let mut items = [EMPTY_ITEM; 2 * BRANCH_CAP];
         for (k, it) in items.iter_mut().enumerate().take(na) {
             *it = self.item_of(a, h, k);
         }
@@ -653,7 +653,7 @@ impl StartTree {
             items[na + k] = self.item_of(c, h, k);
         }
         let total = na + nc;
-        if total <= cap(h) {
+        if total <= capacity(h) {
             self.fill(a, h, &items[..total]);
             self.free(c, h);
             let (e, we) = self.summary_of(a, h);
@@ -684,7 +684,7 @@ impl StartTree {
     /// (their entries are cleared before reuse).
     pub fn renumber(&mut self, f: impl Fn(u32) -> u32) {
         for l in &mut self.leaves {
-            for e in &mut l.ent[..l.len as usize] {
+            for e in &mut l.entry[..l.len as usize] {
                 e.tag.seq = f(e.tag.seq);
             }
         }
@@ -695,7 +695,7 @@ impl StartTree {
         use std::mem::size_of;
         self.leaves.capacity() * size_of::<Leaf>()
             + self.branches.capacity() * size_of::<Branch>()
-            + (self.free_leaves.capacity() + self.free_branches.capacity()) * size_of::<BId>()
+            + (self.free_leaves.capacity() + self.free_branches.capacity()) * size_of::<TreeNodeId>()
     }
 
     /// Checks the invariants in the module docs; returns every entry as (start, end,
@@ -703,7 +703,7 @@ impl StartTree {
     #[cfg(test)]
     pub fn check(&self) -> Vec<(i64, i64, NodeId, bool, Tag)> {
         let mut out = Vec::new();
-        if self.root != NONE {
+        if self.root != NO_NODE {
             self.check_in(self.root, self.height, true, (i64::MIN, 0), None, &mut out);
         }
         assert!(
@@ -716,7 +716,7 @@ impl StartTree {
     #[cfg(test)]
     fn check_in(
         &self,
-        b: BId,
+        b: TreeNodeId,
         h: u32,
         root: bool,
         lo: Key,
@@ -725,7 +725,7 @@ impl StartTree {
     ) -> (i64, i64) {
         let n = self.len_of(b, h);
         assert!(
-            n <= cap(h) && (root || n >= MIN),
+            n <= capacity(h) && (root || n >= MIN_ENTRIES),
             "node {b} at height {h} holds {n}"
         );
         assert!(n >= 1 || (root && h == 0), "empty node {b}");
@@ -733,7 +733,7 @@ impl StartTree {
             let l = &self.leaves[b as usize];
             assert_eq!(l.wmask >> n, 0, "write bits past the end of leaf {b}");
             assert!(
-                l.start[n..].iter().all(|&s| s == PAD_START) && l.ent[n..].iter().all(|&e| e == PAD_ENT),
+                l.start[n..].iter().all(|&s| s == PAD_START) && l.entry[n..].iter().all(|&e| e == PAD_ENTRY),
                 "padding of leaf {b}"
             );
             let mut fixed = l.clone();
@@ -748,17 +748,17 @@ impl StartTree {
                 );
                 out.push((
                     l.start[k],
-                    l.ent[k].end,
+                    l.entry[k].end,
                     l.id[k],
                     l.wmask & (1 << k) != 0,
-                    l.ent[k].tag,
+                    l.entry[k].tag,
                 ));
             }
             return l.summary();
         }
         let br = &self.branches[b as usize];
         assert!(
-            (n..BCAP)
+            (n..BRANCH_CAP)
                 .all(|i| br.sep[i] == i64::MAX && br.max_end[i] == i64::MIN && br.max_wend[i] == i64::MIN),
             "padding of branch {b}"
         );

@@ -17,7 +17,7 @@ impl Inner {
             LockIndex::List => {
                 let mut found = None;
                 for &id in &self.posix {
-                    self.work.checks += 1;
+                    self.cost.checks += 1;
                     if posix_test_locks_conflict(req, &self.arena.node(id).fl) {
                         found = Some(id);
                         break;
@@ -28,7 +28,7 @@ impl Inner {
             LockIndex::Tree if lock_is_unlock(req) => {
                 // The owner's first lock overlapping the range: the one starting at or
                 // before it if that reaches it, else the next one.
-                let w = &mut self.work;
+                let w = &mut self.cost;
                 let t = &self.tree;
                 let ar = &self.arena;
                 let first = match t.owner_around(ar, req.owner, req.start, w) {
@@ -42,7 +42,7 @@ impl Inner {
             }
             LockIndex::Tree => {
                 // Reported from the by-start tree's leaf: no record is read.
-                let found = self.tree.first_conflict(&self.arena, req, &mut self.work);
+                let found = self.tree.first_conflict(&self.arena, req, &mut self.cost);
                 return found.map(|e| Reported {
                     ty: if e.write() {
                         LockType::Write
@@ -74,7 +74,7 @@ impl Inner {
                 out.sort_by_key(|p| p.0);
             }
             LockIndex::Tree => {
-                let w = &mut self.work;
+                let w = &mut self.cost;
                 let (t, ar) = (&self.tree, &self.arena);
                 // An owner's locks do not overlap: the one starting at or before
                 // `start` if it reaches it, then its successors up to `end`.
@@ -101,7 +101,7 @@ impl Inner {
         match self.index {
             LockIndex::List => {
                 for &id in &self.posix {
-                    self.work.checks += 1;
+                    self.cost.checks += 1;
                     if posix_locks_conflict(req, &self.arena.node(id).fl) {
                         return Some(id);
                     }
@@ -110,7 +110,7 @@ impl Inner {
             }
             LockIndex::Tree => self
                 .tree
-                .first_conflict(&self.arena, req, &mut self.work)
+                .first_conflict(&self.arena, req, &mut self.cost)
                 .map(|e| e.id()),
         }
     }

@@ -27,7 +27,7 @@ impl Inner {
         // The owner's locks are adjacent: find the first.
         let mut i = 0;
         while i < self.posix.len() {
-            self.work.checks += 1;
+            self.cost.checks += 1;
             if posix_same_owner(&req, &self.node(self.posix[i]).fl) {
                 break;
             }
@@ -42,7 +42,7 @@ impl Inner {
         while i < self.posix.len() {
             let id = self.posix[i];
             let fl = self.node(id).fl;
-            self.work.checks += 1;
+            self.cost.checks += 1;
             if !posix_same_owner(&req, &fl) {
                 break;
             }

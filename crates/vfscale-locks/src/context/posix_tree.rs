@@ -9,7 +9,7 @@ use crate::wait_cell::WakeList;
 impl Inner {
     /// `locks_delete_lock_ctx` for a POSIX or OFD lock with [`LockIndex::Tree`].
     fn tree_delete_lock(&mut self, id: NodeId, wl: &mut WakeList, bg: &mut BlockedGuard<'_>) {
-        self.tree.remove(&mut self.arena, id, &mut self.work);
+        self.tree.remove(&mut self.arena, id, &mut self.cost);
         self.wake_up_blocks(id, wl, bg);
         self.release(id);
     }
@@ -31,7 +31,7 @@ impl Inner {
         // the list, taken before anything changes (a lock that replaces the owner's
         // last one keeps it).
         let (first, run) = {
-            let (t, ar, w) = (&self.tree, &self.arena, &mut self.work);
+            let (t, ar, w) = (&self.tree, &self.arena, &mut self.cost);
             // One descent finds both the owner's lock at or before `start - 1` and the
             // one after it.
             match t.owner_around(ar, req.owner, req.start - 1, w) {
@@ -47,11 +47,11 @@ impl Inner {
         let mut right: Option<NodeId> = None;
         while let Some(id) = cur {
             let fl = self.node(id).fl;
-            self.work.checks += 1;
+            self.cost.checks += 1;
             debug_assert!(posix_same_owner(&req, &fl));
             // The owner's next lock, looked up only when the walk goes on and before
             // `id` can leave the index.
-            let next = |me: &mut Self| me.tree.owner_next(&me.arena, id, &mut me.work);
+            let next = |me: &mut Self| me.tree.owner_next(&me.arena, id, &mut me.cost);
             if req.ty == fl.ty {
                 if fl.end < req.start - 1 {
                     cur = next(self);
@@ -103,7 +103,7 @@ impl Inner {
                     // The new record takes this one's place (it is indexed at the end,
                     // under the run's key).
                     let new = self.grant_record(req, slot, bg);
-                    self.tree.remove(&mut self.arena, id, &mut self.work);
+                    self.tree.remove(&mut self.arena, id, &mut self.cost);
                     self.wake_up_blocks(id, wl, bg);
                     self.release(id);
                     became = Some(new);
@@ -120,37 +120,37 @@ impl Inner {
             }
             let new = self.grant_record(req, slot, bg);
             let k = run_key(&mut self.tree, &mut self.arena);
-            self.tree.insert(&mut self.arena, new, k, &mut self.work);
+            self.tree.insert(&mut self.arena, new, k, &mut self.cost);
         } else if let Some(b) = became {
             if self.node(b).ix.indexed {
-                self.tree.remove(&mut self.arena, b, &mut self.work);
+                self.tree.remove(&mut self.arena, b, &mut self.cost);
             }
             let n = self.node_mut(b);
             n.fl.start = req.start;
             n.fl.end = req.end;
             let k = run_key(&mut self.tree, &mut self.arena);
-            self.tree.insert(&mut self.arena, b, k, &mut self.work);
+            self.tree.insert(&mut self.arena, b, k, &mut self.cost);
         }
         if let Some(r) = right {
             let k = run_key(&mut self.tree, &mut self.arena);
-            self.tree.remove(&mut self.arena, r, &mut self.work);
+            self.tree.remove(&mut self.arena, r, &mut self.cost);
             if left == Some(r) {
                 // The request splits one lock in two: the left part is a new record.
                 let mut copy = self.node(r).fl;
                 copy.end = req.start - 1;
                 let l = self.alloc(copy);
-                self.tree.insert(&mut self.arena, l, k, &mut self.work);
+                self.tree.insert(&mut self.arena, l, k, &mut self.cost);
                 left = None;
             }
             self.node_mut(r).fl.start = req.end + 1;
-            self.tree.insert(&mut self.arena, r, k, &mut self.work);
+            self.tree.insert(&mut self.arena, r, k, &mut self.cost);
             self.wake_up_blocks(r, wl, bg);
         }
         if let Some(l) = left {
             let k = run_key(&mut self.tree, &mut self.arena);
-            self.tree.remove(&mut self.arena, l, &mut self.work);
+            self.tree.remove(&mut self.arena, l, &mut self.cost);
             self.node_mut(l).fl.end = req.start - 1;
-            self.tree.insert(&mut self.arena, l, k, &mut self.work);
+            self.tree.insert(&mut self.arena, l, k, &mut self.cost);
             self.wake_up_blocks(l, wl, bg);
         }
         Some(())

@@ -221,7 +221,7 @@ impl Inner {
     /// stay (`retry_would_sleep`, its counters put back).
     #[cfg(any(debug_assertions, test))]
     fn check_skip(&mut self, n: NodeId, tail: NodeId, above: &[NodeId], bg: &mut BlockedGuard<'_>) {
-        let (stats, work) = (self.stats, self.work);
+        let (stats, cost) = (self.stats, self.cost);
         let mut cur = n;
         while cur != tail {
             let kids = self.children(cur);
@@ -232,7 +232,7 @@ impl Inner {
                 "a skipped request would stay"
             );
         }
-        (self.stats, self.work) = (stats, work);
+        (self.stats, self.cost) = (stats, cost);
     }
 
     /// `__locks_insert_block`: hangs request `wid` under `blocker`, descending to the

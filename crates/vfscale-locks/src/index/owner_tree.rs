@@ -110,16 +110,21 @@ fn fix<S: Side>(ar: &mut Arena, t: NodeId) -> (NodeId, bool) {
     (r, r != t || S::height(&ar.node(r).ix) != before)
 }
 
-pub(super) fn insert<S: Side>(ar: &mut Arena, t: NodeId, id: NodeId, w: &mut Work) -> (NodeId, bool) {
+pub(super) fn insert<S: Side>(
+    ar: &mut Arena,
+    t: NodeId,
+    id: NodeId,
+    cost: &mut SearchCost,
+) -> (NodeId, bool) {
     if t == NIL {
         S::set_kids(&mut ar.node_mut(id).ix, [NIL; 2]);
         update::<S>(ar, id);
         return (id, true);
     }
-    w.nodes += 1;
+    cost.nodes += 1;
     let side = if S::less(ar, id, t) { 0 } else { 1 };
     let k = S::kids(&ar.node(t).ix)[side];
-    let (nk, changed) = insert::<S>(ar, k, id, w);
+    let (nk, changed) = insert::<S>(ar, k, id, cost);
     if !changed {
         return (t, false);
     }
@@ -129,13 +134,13 @@ pub(super) fn insert<S: Side>(ar: &mut Arena, t: NodeId, id: NodeId, w: &mut Wor
 
 /// Takes the least node out of subtree `t`: (new subtree root, whether it changed as in
 /// [`fix`], the node).
-fn remove_min<S: Side>(ar: &mut Arena, t: NodeId, w: &mut Work) -> (NodeId, bool, NodeId) {
-    w.nodes += 1;
+fn remove_min<S: Side>(ar: &mut Arena, t: NodeId, cost: &mut SearchCost) -> (NodeId, bool, NodeId) {
+    cost.nodes += 1;
     let [l, r] = S::kids(&ar.node(t).ix);
     if l == NIL {
         return (r, true, t);
     }
-    let (nl, changed, m) = remove_min::<S>(ar, l, w);
+    let (nl, changed, m) = remove_min::<S>(ar, l, cost);
     if !changed {
         return (t, false, m);
     }
@@ -144,9 +149,14 @@ fn remove_min<S: Side>(ar: &mut Arena, t: NodeId, w: &mut Work) -> (NodeId, bool
     (nt, changed, m)
 }
 
-pub(super) fn remove<S: Side>(ar: &mut Arena, t: NodeId, id: NodeId, w: &mut Work) -> (NodeId, bool) {
+pub(super) fn remove<S: Side>(
+    ar: &mut Arena,
+    t: NodeId,
+    id: NodeId,
+    cost: &mut SearchCost,
+) -> (NodeId, bool) {
     assert!(t != NIL, "record {id} is not in the index");
-    w.nodes += 1;
+    cost.nodes += 1;
     if t == id {
         let [l, r] = S::kids(&ar.node(t).ix);
         S::set_kids(&mut ar.node_mut(t).ix, [NIL; 2]);
@@ -156,13 +166,13 @@ pub(super) fn remove<S: Side>(ar: &mut Arena, t: NodeId, id: NodeId, w: &mut Wor
         if r == NIL {
             return (l, true);
         }
-        let (nr, _, m) = remove_min::<S>(ar, r, w);
+        let (nr, _, m) = remove_min::<S>(ar, r, cost);
         S::set_kids(&mut ar.node_mut(m).ix, [l, nr]);
         return (rebalance::<S>(ar, m), true);
     }
     let side = if S::less(ar, id, t) { 0 } else { 1 };
     let k = S::kids(&ar.node(t).ix)[side];
-    let (nk, changed) = remove::<S>(ar, k, id, w);
+    let (nk, changed) = remove::<S>(ar, k, id, cost);
     if !changed {
         return (t, false);
     }

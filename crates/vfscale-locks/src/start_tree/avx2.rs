@@ -7,9 +7,9 @@
 
 use std::arch::x86_64::*;
 
-use super::{Branch, Leaf, BCAP, CAP};
+use super::{Branch, Leaf, BRANCH_CAP, LEAF_CAP};
 
-const _: () = assert!(CAP == 15 && BCAP == 31);
+const _: () = assert!(LEAF_CAP == 15 && BRANCH_CAP == 31);
 
 /// Whether the CPU has AVX2 and POPCNT (std detects once and caches: a load and a
 /// test of its feature word each).
@@ -87,7 +87,7 @@ unsafe fn above_in<const N: usize>(s: &[i64; N], x: i64, skip_first: bool) -> us
 #[inline]
 pub(super) unsafe fn count_le(l: &Leaf, x: i64) -> usize {
     // SAFETY: the caller's.
-    let n = CAP - unsafe { above_in(&l.start, x, false) };
+    let n = LEAF_CAP - unsafe { above_in(&l.start, x, false) };
     if x == i64::MAX {
         return clamp_to(n, l.len as usize);
     }
@@ -116,7 +116,7 @@ fn clamp_to(n: usize, len: usize) -> usize {
 pub(super) unsafe fn find_le(br: &Branch, x: i64) -> usize {
     // SAFETY: the caller's.
     let above = unsafe { above_in(&br.sep, x, true) };
-    let i = BCAP - 1 - above;
+    let i = BRANCH_CAP - 1 - above;
     if x == i64::MAX {
         return clamp_to(i, br.len as usize - 1);
     }

@@ -10,9 +10,9 @@ impl Leaf {
     pub(super) fn summary(&self) -> (i64, i64) {
         let (mut e, mut we) = (i64::MIN, i64::MIN);
         for k in 0..self.len as usize {
-            e = e.max(self.ent[k].end);
+            e = e.max(self.entry[k].end);
             if self.wmask & (1 << k) != 0 {
-                we = we.max(self.ent[k].end);
+                we = we.max(self.entry[k].end);
             }
         }
         (e, we)
@@ -20,10 +20,10 @@ impl Leaf {
     pub(super) fn item(&self, k: usize) -> Item {
         Item::Leaf {
             start: self.start[k],
-            end: self.ent[k].end,
+            end: self.entry[k].end,
             id: self.id[k],
             write: self.wmask & (1 << k) != 0,
-            tag: self.ent[k].tag,
+            tag: self.entry[k].tag,
         }
     }
     pub(super) fn set(&mut self, k: usize, it: Item) {
@@ -38,16 +38,16 @@ impl Leaf {
             unreachable!("a branch entry in a leaf")
         };
         self.start[k] = start;
-        self.ent[k] = Ent { end, tag };
+        self.entry[k] = LeafEntry { end, tag };
         self.id[k] = id;
         self.wmask = (self.wmask & !(1 << k)) | ((write as u32) << k);
     }
     /// Inserts `it` at `pos`, shifting the entries after it (the leaf is not full).
     pub(super) fn insert(&mut self, pos: usize, it: Item) {
         let len = self.len as usize;
-        debug_assert!(len < CAP);
+        debug_assert!(len < LEAF_CAP);
         self.start.copy_within(pos..len, pos + 1);
-        self.ent.copy_within(pos..len, pos + 1);
+        self.entry.copy_within(pos..len, pos + 1);
         self.id.copy_within(pos..len, pos + 1);
         let low = self.wmask & ((1u32 << pos) - 1);
         self.wmask = low | ((self.wmask & !((1u32 << pos) - 1)) << 1);
@@ -64,7 +64,7 @@ impl Leaf {
     /// Recomputes bit `k` of `spill`.
     #[inline]
     pub(super) fn refresh(&mut self, k: usize) {
-        let on = k + 1 < self.len as usize && self.ent[k].end >= self.start[k + 1];
+        let on = k + 1 < self.len as usize && self.entry[k].end >= self.start[k + 1];
         self.spill = (self.spill & !(1 << k)) | ((on as u32) << k);
     }
     /// Recomputes `spill` and the guess's slope (after a bulk change).
@@ -104,11 +104,11 @@ impl Leaf {
         &'a self,
         k: usize,
         writes_only: bool,
-        w: &mut Work,
+        cost: &mut SearchCost,
         f: &mut dyn FnMut(Found<'a>),
     ) {
         if !writes_only || self.wmask & (1 << k) != 0 {
-            w.checks += 1;
+            cost.checks += 1;
             f(Found { leaf: self, k });
         }
     }
@@ -121,7 +121,7 @@ impl Leaf {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let p = self.ent.as_ptr().cast::<i8>();
+            let p = self.entry.as_ptr().cast::<i8>();
             for line in 0..3 {
                 // SAFETY: a prefetch reads nothing and faults on nothing; the address
                 // is inside the leaf.
@@ -133,7 +133,7 @@ impl Leaf {
     /// is right when `qe` is below it.
     #[inline(always)]
     pub(super) fn start_after(&self, k: usize) -> i64 {
-        if k + 1 < CAP {
+        if k + 1 < LEAF_CAP {
             self.start[k + 1]
         } else {
             i64::MAX
@@ -154,7 +154,7 @@ impl Leaf {
         debug_assert!(x >= 0, "offset {x}");
         let x1 = x.wrapping_add(1);
         let mut n = 0;
-        for k in 0..CAP {
+        for k in 0..LEAF_CAP {
             n += at_most(self.start[k], x1);
         }
         n.min(self.len as usize)
@@ -165,8 +165,8 @@ impl Leaf {
     #[inline(never)]
     pub(super) fn overlaps(&self, qs: i64, qe: i64, writes_only: bool) -> u32 {
         let mut m = 0u32;
-        for k in 0..CAP {
-            m |= (((self.start[k] <= qe) & (self.ent[k].end >= qs)) as u32) << k;
+        for k in 0..LEAF_CAP {
+            m |= (((self.start[k] <= qe) & (self.entry[k].end >= qs)) as u32) << k;
         }
         let kind = if writes_only { self.wmask } else { u32::MAX };
         m & kind & ((1u32 << self.len) - 1)
@@ -174,7 +174,7 @@ impl Leaf {
     /// Keeps the first `n` entries; the rest become padding.
     pub(super) fn truncate(&mut self, n: usize) {
         self.start[n..].fill(PAD_START);
-        self.ent[n..].fill(PAD_ENT);
+        self.entry[n..].fill(PAD_ENTRY);
         self.len = n as u32;
         self.wmask &= (1u32 << n) - 1;
         self.fix_spill();
@@ -182,14 +182,14 @@ impl Leaf {
     pub(super) fn remove(&mut self, pos: usize) {
         let len = self.len as usize;
         self.start.copy_within(pos + 1..len, pos);
-        self.ent.copy_within(pos + 1..len, pos);
+        self.entry.copy_within(pos + 1..len, pos);
         self.id.copy_within(pos + 1..len, pos);
         let low = self.wmask & ((1u32 << pos) - 1);
         self.wmask = low | ((self.wmask >> 1) & !((1u32 << pos) - 1));
         let low = self.spill & ((1u32 << pos) - 1);
         self.spill = low | ((self.spill >> 1) & !((1u32 << pos) - 1));
         self.start[len - 1] = PAD_START;
-        self.ent[len - 1] = PAD_ENT;
+        self.entry[len - 1] = PAD_ENTRY;
         self.len -= 1;
         self.wmask &= (1u32 << self.len) - 1;
         self.spill &= (1u32 << self.len) - 1;
@@ -228,7 +228,7 @@ impl Branch {
         debug_assert!(x >= 0, "offset {x}");
         let x1 = x.wrapping_add(1);
         let mut i = 0;
-        for j in 1..BCAP {
+        for j in 1..BRANCH_CAP {
             i += at_most(self.sep[j], x1);
         }
         i.min(self.len as usize - 1)
@@ -249,7 +249,7 @@ impl Branch {
             &self.max_end
         };
         let mut m = (reach[0] >= qs) as u32;
-        for j in 1..BCAP {
+        for j in 1..BRANCH_CAP {
             m |= (((self.sep[j] <= qe) & (reach[j] >= qs)) as u32) << j;
         }
         m & ((1u32 << self.len) - 1)
@@ -279,7 +279,7 @@ impl Branch {
     }
     pub(super) fn insert(&mut self, pos: usize, it: Item) {
         let len = self.len as usize;
-        debug_assert!(len < BCAP);
+        debug_assert!(len < BRANCH_CAP);
         self.sep.copy_within(pos..len, pos + 1);
         self.sep_id.copy_within(pos..len, pos + 1);
         self.max_end.copy_within(pos..len, pos + 1);
@@ -341,7 +341,7 @@ impl Branch {
     /// `qe` is right when `qe` is below it.
     #[inline(always)]
     pub(super) fn sep_after(&self, i: usize) -> i64 {
-        if i + 1 < BCAP {
+        if i + 1 < BRANCH_CAP {
             self.sep[i + 1]
         } else {
             i64::MAX

@@ -13,25 +13,32 @@ impl StartTree {
         qs: i64,
         qe: i64,
         writes_only: bool,
-        w: &mut Work,
+        cost: &mut SearchCost,
         f: &mut dyn FnMut(Found<'a>),
     ) {
-        if self.root != NONE {
+        if self.root != NO_NODE {
             let q = Query { qs, qe, writes_only };
-            self.scan_in(self.root, self.height, q, w, f);
+            self.scan_in(self.root, self.height, q, cost, f);
         }
     }
 
     /// Scans below node `b` (height `h`): [`StartTree::scan_body`], with the AVX2
     /// counts of [`avx2`] where the CPU has AVX2 and POPCNT (detected once).
     #[inline]
-    fn scan_in<'a>(&'a self, b: BId, h: u32, q: Query, w: &mut Work, f: &mut dyn FnMut(Found<'a>)) {
+    fn scan_in<'a>(
+        &'a self,
+        b: TreeNodeId,
+        h: u32,
+        q: Query,
+        cost: &mut SearchCost,
+        f: &mut dyn FnMut(Found<'a>),
+    ) {
         if avx2::detected() {
             // SAFETY: the CPU has AVX2 and POPCNT, as detected.
-            return unsafe { self.scan_avx2(b, h, q, w, f) };
+            return unsafe { self.scan_avx2(b, h, q, cost, f) };
         }
         // SAFETY: the portable counts need nothing of the CPU.
-        unsafe { self.scan_base(b, h, q, w, f) }
+        unsafe { self.scan_base(b, h, q, cost, f) }
     }
 
     /// [`StartTree::scan_body`] with the portable counts; out of line, so that
@@ -43,14 +50,14 @@ impl StartTree {
     #[inline(never)]
     pub(super) unsafe fn scan_base<'a>(
         &'a self,
-        b: BId,
+        b: TreeNodeId,
         h: u32,
         q: Query,
-        w: &mut Work,
+        cost: &mut SearchCost,
         f: &mut dyn FnMut(Found<'a>),
     ) {
         // SAFETY: without AVX2 the body uses only portable code.
-        unsafe { self.scan_body::<false>(b, h, q, w, f) }
+        unsafe { self.scan_body::<false>(b, h, q, cost, f) }
     }
 
     /// [`StartTree::scan_body`] with AVX2 counts.
@@ -59,9 +66,16 @@ impl StartTree {
     ///
     /// The CPU must have AVX2 and POPCNT.
     #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,popcnt"))]
-    unsafe fn scan_avx2<'a>(&'a self, b: BId, h: u32, q: Query, w: &mut Work, f: &mut dyn FnMut(Found<'a>)) {
+    unsafe fn scan_avx2<'a>(
+        &'a self,
+        b: TreeNodeId,
+        h: u32,
+        q: Query,
+        cost: &mut SearchCost,
+        f: &mut dyn FnMut(Found<'a>),
+    ) {
         // SAFETY: the caller's: the CPU has AVX2 and POPCNT.
-        unsafe { self.scan_body::<true>(b, h, q, w, f) }
+        unsafe { self.scan_body::<true>(b, h, q, cost, f) }
     }
 
     /// Scans below node `b` (height `h`): descends while a single child may overlap
@@ -74,16 +88,16 @@ impl StartTree {
     #[inline(always)]
     unsafe fn scan_body<'a, const AVX2: bool>(
         &'a self,
-        b: BId,
+        b: TreeNodeId,
         h: u32,
         q: Query,
-        w: &mut Work,
+        cost: &mut SearchCost,
         f: &mut dyn FnMut(Found<'a>),
     ) {
         let Query { qs, qe, writes_only } = q;
         let (mut b, mut h) = (b, h);
         while h > 0 {
-            w.nodes += 1;
+            cost.nodes += 1;
             let br = &self.branches[b as usize];
             if br.inv != NO_GUESS {
                 let g = br.guess(qe);
@@ -114,7 +128,7 @@ impl StartTree {
             while m & m.wrapping_sub(1) != 0 {
                 let i = m.trailing_zeros() as usize;
                 m &= m - 1;
-                self.scan_in(br.child[i], h - 1, q, w, f);
+                self.scan_in(br.child[i], h - 1, q, cost, f);
             }
             if m == 0 {
                 return;
@@ -122,13 +136,13 @@ impl StartTree {
             b = br.child[m.trailing_zeros() as usize];
             h -= 1;
         }
-        w.nodes += 1;
+        cost.nodes += 1;
         let l = &self.leaves[b as usize];
         l.prefetch_ents();
         if l.inv != LEAF_NO_GUESS {
             let k = l.guess(qe);
             if (qe < l.start_after(k)) & l.sole_from(k, qs) {
-                return l.report(k, writes_only, w, f);
+                return l.report(k, writes_only, cost, f);
             }
         }
         // As in a branch: the last entry starting at or before qe is usually the only
@@ -144,13 +158,13 @@ impl StartTree {
         }
         let k = p - 1;
         if l.sole_from(k, qs) {
-            return l.report(k, writes_only, w, f);
+            return l.report(k, writes_only, cost, f);
         }
         let mut m = l.overlaps(qs, qe, writes_only);
         while m != 0 {
             let k = m.trailing_zeros() as usize;
             m &= m - 1;
-            w.checks += 1;
+            cost.checks += 1;
             f(Found { leaf: l, k });
         }
     }

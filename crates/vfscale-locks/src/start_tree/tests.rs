@@ -18,12 +18,12 @@ fn tag(id: NodeId) -> Tag {
 /// exactly what the one `scan` dispatched to does (the AVX2 one, on a CPU with it).
 fn scan_raw(t: &StartTree, qs: i64, qe: i64, wo: bool) -> Vec<NodeId> {
     let mut got = Vec::new();
-    t.scan(qs, qe, wo, &mut Work::default(), &mut |e| {
+    t.scan(qs, qe, wo, &mut SearchCost::default(), &mut |e| {
         assert_eq!(e.tag(), tag(e.id()), "the tag of {}", e.id());
         got.push(e.id())
     });
     let mut portable = Vec::new();
-    if t.root != NONE {
+    if t.root != NO_NODE {
         let q = Query {
             qs,
             qe,
@@ -31,7 +31,7 @@ fn scan_raw(t: &StartTree, qs: i64, qe: i64, wo: bool) -> Vec<NodeId> {
         };
         // SAFETY: the portable body needs nothing of the CPU.
         unsafe {
-            t.scan_base(t.root, t.height, q, &mut Work::default(), &mut |e| {
+            t.scan_base(t.root, t.height, q, &mut SearchCost::default(), &mut |e| {
                 portable.push(e.id())
             })
         };
@@ -59,7 +59,7 @@ fn matches_a_sorted_set_through_growth_and_shrinkage() {
         x
     };
     let mut next_id: NodeId = 0;
-    let w = &mut Work::default();
+    let cost = &mut SearchCost::default();
     for phase in 0..8u64 {
         let target = [3000, 0, 500, 2000, 10, 4000, 0, 100][phase as usize];
         let mut steps = 0;
@@ -80,13 +80,13 @@ fn matches_a_sorted_set_through_growth_and_shrinkage() {
                     start.saturating_add((rnd() % 4) as i64 * if rnd() % 50 == 0 { 1000 } else { 1 })
                 };
                 let write = rnd() % 3 != 0;
-                t.insert(start, end, next_id, write, tag(next_id), w);
+                t.insert(start, end, next_id, write, tag(next_id), cost);
                 model.insert((start, next_id), (end, write));
                 next_id += 1;
             } else {
                 let k = (rnd() % model.len() as u64) as usize;
                 let key = *model.keys().nth(k).unwrap();
-                t.remove(key.0, key.1, w);
+                t.remove(key.0, key.1, cost);
                 model.remove(&key);
             }
             if steps % 97 == 0 || model.len() == target {
@@ -126,9 +126,9 @@ fn matches_a_sorted_set_through_growth_and_shrinkage() {
 #[test]
 fn an_ascending_run_fills_its_leaves() {
     let mut t = StartTree::default();
-    let w = &mut Work::default();
+    let cost = &mut SearchCost::default();
     for i in 0..10_000u32 {
-        t.insert(2 * i as i64, 2 * i as i64, i, true, tag(i), w);
+        t.insert(2 * i as i64, 2 * i as i64, i, true, tag(i), cost);
     }
     t.check();
     let per = t.memory() as f64 / 10_000.0;
@@ -147,9 +147,9 @@ fn evenly_spaced_starts_are_guessed_exactly() {
     // are then 406 steps (29 leaves of 14) apart, below 2^24.
     for step in [2i64, 3, 4096, 16_000] {
         let mut t = StartTree::default();
-        let w = &mut Work::default();
+        let cost = &mut SearchCost::default();
         for i in 0..10_000u32 {
-            t.insert(step * i as i64, step * i as i64, i, true, tag(i), w);
+            t.insert(step * i as i64, step * i as i64, i, true, tag(i), cost);
         }
         for q in (0..10_000 * step)
             .step_by(step as usize / 2 + 1)
@@ -194,7 +194,7 @@ fn evenly_spaced_starts_are_guessed_exactly() {
     assert_eq!((l.guess(0), l.guess(1), l.guess(2), l.guess(5)), (0, 0, 1, 2));
     let mut br = EMPTY_BRANCH;
     for (i, sep) in [(i64::MIN, 0), (100, 0)].into_iter().enumerate() {
-        let (max_end, max_wend, child) = (0, 0, i as BId);
+        let (max_end, max_wend, child) = (0, 0, i as TreeNodeId);
         br.insert(
             i,
             Item::Branch {
@@ -243,7 +243,7 @@ fn reported(t: &StartTree, c: &StartTree, qs: i64, qe: i64, wo: bool) -> Vec<Nod
 /// base, a leaf's first start): the slope's error bound holds for every step the
 /// node takes.
 fn guesses_exact(t: &StartTree, x: i64) {
-    if t.root == NONE {
+    if t.root == NO_NODE {
         return;
     }
     let (mut b, mut h) = (t.root, t.height);
@@ -367,7 +367,7 @@ proptest::proptest! {
         let base = if at_end { i64::MAX - slack - (n - 1) * step } else { slack };
         let mut t = StartTree::default();
         let mut model = Model::new();
-        let w = &mut Work::default();
+        let cost = &mut SearchCost::default();
         let mut idx: Vec<i64> = (0..n).collect();
         match order {
             0 => {}
@@ -393,7 +393,7 @@ proptest::proptest! {
                 l => start.saturating_add(l - 1),
             };
             let write = next_id % 3 != 1;
-            t.insert(start, end, next_id, write, tag(next_id), w);
+            t.insert(start, end, next_id, write, tag(next_id), cost);
             model.insert((start, next_id), (end, write));
             next_id += 1;
         };
@@ -408,7 +408,7 @@ proptest::proptest! {
             let (s, id) = keys[(r % keys.len() as u64) as usize];
             match what {
                 0 | 1 => {
-                    t.remove(s, id, &mut Work::default());
+                    t.remove(s, id, &mut SearchCost::default());
                     model.remove(&(s, id));
                 }
                 2 => add(&mut t, &mut model, s.saturating_add(1), 1),
@@ -437,11 +437,11 @@ proptest::proptest! {
         let n = n.min(i64::MAX / step);
         let base = if at_end { i64::MAX - (n - 1) * step } else { 0 };
         let mut t = StartTree::default();
-        let w = &mut Work::default();
+        let cost = &mut SearchCost::default();
         for i in 0..n {
             let s = base + i * step;
             let end = if i % 7 == 3 { s.saturating_add(step) } else { s };
-            t.insert(s, end, i as NodeId, i % 2 == 0, tag(i as NodeId), w);
+            t.insert(s, end, i as NodeId, i % 2 == 0, tag(i as NodeId), cost);
         }
         let c = counted(&t);
         let mut f = counted(&t);
