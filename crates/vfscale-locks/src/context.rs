@@ -259,8 +259,8 @@ impl Inner {
 /// |---|---|
 /// | both lock lists, every record's type and range | `inner` (`flc_lock`) |
 /// | the wait trees (`blocker`, `children`) | `inner` |
-/// | a waiter's wake state | that waiter's `state` (leaf) |
-/// | a waiter's detector link | that waiter's `link` (leaf), written under `inner` |
+/// | a request's wake state and hand-off result | its wait cell's `wait` (leaf) |
+/// | a request's detector link | its wait cell's `link` (leaf), written under `inner` |
 /// | the blocked hash | the manager's `blocked_lock`, taken under `inner` |
 ///
 /// Aligned to 128 bytes (two cache lines, for adjacent-line prefetch) so that two

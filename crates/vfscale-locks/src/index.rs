@@ -12,15 +12,14 @@
 //!   record id (4 bytes and a control byte per bucket): the owner is read from the
 //!   record.
 //! * **By start** (`start`, id): a B+ tree (15-entry leaves, 31-child branches) kept
-//!   apart from the records
-//!   (`start_index.rs`), augmented per child with the largest `end`, over all locks and
-//!   over write locks only: an interval tree that finds the locks overlapping a range
-//!   without visiting those that end before it (and, for a read request, without
-//!   visiting read locks). Over 10,000 locks a descent touches 3 nodes (height 2), not
-//!   14 records. A leaf keeps, beside each lock's start, its end, type, run key `seq`
-//!   and the pid `F_GETLK` reports (`Tag`): a conflict search and `F_GETLK` read no
-//!   record. Only a caller that needs the conflicting lock's record (a set that
-//!   blocks, the wait trees) reads it, by the id the leaf also keeps.
+//!   apart from the records (`start_tree.rs`), augmented per child with the largest `end`,
+//!   over all locks and over write locks only: an interval tree that finds the locks
+//!   overlapping a range without visiting those that end before it (and, for a read
+//!   request, without visiting read locks). Over 10,000 locks a descent touches 3 nodes
+//!   (height 2), not 14 records. A leaf keeps, beside each lock's start, its end, type, run
+//!   key `seq` and the pid `F_GETLK` reports (`Tag`): a conflict search and `F_GETLK` read
+//!   no record. Only a caller that needs the conflicting lock's record (a set that blocks,
+//!   the wait trees) reads it, by the id the leaf also keeps.
 //!
 //! **Who is another owner**, without the records: two granted locks have the same owner
 //! exactly when they have the same run key (below), so a lock conflicts only if its key
@@ -29,45 +28,11 @@
 //! for the same owner as the last search's, from a one-entry cache (`PosixTree::last`)
 //! that follows the owner's run as it starts and ends and as keys are renumbered.
 //!
-//! Cost (cachegrind, `examples/lockmany_probe.rs`, one OFD owner setting and removing a
-//! lock at a random free byte among H one-byte locks, and testing a held byte): a
-//! set+unset pair 2,190 instructions and 0 L1 misses at H = 10, 3,130 and 6.0 at
-//! 10,000 (one AVL by (owner, start) over all owners: 2,600 and 5,460; the AVL by start
-//! before that: 3,486 and 8,565 with 30 misses); with 31-child branches 2,990 and 8.3;
-//! a test 376 instructions at 10, 503 with 5.0 L1 misses at 10,000 (was 1,146 and 14;
-//! with 15-child branches and no AVX2, 594 and 6.2): the B+ tree descent (a branch's
-//! first six lines, a leaf's three) and the record (64 bytes, line-aligned). With
-//! interpolation on evenly spaced keys: a test 375 and 456 instructions, 5.0 L1 misses
-//! (a leaf's slope shares its start lines; a branch's is in its last line), a set+unset
-//! pair 2,500 and 3,231. A node
-//! step counts instead of searching, so the descent mispredicts no branch on a random
-//! key (cachegrind's model: none per test at 10,000, was 5.75; with interpolation one,
-//! the descent loop's exit, which that model's predictor, keeping no history, misses).
-//! Answered from the leaf (no record read): a test 379 and 460 instructions, 4.5 L1
-//! misses at 10,000; a set+unset pair 2,528 and 3,271.
-//!
-//! Time (`lockmany_probe HELD ratio`, least of 60 batches): a test ~21 ns at 10 held,
-//! ~46-48 at 10,000 (~33 with the lines it reads in cache). A branch level of the descent
-//! cost ~10 ns (a vector load, the count, the child's id: a chain of dependent steps)
-//! and 10,000 locks need two: ~61 ns (~43 in cache), 2.6-2.7× the 10-held time. A node
-//! whose keys are evenly spaced (lockmany's, and fixed-size records, pages, slots) is
-//! stepped by interpolation instead, checked by a predicted branch (`start_index.rs`),
-//! ~5 ns a level, so the test at 10,000 is ~2.3× its 10-held time here: what is left
-//! is the two dependent misses of a random test (the leaf, then the record: ~15 ns,
-//! with L1 TLB misses, in a working set of ~900 KB) and the two shorter levels. Nodes
-//! with irregular keys count as before (~2.7×). The lab (`vfscale bench lockmany`,
-//! means of 3 runs, load ~3, alternated with the counting build): test at 10,000 held
-//! 50-54 ns, 2.25-2.51× its 10-held time (counting: 61-72 ns, 2.57-3.16×).
-//!
-//! The record was the second dependent miss: since the leaf answers (its entry's line
-//! prefetched with the leaf's starts), a test at 10,000 held is ~40 ns in the probe
-//! (10 held ~22, as before), 1.8× its 10-held time; in the lab (`--runs 5 --duration
-//! 0.5`, load ~1.5, alternated with the build before) 40.0-43.2 ns, 1.65-1.79× (before:
-//! 53.4-55.3 ns, 2.14-2.33×), at 10 held 24.0-25.2 ns either way; set+unset at 10,000
-//! 254-268 ns (before 276-288). Memory per lock at 10,000 held: 111 B OFD, 103 B POSIX
-//! (was 113 and 105: the tags take 120 bytes a leaf, 8.6 a lock; leaves filled to
-//! 14/15 by an ascending run and the wait-link side table made on the first wait give
-//! back 2.5 and 8.4).
+//! **Why it is fast.** A node step counts instead of searching, so a random key costs no
+//! mispredicted branch; a node whose keys are evenly spaced (fixed-size records, pages,
+//! slots) is stepped by interpolation, checked by a predicted branch (`start_tree.rs`);
+//! and the leaf answers a conflict test and `F_GETLK` itself, so a test misses on the
+//! leaf, not on the leaf and then the record. docs/benchmarks.md has the measurements.
 //!
 //! **Linux's list order** is kept as a key. In Linux an owner's locks are adjacent and
 //! sorted by start, and an owner with no lock on the inode starts its run at the end of
@@ -143,9 +108,8 @@ pub(crate) struct PosixTree {
     next_seq: u32,
     /// The last owner a conflict search looked up ([`owner_bits`]) and its run key (0:
     /// it holds no lock here), kept exact as runs start and end: a process or open file
-    /// that tests or sets again finds its key without probing the owner table (~45
-    /// instructions, and a frame the usual way does not need). At first process 0, which
-    /// holds nothing.
+    /// that tests or sets again finds its key without probing the owner table (a frame
+    /// the usual way does not need). At first process 0, which holds nothing.
     last: Cell<(u64, u64, u32)>,
 }
 

@@ -1,8 +1,8 @@
 //! What must be global: the blocked hash for deadlock detection, the listing shards, the
 //! experiment settings, and the counters the lab reads.
 
-// foldhash (hashbrown's default): SipHash on these integer keys was 13% of a herd's
-// samples in `perf record` (the wait-chain tracker's lookups on every block and wake).
+// foldhash (hashbrown's default): SipHash on these integer keys showed up in a herd's
+// profile (the blocked hash's lookups on every block and wake).
 use hashbrown::HashMap;
 use std::sync::{Arc, Weak};
 
@@ -21,11 +21,12 @@ pub const MAX_DEADLK_ITERATIONS: usize = 10;
 /// How an unlock wakes the requests blocked on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum WakeMode {
-    /// Seed 003: blocked requests form a tree in which siblings never conflict; an
+    /// The wait tree of fs/locks.c (NeilBrown's 2018 "locks: avoid thundering-herd
+    /// wake-ups"): blocked requests form a tree in which siblings never conflict; an
     /// unlock wakes only the direct waiters of what changed.
     #[default]
     Tree,
-    /// Before seed 003: every request waits directly on the lock that blocks it and an
+    /// Before the wait tree: every request waits directly on the lock that blocks it and an
     /// unlock wakes them all (the thundering herd). For the lab's "base" runs.
     All,
 }
@@ -33,10 +34,11 @@ pub enum WakeMode {
 /// Which lock protects an inode's lock lists.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ContextLock {
-    /// Seed 000: each inode's lists are protected by that inode's own lock.
+    /// The per-inode lock of Jeff Layton's 2013 "locks: scalability improvements for file locking":
+    /// each inode's lists are protected by that inode's own lock.
     #[default]
     PerInode,
-    /// Before seed 000: one global lock (`file_lock_lock`) serializes every lock
+    /// Before the per-inode lock: one global lock (`file_lock_lock`) serializes every lock
     /// operation on every inode. For the lab's "base" runs.
     Global,
 }
@@ -55,15 +57,16 @@ pub enum LockIndex {
     List,
 }
 
-/// Experiment settings. Each switches only the mechanism its seed changed, so the lab
+/// Experiment settings. Each switches only the mechanism one kernel change brought, so
+/// the lab
 /// can run "base" against "patched" in one process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Settings {
-    /// Seed 003's setting.
+    /// The wait tree or not (NeilBrown, 2018).
     pub wake: WakeMode,
-    /// Seed 000's setting.
+    /// The per-inode lock or the global one (Jeff Layton, 2013).
     pub context_lock: ContextLock,
-    /// Issue 12's setting: how each inode finds its POSIX and OFD locks.
+    /// This library's own setting: how each inode finds its POSIX and OFD locks.
     pub index: LockIndex,
 }
 
@@ -167,7 +170,7 @@ impl BlockedHash {
 /// The global side of the lock system: one per "kernel".
 ///
 /// Lock order (outermost first): the global lock of [`ContextLock::Global`] → an inode's
-/// `flc_lock` → `blocked_lock` → a listing shard → a waiter's leaf locks.
+/// `flc_lock` → `blocked_lock` → a listing shard → a wait cell's leaf locks.
 #[derive(Debug)]
 pub struct LockManager {
     settings: Settings,
@@ -184,7 +187,8 @@ pub struct LockManager {
 }
 
 impl LockManager {
-    /// A manager with the seeds' designs ([`Settings::default`]).
+    /// A manager with the per-inode lock, the wait tree and the index
+    /// ([`Settings::default`]).
     pub fn new() -> Arc<LockManager> {
         Self::with_settings(Settings::default())
     }

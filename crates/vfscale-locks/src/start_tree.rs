@@ -2,8 +2,8 @@
 //! OFD locks, augmented with the greatest `end` (over all locks and over write locks)
 //! of every child subtree — an interval tree with wide nodes.
 //!
-//! Leaves hold up to [`LEAF_CAP`] entries and branches [`BRANCH_CAP`] children, in arrays of their
-//! own (a leaf's starts together, ends with tags together, a branch's separators
+//! Leaves hold up to [`LEAF_CAP`] entries and branches [`BRANCH_CAP`] children, in
+//! arrays of their own (a leaf's starts together, ends with tags together, a branch's separators
 //! together, ends together), apart from the lock records: a descent over 10,000 locks
 //! touches three nodes, whose upper levels stay in cache. A leaf entry carries what a
 //! conflict test and `F_GETLK` need of the lock (end, type, the owner's run key and the
@@ -13,47 +13,34 @@
 //! A step down a node has no data-dependent exit: it counts the starts (separators) at
 //! or below the bound over all slots, unused ones padded (start `i64::MAX`, end
 //! `i64::MIN`), so a random key's place costs no mispredicted branch. Where the CPU has
-//! AVX2 (detected at run time), a scan counts with it: four signed compares a vector,
-//! packed to one mask and counted with `popcnt` — a shorter step than the portable
-//! sum, since a descent is a chain of counts each waiting for the one before (lockmany's
-//! test ~7 ns faster than with the compiler's vectorized sum, at 10 held and at
-//! 10,000). A scan then needs
-//! only the last counted entry (child) when the range starts at or after its start and
-//! none before it spills over its successor's start — each node keeps that as a bitmask
-//! (`spill`); otherwise (overlapping locks, a long range) it takes the exact mask of
-//! candidates. Both give the same entries; the fast way is the usual one for small
-//! ranges among disjoint locks (lockmany's test at 10,000 held: 693 -> 594
-//! instructions, 5.8 -> 5.6 L1 misses, 5.75 -> 1.5 mispredicts in cachegrind's model,
-//! ~72 -> ~47 ns); the exact mask is out of line, so the usual way keeps its values in
-//! registers. The usual way reads no child's greatest end (lines of their own) and does
-//! not test a leaf entry's end: a leaf reports its one candidate, and the caller tests
-//! the overlap with the entry's end, on the line of its tag. That line is prefetched as
-//! the leaf's starts are read (the entry is known only once they are): it is not a
-//! second dependent miss, which the record read after the leaf was (lockmany's test at
-//! 10,000 held ~46 -> ~40 ns).
+//! AVX2 (detected at run time), the count uses it (`avx2.rs`): a descent is a chain of
+//! counts, each waiting for the one before, and the vector count is the shorter step.
 //!
-//! **Interpolation.** A descent is a chain of such counts, each waiting for the one
-//! before (a vector load, compares, a mask, `popcnt`, then the child's id: ~10 ns a
-//! branch level here). A node whose keys (a leaf's starts, a branch's separators
+//! **The usual way.** A scan needs only the last counted entry (child) when the range
+//! starts at or after its start and none before it spills over its successor's start;
+//! each node keeps that as a bitmask (`spill`). Otherwise (overlapping locks, a long
+//! range) it takes the exact mask of candidates, out of line so that the usual way keeps
+//! its values in registers. Both give the same entries. The usual way reads no child's
+//! greatest end (lines of their own) and does not test a leaf entry's end: a leaf
+//! reports its one candidate, and the caller tests the overlap with the entry's end, on
+//! the line of its tag. That line is prefetched as the leaf's starts are read, so it is
+//! not a second dependent miss.
+//!
+//! **Interpolation.** A node whose keys (a leaf's starts, a branch's separators
 //! `sep[1..]`) are evenly spaced, `step` bytes apart (`2 ≤ step < 2^14` in a leaf,
-//! `< 2^24` in a branch: locks on fixed-size records, pages, hash chains, reader slots,
-//! lockmany's bytes `2i`), keeps the slope of the line through them (`inv`, about
-//! `2^32 / step` in a leaf, on the start lines, `2^64 / step` in a branch, recomputed
-//! with `spill` whenever its keys change); a step down it is then a subtract, a
-//! multiply and the child's id, and the count is not needed: the guess `g` is exact
-//! for every bound at or above the first key. The guess is still checked (`sep[g] ≤ qs` and
-//! `qe < sep[g + 1]`, with the `spill` bits, which is exactly the usual way's condition
-//! for child `g`), but as a branch the CPU predicts, so the next node's lines are
-//! fetched before the check is done: the check leaves the dependent chain. A guess that
-//! fails (a bound below the first key, a long range) takes the count. A node whose keys
-//! are not evenly spaced keeps `inv` = [`NO_GUESS`] and counts, as before: guessing
-//! there would cost a mispredicted branch per node (an interpolation on irregular keys
-//! measured ~4 ns slower at 10 held). lockmany's test at 10,000 held: ~61 -> ~46-48 ns
-//! (probe minima), ~43 -> ~33 with its lines in cache (`LOCKMANY_SPREAD=8`); 511 -> 456
-//! instructions, L1 misses 5.0 either way; a set+unset pair +230-280 instructions (the
-//! evenness check on each leaf change).
+//! `< 2^24` in a branch: locks on fixed-size records, pages, hash chains, reader slots),
+//! keeps the slope of the line through them (`inv`, about `2^32 / step` in a leaf, on
+//! the start lines, `2^64 / step` in a branch, recomputed with `spill` whenever its keys
+//! change); a step down it is then a subtract, a multiply and the child's id, and the
+//! guess `g` is exact for every bound at or above the first key. The guess is still
+//! checked (`sep[g] ≤ qs` and `qe < sep[g + 1]`, with the `spill` bits: exactly the
+//! usual way's condition for child `g`), but as a branch the CPU predicts, so the next
+//! node's lines are fetched before the check is done. A guess that fails (a bound below
+//! the first key, a long range) takes the count. A node whose keys are not evenly
+//! spaced keeps `inv` = [`NO_GUESS`] and counts: guessing there would cost a
+//! mispredicted branch per node.
 //!
-//! Invariants (checked by [`StartTree::check`]):
+//! Invariants (checked by `StartTree::check`):
 //! * every leaf is at the same depth; every node but the root holds at least [`MIN_ENTRIES`]
 //!   entries;
 //! * a leaf's entries are sorted by (`start`, id); a branch's `sep[i]`, `i ≥ 1`, is a
@@ -69,20 +56,17 @@
 use crate::context::NodeId;
 use crate::index::SearchCost;
 
-/// Entries per node: 15, so a leaf (starts, ends with tags, ids, header) is exactly seven
-/// cache lines, aligned (16 entries made a 328-byte leaf of starts, ends and ids
-/// straddling lines; at 10,000 locks the test's L1 misses went from 8.0 to 6.7).
+/// Entries per leaf: 15, so a leaf (starts, ends with tags, ids, header) is exactly
+/// seven cache lines, aligned (16 would straddle lines).
 pub(crate) const LEAF_CAP: usize = 15;
 /// Children per branch: 31, so that 10,000 locks taken in file order need two branch
-/// levels, not three (29^2 leaves of 14); a branch is sixteen lines, of which a step
-/// reads six (the children, the separators).
+/// levels, not three; a branch is sixteen lines, of which a step reads six (the
+/// children, the separators).
 pub(crate) const BRANCH_CAP: usize = 31;
 /// Least entries in a node other than the root: 2, so that an ascending run (locks
 /// taken in file order, as lockmany and many databases do) leaves its branches 29/31
 /// and its leaves 14/15 full (a leaf split by an append keeps all but one entry: the
-/// new key joins that one). With 3 and 12/15: at 10,000 locks 8% more leaves, memory
-/// per lock 117.4 -> 113.6 B with 320-byte leaves at 13/15; with the tags (448-byte
-/// leaves) 14/15 instead of 13/15 saves 2.5 B per lock.
+/// new key joins that one), which saves memory per lock.
 pub(crate) const MIN_ENTRIES: usize = 2;
 
 /// Entries a node of height `h` holds at most.

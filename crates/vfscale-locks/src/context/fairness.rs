@@ -1,11 +1,12 @@
 //! Fairness: the fair hand-off, the owners' turns, and the clock that times them (how
 //! long a request has waited and when an inode may hand off again).
 //!
-//! Normally this is real time ([`Instant`], read once per critical section) and
-//! [`QUANTUM`] is half a millisecond, as in `parking_lot`'s eventual fairness. Under the model checkers (loom, shuttle) time is
-//! not modelled: a stamp is the count of critical sections the inode has run, and the
-//! quantum is two of them, so every schedule is reproducible and the checkers reach
-//! both a wake-up without a hand-off and a later hand-off to the request it woke.
+//! Normally this is real time ([`Instant`](std::time::Instant), read once per critical section) and
+//! [`QUANTUM`] is half a millisecond, as in `parking_lot`'s eventual fairness. Under the
+//! model checkers (loom, shuttle) time is not modelled: a stamp is the count of critical
+//! sections the inode has run, and the quantum is two of them, so every schedule is
+//! reproducible and the checkers reach both a wake-up without a hand-off and a later
+//! hand-off to the request it woke.
 
 use crate::context::{Attempt, Inner, NodeId};
 use crate::lock::{family_conflict, FileLock, LockKind, OwnerKey};
@@ -25,9 +26,8 @@ mod imp {
 
     /// One inode's clock: the time read once per critical section (its first [`now`]),
     /// not at every use. A section runs for nanoseconds, and a read of the monotonic
-    /// clock costs ~24 ns here (vDSO, TSC clocksource, a 2-vCPU KVM guest): the herd's
-    /// lock+unlock pair read it twice (the hand-off's turn check and the wake-up's
-    /// turn end), 27-30% of its time in `perf`.
+    /// clock costs tens of them: the herd's lock+unlock pair would read it twice (the
+    /// hand-off's turn check and the wake-up's turn end).
     ///
     /// [`now`]: Clock::now
     #[derive(Debug, Default)]

@@ -1,4 +1,4 @@
-//! The POSIX/OFD lock update over Linux's list ([`LockIndex::List`]).
+//! The POSIX/OFD lock update over Linux's list ([`LockIndex::List`](crate::LockIndex::List)).
 
 use crate::context::{Inner, NodeId, Slot};
 use crate::lock::{lock_is_unlock, posix_same_owner, FileLock};
@@ -6,15 +6,16 @@ use crate::manager::BlockedGuard;
 use crate::wait_cell::WakeList;
 
 impl Inner {
-    /// `locks_delete_lock_ctx` for a POSIX or OFD lock with [`LockIndex::List`]: removes
-    /// `posix[idx]`, waking its waiters.
+    /// `locks_delete_lock_ctx` for a POSIX or OFD lock with
+    /// [`LockIndex::List`](crate::LockIndex::List): removes `posix[idx]`, waking its
+    /// waiters.
     fn list_delete_lock(&mut self, idx: usize, wl: &mut WakeList, bg: &mut BlockedGuard<'_>) {
         let id = self.posix.remove(idx);
         self.wake_up_blocks(id, wl, bg);
         self.release(id);
     }
 
-    /// The second half of `posix_lock_inode` over Linux's list ([`LockIndex::List`]):
+    /// The second half of `posix_lock_inode` over Linux's list ([`LockIndex::List`](crate::LockIndex::List)):
     /// walks the owner's locks, merging, splitting and trimming. `None` when the request
     /// was an unlock that changed nothing.
     pub(super) fn posix_update_list(

@@ -1,4 +1,4 @@
-//! The POSIX/OFD lock update over the index ([`LockIndex::Tree`]).
+//! The POSIX/OFD lock update over the index ([`LockIndex::Tree`](crate::LockIndex::Tree)).
 
 use crate::context::{Arena, Inner, NodeId, Slot};
 use crate::index::PosixTree;
@@ -7,14 +7,14 @@ use crate::manager::BlockedGuard;
 use crate::wait_cell::WakeList;
 
 impl Inner {
-    /// `locks_delete_lock_ctx` for a POSIX or OFD lock with [`LockIndex::Tree`].
+    /// `locks_delete_lock_ctx` for a POSIX or OFD lock with [`LockIndex::Tree`](crate::LockIndex::Tree).
     fn tree_delete_lock(&mut self, id: NodeId, wl: &mut WakeList, bg: &mut BlockedGuard<'_>) {
         self.tree.remove(&mut self.arena, id, &mut self.cost);
         self.wake_up_blocks(id, wl, bg);
         self.release(id);
     }
 
-    /// The second half of `posix_lock_inode` with [`LockIndex::Tree`]: the same walk
+    /// The second half of `posix_lock_inode` with [`LockIndex::Tree`](crate::LockIndex::Tree): the same walk
     /// and the same changes in the same order as [`Inner::posix_update_list`], over the
     /// owner's run in the index. It starts at the first of the owner's locks the list
     /// walk would not skip (the walk skips every lock ending before `start - 1`), and a

@@ -28,7 +28,7 @@ pub(crate) struct WaitLinks {
 }
 
 /// A granted lock or a blocked request, with its place, for a granted POSIX or OFD
-/// lock under [`LockIndex::Tree`], in the index. Its part in a wait tree is in
+/// lock under [`LockIndex::Tree`](crate::LockIndex::Tree), in the index. Its part in a wait tree is in
 /// [`Arena`]'s side table, so that the record is exactly one cache line: a conflict
 /// check or `F_GETLK` reads one line per record.
 ///
@@ -48,8 +48,8 @@ const _: () = assert!(std::mem::size_of::<Option<Node>>() == 64);
 /// record's wait links (boxed, present only on a blocked request and on a record that
 /// others wait on) sit in `waits`, indexed like `slots`: the rarely used part of a
 /// record stays off its cache line. `waits` is made on the inode's first wait (until
-/// then it is empty, and a lock costs 8 bytes less: at 1,000 OFD locks 128.1 -> 119.2 B
-/// per lock); from then on it is as long as `slots`.
+/// then it is empty, and a lock costs 8 bytes less); from then on it is as long as
+/// `slots`.
 #[derive(Debug, Default)]
 pub(crate) struct Arena {
     pub(super) slots: Vec<Option<Node>>,

@@ -23,7 +23,7 @@ impl Inner {
         let children = self.detach_children(id, bg);
         if children.is_empty() {
             // Nothing to hold back: the turn's end (a clock read) is not needed. Most
-            // unlocks in a herd wake nobody (0.0003 wake-ups per acquisition).
+            // unlocks in a herd wake nobody.
             return;
         }
         let hold = self.turn_end_for(self.node(id).fl.owner);
@@ -127,7 +127,7 @@ impl Inner {
     /// its former waiters (`orphans`, already detached) and their waiters: one whose
     /// retry would only sleep again stays where it was; any other is woken to retry, as
     /// Linux wakes them all. The results are Linux's; the cascade of wake-ups, one per
-    /// waiter, is not (seed 003's herd would otherwise wake every waiter in turn).
+    /// waiter, is not (the herd would otherwise wake every waiter in turn).
     fn readopt(&mut self, wid: NodeId, orphans: Vec<NodeId>, wl: &mut WakeList, bg: &mut BlockedGuard<'_>) {
         if orphans.is_empty() {
             return;
@@ -144,8 +144,8 @@ impl Inner {
             }
         }
         // Deeper waiters conflict with the records between them and `wid`; check them
-        // against the new records above `wid`. The walk allocates nothing: in seed
-        // 003's herd the subtree is a chain of every waiter, checked on each re-queue.
+        // against the new records above `wid`. The walk allocates nothing: in the
+        // herd the subtree is a chain of every waiter, checked on each re-queue.
         let above = &path[1..];
         while let Some(mut n) = keep.pop() {
             // A run of like waiters below `n` that all stay: go on from its tail (see

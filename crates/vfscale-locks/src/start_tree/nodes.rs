@@ -112,7 +112,7 @@ impl Leaf {
             f(Found { leaf: self, k });
         }
     }
-    /// Starts fetching the entries' ends and tags (the lines of [`Leaf::ent`] before
+    /// Starts fetching the entries' ends and tags (the lines of [`Leaf::entry`] before
     /// the one with `len`, which the guess reads anyway): the entry a scan reports is
     /// known only once the starts are read, and its line is then on its way, not a
     /// second miss after the leaf's.
