@@ -387,10 +387,10 @@ impl PosixTree {
     /// Checks the trees' shape, order, heights and augmentation (tests).
     #[cfg(test)]
     pub fn check(&self, ar: &Arena) {
-        use owner_tree::Side;
+        use owner_tree::ThreadedAvl;
 
         /// In-order walk; returns the height of subtree `t`.
-        fn walk<S: Side>(ar: &Arena, t: NodeId, out: &mut Vec<NodeId>) -> i32 {
+        fn walk<S: ThreadedAvl>(ar: &Arena, t: NodeId, out: &mut Vec<NodeId>) -> i32 {
             if t == NIL {
                 return 0;
             }

@@ -3,8 +3,9 @@
 
 use super::*;
 
-/// One of the two trees: how its links, height and key are reached.
-pub(super) trait Side {
+/// An AVL tree threaded through the records: how it reaches a record's links, height
+/// and key (generic so the balancing code reads apart from the by-owner fields).
+pub(super) trait ThreadedAvl {
     fn kids(ix: &IndexLinks) -> [NodeId; 2];
     fn set_kids(ix: &mut IndexLinks, k: [NodeId; 2]);
     fn height(ix: &IndexLinks) -> u8;
@@ -13,6 +14,7 @@ pub(super) trait Side {
     fn less(ar: &Arena, a: NodeId, b: NodeId) -> bool;
 }
 
+/// The by-owner tree: each owner's records by (`start`, id).
 pub(super) struct ByOwner;
 
 /// The key of a record in its owner's tree (all of one owner's records).
@@ -20,7 +22,7 @@ pub(super) fn owner_key(fl: &FileLock, id: NodeId) -> (i64, NodeId) {
     (fl.start, id)
 }
 
-impl Side for ByOwner {
+impl ThreadedAvl for ByOwner {
     fn kids(ix: &IndexLinks) -> [NodeId; 2] {
         ix.by_owner
     }
@@ -38,7 +40,7 @@ impl Side for ByOwner {
     }
 }
 
-fn height<S: Side>(ar: &Arena, t: NodeId) -> i32 {
+fn height<S: ThreadedAvl>(ar: &Arena, t: NodeId) -> i32 {
     if t == NIL {
         0
     } else {
@@ -47,13 +49,13 @@ fn height<S: Side>(ar: &Arena, t: NodeId) -> i32 {
 }
 
 /// Recomputes `t`'s height and augmentation from its children.
-fn update<S: Side>(ar: &mut Arena, t: NodeId) {
+fn update<S: ThreadedAvl>(ar: &mut Arena, t: NodeId) {
     let [l, r] = S::kids(&ar.node(t).ix);
     let h = 1 + height::<S>(ar, l).max(height::<S>(ar, r));
     S::set_height(&mut ar.node_mut(t).ix, h as u8);
 }
 
-fn rotate<S: Side>(ar: &mut Arena, t: NodeId, dir: usize) -> NodeId {
+fn rotate<S: ThreadedAvl>(ar: &mut Arena, t: NodeId, dir: usize) -> NodeId {
     // dir 1: rotate right (the left child rises); dir 0: rotate left.
     let up_side = 1 - dir;
     let mut tk = S::kids(&ar.node(t).ix);
@@ -68,7 +70,7 @@ fn rotate<S: Side>(ar: &mut Arena, t: NodeId, dir: usize) -> NodeId {
     u
 }
 
-fn rebalance<S: Side>(ar: &mut Arena, t: NodeId) -> NodeId {
+fn rebalance<S: ThreadedAvl>(ar: &mut Arena, t: NodeId) -> NodeId {
     update::<S>(ar, t);
     let [l, r] = S::kids(&ar.node(t).ix);
     let bf = height::<S>(ar, l) - height::<S>(ar, r);
@@ -95,7 +97,7 @@ fn rebalance<S: Side>(ar: &mut Arena, t: NodeId) -> NodeId {
     t
 }
 
-fn set_kid<S: Side>(ar: &mut Arena, t: NodeId, side: usize, k: NodeId) {
+fn set_kid<S: ThreadedAvl>(ar: &mut Arena, t: NodeId, side: usize, k: NodeId) {
     let mut kids = S::kids(&ar.node(t).ix);
     kids[side] = k;
     S::set_kids(&mut ar.node_mut(t).ix, kids);
@@ -104,13 +106,13 @@ fn set_kid<S: Side>(ar: &mut Arena, t: NodeId, side: usize, k: NodeId) {
 /// Rebalances `t` after a change below it: (new subtree root, whether the subtree's
 /// root or height changed). When nothing changed, the ancestors need no update either,
 /// so the walk back up stops there.
-fn fix<S: Side>(ar: &mut Arena, t: NodeId) -> (NodeId, bool) {
+fn fix<S: ThreadedAvl>(ar: &mut Arena, t: NodeId) -> (NodeId, bool) {
     let before = S::height(&ar.node(t).ix);
     let r = rebalance::<S>(ar, t);
     (r, r != t || S::height(&ar.node(r).ix) != before)
 }
 
-pub(super) fn insert<S: Side>(
+pub(super) fn insert<S: ThreadedAvl>(
     ar: &mut Arena,
     t: NodeId,
     id: NodeId,
@@ -134,7 +136,7 @@ pub(super) fn insert<S: Side>(
 
 /// Takes the least node out of subtree `t`: (new subtree root, whether it changed as in
 /// [`fix`], the node).
-fn remove_min<S: Side>(ar: &mut Arena, t: NodeId, cost: &mut SearchCost) -> (NodeId, bool, NodeId) {
+fn remove_min<S: ThreadedAvl>(ar: &mut Arena, t: NodeId, cost: &mut SearchCost) -> (NodeId, bool, NodeId) {
     cost.nodes += 1;
     let [l, r] = S::kids(&ar.node(t).ix);
     if l == NIL {
@@ -149,7 +151,7 @@ fn remove_min<S: Side>(ar: &mut Arena, t: NodeId, cost: &mut SearchCost) -> (Nod
     (nt, changed, m)
 }
 
-pub(super) fn remove<S: Side>(
+pub(super) fn remove<S: ThreadedAvl>(
     ar: &mut Arena,
     t: NodeId,
     id: NodeId,
