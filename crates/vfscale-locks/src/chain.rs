@@ -1,5 +1,6 @@
-//! A skip pointer over a uniform chain of blocked requests, so that seed 003's herd
-//! blocks in O(1) (amortized) where `__locks_insert_block`'s descent walks every waiter.
+//! A skip pointer over a uniform chain of blocked requests, so that the herd (every
+//! owner asking for one whole-file lock) blocks in O(1) (amortized) where
+//! `__locks_insert_block`'s descent walks every waiter.
 //!
 //! In the herd every contender asks for the same whole-file write lock, so every
 //! waiter conflicts with every other and the wait tree is one chain. A **run** is a
@@ -20,8 +21,8 @@
 //! its waiters) shortens it from the top; any other change to a member's links drops
 //! the run (the next plain walk builds it again). `flc_lock` protects it, like the tree.
 
-// foldhash (hashbrown's default): SipHash on these integer keys was 13% of a herd's
-// samples in `perf record` (the wait-chain tracker's lookups on every block and wake).
+// foldhash (hashbrown's default): SipHash on these integer keys showed up in a herd's
+// profile (the run tracker's lookups on every block and wake).
 use hashbrown::HashMap;
 
 use crate::context::{Arena, NodeId};
@@ -508,7 +509,7 @@ mod tests {
     /// Contenders in the herd tests.
     const HERD: usize = 40;
 
-    /// Seed 003's herd of `HERD` owners, each asking for the whole-file write lock of
+    /// The herd: `HERD` owners, each asking for the whole-file write lock of
     /// family `kind` (owner 0 gets it, the others wait in one chain).
     fn herd(kind: u8) -> World {
         let mut w = World::new(HERD);
@@ -534,7 +535,7 @@ mod tests {
         (blocks, nodes)
     }
 
-    /// Seed 003's herd, driven by polls: once the chain is built, putting the owner
+    /// The herd, driven by polls: once the chain is built, putting the owner
     /// that comes back to sleep visits a few records, not the whole chain.
     #[test]
     fn herd_blocks_in_constant_work() {
@@ -561,7 +562,7 @@ mod tests {
         }
     }
 
-    /// Seed 003's herd as vfscalefs sees it: the holder unlocks and asks again before the
+    /// The herd as vfscalefs sees it: the holder unlocks and asks again before the
     /// waiter it woke retries, so that waiter finds the lock taken and goes back to
     /// sleep, and its former waiters (the whole chain) are re-checked under it. The
     /// re-check skips the run (for POSIX after one first-conflict lookup and one walk of

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use crate::context::{posix_unlock_all, Attempt, FileLockContext};
 use crate::lock::{FileLock, LockKind, OwnerKey, Reported};
-use crate::wait::PendingLock;
+use crate::pending::PendingLock;
 use crate::{
     AccessMode, Errno, FcntlCmd, FileId, Flock, FlockOp, LockType, OwnerId, Pid, Whence, OFFSET_MAX,
 };

@@ -35,15 +35,14 @@
 //!   never touch when of one type (they merge), are adjacent in the list and sorted by
 //!   start; a new owner's locks go at the end. `F_GETLK` reports the first conflicting
 //!   lock in that order, as Linux does.
-//! * **The index** ([`LockIndex::Tree`], the default; issue 12). The list is kept as two
-//!   indexes over the same records: a hash table from each owner to its own AVL tree
-//!   by start, threaded through the records (the run the merge walk visits, found in
-//!   O(1) and walked in O(log k) of that owner's k locks), and a B+ tree by start with
-//!   15-entry leaves and 31-child branches (five and sixteen aligned cache lines) in
-//!   arrays of their own
-//!   (augmented per child with the greatest end,
-//!   over all locks and over write locks) for conflict searches; a node whose keys are
-//!   evenly spaced (locks on fixed-size records, pages, slots) is stepped by
+//! * **The index** ([`LockIndex::Tree`], the default; this library's own, not a kernel
+//!   change). The list is kept as two indexes over the same records: a hash table from
+//!   each owner to its own AVL tree by start, threaded through the records (the run the
+//!   merge walk visits, found in O(1) and walked in O(log k) of that owner's k locks),
+//!   and a B+ tree by start with 15-entry leaves and 31-child branches (seven and sixteen
+//!   aligned cache lines) in arrays of their own (augmented per child with the greatest
+//!   end, over all locks and over write locks) for conflict searches; a node whose keys
+//!   are evenly spaced (locks on fixed-size records, pages, slots) is stepped by
 //!   interpolation, checked, instead of a count over its keys. List order is a key: every
 //!   record carries its owner run's sequence number (32 bits, renumbered in order when
 //!   exhausted), given when the run starts at the end of the list, so "first in list
@@ -55,7 +54,8 @@
 //!   range, owner, file and pid), so a conflict check reads one cache line; a record's
 //!   wait-tree links (present only while someone waits) sit in a side table.
 //! * The flock list holds at most one lock per open file description.
-//! * **The wait tree** (seed 003). Every blocked request hangs under a granted lock or
+//! * **The wait tree** of fs/locks.c (NeilBrown's 2018 "locks: avoid thundering-herd
+//!   wake-ups"). Every blocked request hangs under a granted lock or
 //!   under another blocked request (`blocker`):
 //!   1. a request conflicts with its blocker and with every record above it;
 //!   2. siblings never conflict with each other, so an unlock wakes only a set of
@@ -64,7 +64,7 @@
 //!   3. a woken request keeps its own waiters; if it is granted they wait on its new
 //!      lock, if it sleeps again or gives up they are woken, because "conflicts with" is
 //!      not transitive: they conflict with it, but perhaps not with its new blocker
-//!      (the (0,2)/(1,2)/(2,2) case of seed 003).
+//!      (the (0,2)/(1,2)/(2,2) case of NeilBrown's patch).
 //!   4. the insert descent may jump over a *run* (`chain.rs`): waiters each the only
 //!      child of the one before, of one kind, type and range, with counted owners; a
 //!      request that conflicts with a member and shares no owner with the run would
@@ -74,7 +74,7 @@
 //!      stay (for POSIX, one first-conflict lookup and one deadlock-detector walk decide
 //!      for every member), checked against the member-by-member re-check likewise.
 //! * Waiters are woken after every lock is dropped ([`WakeList`-style batching](crate)).
-//! * **Fairness** (issue 12). An owner that unlocks and locks again usually beats the
+//! * **Fairness** (this library's own). An owner that unlocks and locks again usually beats the
 //!   waiter it woke (barging, as in Linux: that is the throughput). So that every wait
 //!   is bounded, an inode works in turns of half a millisecond: at the first change
 //!   after a turn ends, the request that has waited longest among those woken and not
@@ -90,23 +90,28 @@
 //!   blocks on a process-owned POSIX record enters the blocked hash, keyed by its owner;
 //!   the detector follows owner → newest blocked request → root of its tree → that
 //!   root's owner, at most [`MAX_DEADLK_ITERATIONS`] + 1 hops, as Linux does.
-//! * **Scalability** (seed 000). Lock and unlock on different inodes share no lock and
-//!   write no shared cache line: `blocked_lock` is taken only when a process-owned POSIX
-//!   request blocks, leaves the hash, or is checked for deadlock; the listing shards are
-//!   touched once per context lifetime and when someone lists.
+//! * **Scalability** (Jeff Layton's 2013 "locks: scalability improvements for file
+//!   locking": the per-inode lock and the hashed blocked list). Lock and unlock on
+//!   different inodes share no lock and write no shared cache line: `blocked_lock` is taken
+//!   only when a process-owned POSIX request blocks, leaves the hash, or is checked for
+//!   deadlock; the listing shards are touched once per context lifetime and when someone
+//!   lists.
 //!
 //! # Lock order
 //!
 //! The global lock (only with [`ContextLock::Global`]) → an inode's `flc_lock` →
-//! `blocked_lock` → a listing shard → a waiter's leaf locks (`state`, `link`). The
+//! `blocked_lock` → a listing shard → a wait cell's leaf locks (its waiter's state,
+//! `link`). The
 //! deadlock detector reads other inodes' trees only through waiters' `link` mirrors,
 //! never through their `flc_lock`, so no path takes two inode locks.
 //!
 //! # Experiment settings
 //!
-//! [`Settings`] switch one seed's mechanism each: [`WakeMode::All`] wakes every waiter
-//! (before seed 003), [`ContextLock::Global`] serializes all inodes on one lock (before
-//! seed 000), [`LockIndex::List`] walks Linux's list instead of the index.
+//! [`Settings`] switch one mechanism each, so the lab can run a kernel change against
+//! what came before it in one process: [`WakeMode::All`] wakes every waiter (before the
+//! wait tree, NeilBrown 2018), [`ContextLock::Global`] serializes all inodes on one lock
+//! (before the per-inode lock, Jeff Layton 2013), [`LockIndex::List`] walks Linux's list
+//! instead of the index.
 //!
 //! # Cost and memory
 //!
@@ -114,23 +119,47 @@
 //! the POSIX/OFD searches, so a test can show what a call costs without timing it;
 //! [`FileLockContext::memory`] reports the bytes an inode's locks occupy (about 110 per
 //! held lock with either setting).
+//!
+//! # Where to find what
+//!
+//! | concept | file |
+//! |---|---|
+//! | the system calls: `fcntl(2)`, `flock(2)`, close, owners and files | `fcntl.rs` |
+//! | lock records and the conflict rules (`posix_locks_conflict` & co.) | `lock.rs` |
+//! | ABI types (`struct flock`, commands, lock types), errors | `types.rs`, `errno.rs` |
+//! | one inode's context, its counters, what `flc_lock` protects | `context.rs` |
+//! | the record store (arena of line-sized records, wait-link side table) | `context/records.rs` |
+//! | the wait trees: insert, wake, re-examine a woken request's waiters | `context/wait_tree.rs` |
+//! | the jump over a run of like waiters | `chain.rs` |
+//! | fairness: the hand-off, the owners' turns, the clock | `context/fairness.rs` |
+//! | POSIX/OFD requests: entry points, conflict search, `F_GETLK` | `context/posix.rs` |
+//! | the POSIX update over Linux's list / over the index | `context/posix_list.rs`, `context/posix_tree.rs` |
+//! | flock requests | `context/flock.rs` |
+//! | the index: owner table, run keys (list order), conflict search | `index.rs` |
+//! | each owner's AVL tree by start | `index/owner_tree.rs` |
+//! | the B+ interval tree by start | `start_tree.rs`, `start_tree/nodes.rs` |
+//! | its overlap scan, and the scan's AVX2 counts | `start_tree/scan.rs`, `start_tree/avx2.rs` |
+//! | a blocked request's wait cell, the detector's link, [`WakeList`-style waking](crate) | `wait_cell.rs` |
+//! | a request that waits: block, deadline, interrupt, `.await` | `pending.rs` |
+//! | what is global: blocked hash, deadlock detection, settings, listing shards | `manager.rs` |
+//! | `/proc/locks` | `listing.rs` |
+//! | the synchronization primitives (std, loom, shuttle) and the shared waiter | `sync.rs` (`vfscale-sync`) |
 
 #![warn(missing_docs)]
 
 mod chain;
 mod context;
 mod errno;
-mod fair;
 mod fcntl;
 mod index;
 mod listing;
 mod lock;
 mod manager;
-mod start_index;
+mod pending;
+mod start_tree;
 pub(crate) mod sync;
 mod types;
-mod wait;
-mod waiter;
+mod wait_cell;
 
 pub use context::{ContextMemory, ContextStats, FileLockContext};
 pub use errno::Errno;
@@ -140,6 +169,6 @@ pub use lock::{LockKind, OwnerKey};
 pub use manager::{
     ContextLock, LockIndex, LockManager, ManagerStats, Settings, WakeMode, MAX_DEADLK_ITERATIONS,
 };
+pub use pending::PendingLock;
 pub use types::*;
 pub use vfscale_sync::Interrupter;
-pub use wait::PendingLock;

@@ -1,15 +1,15 @@
 //! What must be global: the blocked hash for deadlock detection, the listing shards, the
 //! experiment settings, and the counters the lab reads.
 
-// foldhash (hashbrown's default): SipHash on these integer keys was 13% of a herd's
-// samples in `perf record` (the wait-chain tracker's lookups on every block and wake).
+// foldhash (hashbrown's default): SipHash on these integer keys showed up in a herd's
+// profile (the blocked hash's lookups on every block and wake).
 use hashbrown::HashMap;
 use std::sync::{Arc, Weak};
 
 use crate::context::FileLockContext;
 use crate::lock::OwnerKey;
 use crate::sync::{Arc as SyncArc, AtomicU64, Mutex, MutexGuard, Ordering};
-use crate::waiter::{Link, Waiter};
+use crate::wait_cell::{Link, WaitCell};
 
 /// `MAX_DEADLK_ITERATIONS`: how far the deadlock detector follows a chain of owners.
 ///
@@ -21,11 +21,12 @@ pub const MAX_DEADLK_ITERATIONS: usize = 10;
 /// How an unlock wakes the requests blocked on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum WakeMode {
-    /// Seed 003: blocked requests form a tree in which siblings never conflict; an
+    /// The wait tree of fs/locks.c (NeilBrown's 2018 "locks: avoid thundering-herd
+    /// wake-ups"): blocked requests form a tree in which siblings never conflict; an
     /// unlock wakes only the direct waiters of what changed.
     #[default]
     Tree,
-    /// Before seed 003: every request waits directly on the lock that blocks it and an
+    /// Before the wait tree: every request waits directly on the lock that blocks it and an
     /// unlock wakes them all (the thundering herd). For the lab's "base" runs.
     All,
 }
@@ -33,10 +34,11 @@ pub enum WakeMode {
 /// Which lock protects an inode's lock lists.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ContextLock {
-    /// Seed 000: each inode's lists are protected by that inode's own lock.
+    /// The per-inode lock of Jeff Layton's 2013 "locks: scalability improvements for file locking":
+    /// each inode's lists are protected by that inode's own lock.
     #[default]
     PerInode,
-    /// Before seed 000: one global lock (`file_lock_lock`) serializes every lock
+    /// Before the per-inode lock: one global lock (`file_lock_lock`) serializes every lock
     /// operation on every inode. For the lab's "base" runs.
     Global,
 }
@@ -55,15 +57,16 @@ pub enum LockIndex {
     List,
 }
 
-/// Experiment settings. Each switches only the mechanism its seed changed, so the lab
+/// Experiment settings. Each switches only the mechanism one kernel change brought, so
+/// the lab
 /// can run "base" against "patched" in one process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Settings {
-    /// Seed 003's setting.
+    /// The wait tree or not (NeilBrown, 2018).
     pub wake: WakeMode,
-    /// Seed 000's setting.
+    /// The per-inode lock or the global one (Jeff Layton, 2013).
     pub context_lock: ContextLock,
-    /// Issue 12's setting: how each inode finds its POSIX and OFD locks.
+    /// This library's own setting: how each inode finds its POSIX and OFD locks.
     pub index: LockIndex,
 }
 
@@ -84,15 +87,15 @@ pub struct ManagerStats {
 /// process-owned POSIX lock, keyed by the request's owner, newest last.
 #[derive(Debug, Default)]
 pub(crate) struct BlockedHash {
-    map: HashMap<OwnerKey, Vec<SyncArc<Waiter>>>,
+    map: HashMap<OwnerKey, Vec<SyncArc<WaitCell>>>,
 }
 
 impl BlockedHash {
-    pub fn insert(&mut self, w: &SyncArc<Waiter>) {
+    pub fn insert(&mut self, w: &SyncArc<WaitCell>) {
         self.map.entry(w.owner).or_default().push(w.clone());
     }
 
-    pub fn remove(&mut self, w: &SyncArc<Waiter>) {
+    pub fn remove(&mut self, w: &SyncArc<WaitCell>) {
         if let Some(v) = self.map.get_mut(&w.owner) {
             v.retain(|x| !SyncArc::ptr_eq(x, w));
             if v.is_empty() {
@@ -110,7 +113,7 @@ impl BlockedHash {
             match link {
                 Link::Detached => return Some(cur.owner),
                 Link::Granted(o) => return Some(o),
-                Link::Waiter(p) => cur = p,
+                Link::Request(p) => cur = p,
             }
         }
     }
@@ -167,7 +170,7 @@ impl BlockedHash {
 /// The global side of the lock system: one per "kernel".
 ///
 /// Lock order (outermost first): the global lock of [`ContextLock::Global`] → an inode's
-/// `flc_lock` → `blocked_lock` → a listing shard → a waiter's leaf locks.
+/// `flc_lock` → `blocked_lock` → a listing shard → a wait cell's leaf locks.
 #[derive(Debug)]
 pub struct LockManager {
     settings: Settings,
@@ -184,7 +187,8 @@ pub struct LockManager {
 }
 
 impl LockManager {
-    /// A manager with the seeds' designs ([`Settings::default`]).
+    /// A manager with the per-inode lock, the wait tree and the index
+    /// ([`Settings::default`]).
     pub fn new() -> Arc<LockManager> {
         Self::with_settings(Settings::default())
     }
@@ -294,7 +298,7 @@ mod tests {
     }
 
     fn waiting(h: &mut BlockedHash, who: u64, on: u64) {
-        let w = Waiter::new(p(who), crate::fair::stamp_for_tests());
+        let w = WaitCell::new(p(who), crate::context::fairness::stamp_for_tests());
         w.set_link(Link::Granted(p(on)));
         h.insert(&w);
     }
@@ -325,7 +329,10 @@ mod tests {
     #[test]
     fn file_owners_never_match_process_owners() {
         let mut h = BlockedHash::default();
-        let w = Waiter::new(OwnerKey::File(FileId(1)), crate::fair::stamp_for_tests());
+        let w = WaitCell::new(
+            OwnerKey::File(FileId(1)),
+            crate::context::fairness::stamp_for_tests(),
+        );
         w.set_link(Link::Granted(p(1)));
         h.insert(&w);
         assert!(!h.posix_locks_deadlock(p(1), OwnerKey::Process(OwnerId(7))));

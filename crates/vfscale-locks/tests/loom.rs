@@ -101,7 +101,7 @@ fn interrupt_racing_a_grant_leaves_no_trace() {
     });
 }
 
-/// The fair hand-off (issue 12) to a request that was woken by an earlier unlock and
+/// The fair hand-off to a request that was woken by an earlier unlock and
 /// whose owner has not run yet: main unlocks (waking the waiter), barges back in if it
 /// can, and unlocks again, which may hand the lock to the waiter on its behalf while
 /// the waiter's own thread wakes up and retries. Under the models the inode's clock

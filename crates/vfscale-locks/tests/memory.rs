@@ -1,5 +1,5 @@
 //! `FileLockContext::memory` against the allocator: what it reports is what the heap
-//! grew by, and a held lock costs at most 128 bytes (issue 12's goal) with the index.
+//! grew by, and a held lock costs at most 128 bytes with the index.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

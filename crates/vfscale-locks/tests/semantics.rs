@@ -95,7 +95,7 @@ fn readers_waiting_on_a_writer_are_siblings_and_wake_together() {
 
 #[test]
 fn non_conflicting_waiters_split_off_when_the_holder_unlocks() {
-    // Seed 003's case: [0,4) held; [2,4), then [1,3), then [0,2) wait. [1,3) hangs
+    // The wait tree's case (NeilBrown, 2018): [0,4) held; [2,4), then [1,3), then [0,2) wait. [1,3) hangs
     // below [2,4); [0,2) does not conflict with [2,4) and hangs beside it.
     let (_m, ctx) = setup(Settings::default());
     posix(&ctx, 1, FcntlCmd::SetLk, LockType::Write, 0, 4).unwrap();
@@ -250,7 +250,8 @@ fn uncontended_calls_never_take_a_global_lock() {
         }
     }
     assert_eq!(mgr.stats(), ManagerStats::default());
-    // With the pre-seed-000 setting, every call takes the one global lock.
+    // With the setting from before the per-inode lock (Jeff Layton, 2013), every call
+    // takes the one global lock.
     let (mgr, ctx) = setup(Settings {
         context_lock: ContextLock::Global,
         ..Settings::default()

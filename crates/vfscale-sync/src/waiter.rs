@@ -57,6 +57,20 @@ struct WaitState<T> {
 
 /// One waiting task (see the module's rules), with state `T` of its user's under the
 /// same lock.
+///
+/// ```
+/// use vfscale_sync::{Arc, Interrupter, Precedence, WaitOutcome, Waiter};
+///
+/// let w = Arc::new(Waiter::new(Precedence::WakeUp, ()));
+/// let int = Interrupter::new(&w);
+/// let w2 = w.clone();
+/// let t = std::thread::spawn(move || w2.wake());
+/// assert_eq!(w.wait(None), WaitOutcome::Woken);
+/// t.join().unwrap();
+/// w.rearm(); // before waiting again
+/// int.interrupt();
+/// assert_eq!(w.poll(None), Some(WaitOutcome::Interrupted));
+/// ```
 pub struct Waiter<T = ()> {
     state: Mutex<WaitState<T>>,
     cv: Condvar,

@@ -159,14 +159,19 @@ fn a_failing_thread_leaves_and_the_others_read() {
     model(|| run_failing(&[Req::Waits, Req::Frees], 3, false, 0));
 }
 
+/// A waiter, and a thread that wakes it.
+fn woken_by_a_thread(precedence: Precedence) -> (vfscale_sync::Arc<Waiter>, loom::thread::JoinHandle<()>) {
+    let w = vfscale_sync::Arc::new(Waiter::new(precedence, ()));
+    let w2 = w.clone();
+    (w, loom::thread::spawn(move || w2.wake()))
+}
+
 /// A wake-up is never lost, whether it comes before the waiter sleeps or after (loom
 /// reports a deadlock otherwise).
 #[test]
 fn a_wake_up_ends_a_blocking_wait() {
     model(|| {
-        let w = vfscale_sync::Arc::new(Waiter::new(Precedence::WakeUp, ()));
-        let w2 = w.clone();
-        let h = loom::thread::spawn(move || w2.wake());
+        let (w, h) = woken_by_a_thread(Precedence::WakeUp);
         assert_eq!(w.wait(None), WaitOutcome::Woken);
         h.join().unwrap();
     });
@@ -229,9 +234,7 @@ impl std::task::Wake for Signal {
 #[test]
 fn a_polled_wait_is_woken_through_its_waker() {
     model(|| {
-        let w = vfscale_sync::Arc::new(Waiter::new(Precedence::Interrupt, ()));
-        let w2 = w.clone();
-        let h = loom::thread::spawn(move || w2.wake());
+        let (w, h) = woken_by_a_thread(Precedence::Interrupt);
         let signal = std::sync::Arc::new(Signal::default());
         let waker = std::task::Waker::from(signal.clone());
         let out = loop {

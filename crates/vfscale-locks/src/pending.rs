@@ -9,7 +9,7 @@ use std::time::Instant;
 use crate::context::{Attempt, FileLockContext, Slot};
 use crate::lock::{FileLock, LockKind};
 use crate::sync::{Interrupter, WaitOutcome};
-use crate::waiter::Waiter;
+use crate::wait_cell::WaitCell;
 use crate::Errno;
 
 /// A lock request that had to wait (`FILE_LOCK_DEFERRED`).
@@ -38,7 +38,7 @@ pub struct PendingLock {
     ctx: Arc<FileLockContext>,
     req: FileLock,
     slot: Slot,
-    waiter: crate::sync::Arc<Waiter>,
+    waiter: crate::sync::Arc<WaitCell>,
 }
 
 impl PendingLock {
@@ -50,7 +50,7 @@ impl PendingLock {
         ctx: Arc<FileLockContext>,
         req: FileLock,
         slot: Slot,
-        waiter: crate::sync::Arc<Waiter>,
+        waiter: crate::sync::Arc<WaitCell>,
     ) -> PendingLock {
         debug_assert!(slot.is_some(), "a pending lock has a record");
         PendingLock {

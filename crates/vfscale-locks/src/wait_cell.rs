@@ -1,12 +1,13 @@
-//! The sleeping side of a blocked request (`flc_wait`), and [`WakeList`], which wakes
-//! waiters after the inode lock is dropped.
+//! A blocked request's wait cell (`flc_wait`): its owner sleeps on it (a
+//! `vfscale_sync::Waiter` with the fair hand-off's state), the deadlock detector follows
+//! its tree link, and [`WakeList`] wakes it after the inode lock is dropped.
 
 use std::task::Waker;
 use std::time::Instant;
 
-use crate::fair::Stamp;
+use crate::context::fairness::Stamp;
 use crate::lock::OwnerKey;
-use crate::sync::{Arc, Interrupt, Mutex, Precedence, WaitOutcome, Waiter as SharedWaiter};
+use crate::sync::{Arc, Interrupt, Mutex, Precedence, WaitOutcome, Waiter};
 
 /// Where a blocked request hangs in its wait tree, as the deadlock detector sees it.
 ///
@@ -19,7 +20,7 @@ pub(crate) enum Link {
     /// Directly under a granted lock of this owner.
     Granted(OwnerKey),
     /// Under another blocked request.
-    Waiter(Arc<Waiter>),
+    Request(Arc<WaitCell>),
 }
 
 /// What a blocked request keeps under its waiter's lock, beside the wake-up and the
@@ -42,12 +43,12 @@ pub(crate) struct HandOff {
 
 /// One blocked request's wait cell.
 #[derive(Debug)]
-pub(crate) struct Waiter {
+pub(crate) struct WaitCell {
     /// The owner of the request, the key of the blocked hash.
     pub owner: OwnerKey,
     /// The sleeping side: woken when the request is taken out of its tree
     /// (`list_empty(&flc_blocked_member)`), interrupted for `EINTR`. A leaf lock.
-    wait: SharedWaiter<HandOff>,
+    wait: Waiter<HandOff>,
     /// Protects the detector's mirror of the tree link; a leaf lock. Written with the
     /// inode lock held, read by the detector with the blocked-hash lock held.
     pub link: Mutex<Link>,
@@ -58,19 +59,19 @@ pub(crate) struct Waiter {
     pub blocked_at: Instant,
 }
 
-impl Interrupt for Waiter {
+impl Interrupt for WaitCell {
     fn interrupt(&self) {
         self.wait.interrupt();
     }
 }
 
-impl Waiter {
-    pub fn new(owner: OwnerKey, since: Stamp) -> Arc<Waiter> {
-        Arc::new(Waiter {
+impl WaitCell {
+    pub fn new(owner: OwnerKey, since: Stamp) -> Arc<WaitCell> {
+        Arc::new(WaitCell {
             owner,
             // As `wait_event_interruptible`: a request woken and interrupted at once
             // tries the lock again first.
-            wait: SharedWaiter::new(Precedence::WakeUp, HandOff::default()),
+            wait: Waiter::new(Precedence::WakeUp, HandOff::default()),
             link: Mutex::new(Link::Detached),
             since,
             blocked_at: Instant::now(),
@@ -82,7 +83,7 @@ impl Waiter {
     }
 
     /// Marks the request woken and wakes its owner. Pairs with the check of `woken` in
-    /// [`Waiter::wait`] and in the future's `poll`.
+    /// [`WaitCell::wait`] and in the future's `poll`.
     fn wake(&self) {
         self.wait.wake();
     }
@@ -171,7 +172,7 @@ impl Waiter {
 /// what changed, and siblings never conflict.
 #[derive(Default)]
 pub(crate) struct WakeList {
-    waiters: Vec<Arc<Waiter>>,
+    waiters: Vec<Arc<WaitCell>>,
 }
 
 impl WakeList {
@@ -179,7 +180,7 @@ impl WakeList {
         WakeList { waiters: Vec::new() }
     }
 
-    pub fn push(&mut self, w: Arc<Waiter>) {
+    pub fn push(&mut self, w: Arc<WaitCell>) {
         self.waiters.push(w);
     }
 
