@@ -184,15 +184,9 @@ impl LibraryReplay {
         let mut completed = BTreeMap::new();
         let result = self.step(i, step, &mut completed);
         self.settle(&mut completed);
-        let result = match (result, completed.remove(&i)) {
-            (Outcome::Blocked, Some(done)) => done,
-            (r, _) => r,
-        };
-        Ok(StepResult {
-            step: i,
-            result,
-            completed: completed.into_iter().collect(),
-        })
+        Ok(StepResult::settled(i, result, completed, |r| {
+            matches!(r, Outcome::Blocked)
+        }))
     }
 
     fn check_warn(&self, step: &Step) -> Result<(), ScenarioError> {

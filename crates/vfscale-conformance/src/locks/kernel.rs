@@ -37,7 +37,7 @@ use nix::sys::stat::Mode;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use super::model::{
+use super::format::{
     canonical_listing, LockPid, NamedListing, Op, OpenMode, Outcome, Resolved, Scenario, Step, StepResult,
     Tracker,
 };
@@ -1307,7 +1307,7 @@ fn unknown(at: At, proc: &str) -> ReplayError {
 
 #[cfg(test)]
 mod tests {
-    use super::super::model::render_results;
+    use super::super::format::render_results;
     use super::*;
 
     /// Replays `text`; `None` (after saying why) when the kernel target cannot run here.
