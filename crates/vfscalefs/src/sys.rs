@@ -1,7 +1,8 @@
 //! The system calls the server makes on the source tree, behind small safe wrappers:
 //! resolution beneath an inode (`openat2` with `RESOLVE_BENEATH`), reopening an `O_PATH`
-//! descriptor, `stat`, directory reading, xattrs, and the per-thread credentials a
-//! request runs with (`setfsuid`/`setfsgid`).
+//! descriptor, `stat`, the `*at` calls that make, link, rename and remove names, reads
+//! and writes, directory reading, xattrs, and the per-thread credentials a request runs
+//! with (`setfsuid`/`setfsgid`). Every `unsafe` block of the server's requests is here.
 
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
@@ -615,6 +616,12 @@ pub fn listxattr(path: &CStr, buf: &mut [u8]) -> io::Result<usize> {
 pub fn removexattr(path: &CStr, name: &CStr) -> io::Result<()> {
     // SAFETY: NUL-terminated path and name.
     cvt(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) }).map(drop)
+}
+
+/// `umask(0)`: files are created with exactly the mode asked for.
+pub fn clear_umask() {
+    // SAFETY: umask has no preconditions.
+    unsafe { libc::umask(0) };
 }
 
 /// Whether the server runs with effective user id 0.
