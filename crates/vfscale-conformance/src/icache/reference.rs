@@ -135,27 +135,15 @@ impl Reference {
 
     /// The rules on which Linux would `WARN`, and `insert_locked` of a hashed inode.
     fn check_warn(&self, step: &Step) -> Result<(), ScenarioError> {
-        let line = step.line;
-        let obj = |r: &str| &self.objs[self.refs[r]];
-        match &step.op {
-            Op::UnlockNew { r, .. } | Op::DiscardNew { r, .. } | Op::IgetFailed { r, .. }
-                if obj(r).flags & I_NEW == 0 =>
-            {
-                let name = match &step.op {
-                    Op::UnlockNew { .. } => "unlock_new",
-                    Op::DiscardNew { .. } => "discard_new",
-                    _ => "iget_failed",
-                };
-                return Err(warn::not_new(line, name, r));
+        warn::check(step, |r| {
+            let o = &self.objs[self.refs[r]];
+            warn::InodeFacts {
+                new: o.flags & I_NEW != 0,
+                nlink: o.nlink,
+                count: o.count,
+                hashed_before: o.was_hashed,
             }
-            Op::DropNlink { r, .. } if obj(r).nlink == 0 => return Err(warn::nlink_zero(line, r)),
-            Op::Iput { r, .. } if obj(r).count == 1 && obj(r).flags & I_NEW != 0 => {
-                return Err(warn::last_iput_new(line, r))
-            }
-            Op::InsertLocked { r, .. } if obj(r).was_hashed => return Err(warn::hashed_before(line, r)),
-            _ => {}
-        }
-        Ok(())
+        })
     }
 
     fn step(&mut self, i: usize, step: &Step, completed: &mut BTreeMap<usize, Outcome>) -> Outcome {
