@@ -292,12 +292,14 @@ impl Conn {
         Ok(self.install(i.clone(), file, flags, None)?)
     }
 
-    pub(super) fn readdir_op(
+    /// Reads directory handle `fh` from `offset`: `read` gets the handle and its open
+    /// directory, positioned at `offset`, while the handle's position is held.
+    fn read_dir_at<T>(
         &self,
         fh: FileHandle,
         offset: u64,
-        reply: &mut ReplyDirectory,
-    ) -> Result<(), RequestError> {
+        read: impl FnOnce(&Handle, &CachedFd) -> Result<T, RequestError>,
+    ) -> Result<T, RequestError> {
         let h = self.handle_of(fh)?;
         let Some(pos) = &h.dir else {
             return Err(Errno::ENOTDIR.into());
@@ -305,26 +307,37 @@ impl Conn {
         let _g = pos.lock();
         let f = self.file(fh, &h)?;
         sys::seek_to(f.as_fd(), offset as i64)?;
-        // About what one reply holds (the kernel asks a page at a time): every request
-        // reads the directory from its offset again, and what does not fit is read for
-        // nothing.
-        let mut buf = vec![0u8; 8 * 1024];
-        loop {
-            let entries = sys::getdents(f.as_fd(), &mut buf)?;
-            if entries.is_empty() {
-                return Ok(());
-            }
-            for e in entries {
-                if reply.add(
-                    INodeNo(e.ino),
-                    e.off as u64,
-                    dirent_type(e.kind),
-                    OsStr::from_bytes(&e.name),
-                ) {
+        read(&h, &f)
+    }
+
+    pub(super) fn readdir_op(
+        &self,
+        fh: FileHandle,
+        offset: u64,
+        reply: &mut ReplyDirectory,
+    ) -> Result<(), RequestError> {
+        self.read_dir_at(fh, offset, |_, f| {
+            // About what one reply holds (the kernel asks a page at a time): every request
+            // reads the directory from its offset again, and what does not fit is read for
+            // nothing.
+            let mut buf = vec![0u8; 8 * 1024];
+            loop {
+                let entries = sys::getdents(f.as_fd(), &mut buf)?;
+                if entries.is_empty() {
                     return Ok(());
                 }
+                for e in entries {
+                    if reply.add(
+                        INodeNo(e.ino),
+                        e.off as u64,
+                        dirent_type(e.kind),
+                        OsStr::from_bytes(&e.name),
+                    ) {
+                        return Ok(());
+                    }
+                }
             }
-        }
+        })
     }
 
     pub(super) fn readdirplus_op(
@@ -333,64 +346,59 @@ impl Conn {
         offset: u64,
         reply: &mut ReplyDirectoryPlus,
     ) -> Result<(), RequestError> {
-        let h = self.handle_of(fh)?;
-        let Some(pos) = &h.dir else {
-            return Err(Errno::ENOTDIR.into());
-        };
-        let _g = pos.lock();
-        let f = self.file(fh, &h)?;
-        sys::seek_to(f.as_fd(), offset as i64)?;
-        let ttl = self.ttl();
-        // An entry with attributes takes about four times its dirent: see readdir.
-        let mut buf = vec![0u8; 2 * 1024];
-        let mut added = 0usize;
-        let mut budget = self.srv.fd_budget();
-        loop {
-            let entries = sys::getdents(f.as_fd(), &mut buf)?;
-            if entries.is_empty() {
-                return Ok(());
-            }
-            for e in entries {
-                let name = OsStr::from_bytes(&e.name);
-                let off = e.off as u64;
-                if name == "." || name == ".." {
-                    // Never instantiated by the kernel (fs/fuse/readdir.c,
-                    // fuse_direntplus_link), so never counted; the node id field is
-                    // the dirent's inode number, as fuser writes both from one field.
-                    if reply.add(
-                        INodeNo(e.ino),
-                        off,
-                        name,
-                        &ttl,
-                        &unlooked(e.ino, e.kind),
-                        Generation(0),
-                    ) {
+        self.read_dir_at(fh, offset, |h, f| {
+            let ttl = self.ttl();
+            // An entry with attributes takes about four times its dirent: see readdir.
+            let mut buf = vec![0u8; 2 * 1024];
+            let mut added = 0usize;
+            let mut budget = self.srv.fd_budget();
+            loop {
+                let entries = sys::getdents(f.as_fd(), &mut buf)?;
+                if entries.is_empty() {
+                    return Ok(());
+                }
+                for e in entries {
+                    let name = OsStr::from_bytes(&e.name);
+                    let off = e.off as u64;
+                    if name == "." || name == ".." {
+                        // Never instantiated by the kernel (fs/fuse/readdir.c,
+                        // fuse_direntplus_link), so never counted; the node id field is
+                        // the dirent's inode number, as fuser writes both from one field.
+                        if reply.add(
+                            INodeNo(e.ino),
+                            off,
+                            name,
+                            &ttl,
+                            &unlooked(e.ino, e.kind),
+                            Generation(0),
+                        ) {
+                            return Ok(());
+                        }
+                        added += 1;
+                        continue;
+                    }
+                    let (node, a) = match self.plus_entry(&h.inode, name, &mut budget) {
+                        PlusEntry::Looked(node, a) => (node, a),
+                        PlusEntry::Gone => continue,
+                        PlusEntry::NoBudget if added > 0 => return Ok(()),
+                        // The first entry: looked up into the reserve (one descriptor per
+                        // reply, so listing goes on). An entry without attributes (node id
+                        // 0) is not an option with fuser 0.18: it writes the dirent's d_ino
+                        // from the node id, and glibc's readdir skips d_ino 0 entries, so
+                        // the name would silently vanish.
+                        PlusEntry::NoBudget => self.lookup_entry(&h.inode, name)?,
+                        PlusEntry::Failed(err) if added == 0 => return Err(err.into()),
+                        PlusEntry::Failed(_) => return Ok(()),
+                    };
+                    if reply.add(INodeNo(node.id), off, name, &ttl, &a, Generation(0)) {
+                        // Not sent: take back the lookup the kernel will never hold.
+                        self.srv.inodes.forget(self.idx, node.id, 1);
                         return Ok(());
                     }
                     added += 1;
-                    continue;
                 }
-                let (node, a) = match self.plus_entry(&h.inode, name, &mut budget) {
-                    PlusEntry::Looked(node, a) => (node, a),
-                    PlusEntry::Gone => continue,
-                    PlusEntry::NoBudget if added > 0 => return Ok(()),
-                    // The first entry: looked up into the reserve (one descriptor per
-                    // reply, so listing goes on). An entry without attributes (node id
-                    // 0) is not an option with fuser 0.18: it writes the dirent's d_ino
-                    // from the node id, and glibc's readdir skips d_ino 0 entries, so
-                    // the name would silently vanish.
-                    PlusEntry::NoBudget => self.lookup_entry(&h.inode, name)?,
-                    PlusEntry::Failed(err) if added == 0 => return Err(err.into()),
-                    PlusEntry::Failed(_) => return Ok(()),
-                };
-                if reply.add(INodeNo(node.id), off, name, &ttl, &a, Generation(0)) {
-                    // Not sent: take back the lookup the kernel will never hold.
-                    self.srv.inodes.forget(self.idx, node.id, 1);
-                    return Ok(());
-                }
-                added += 1;
             }
-        }
+        })
     }
 
     pub(super) fn statfs_op(&self) -> Result<libc::statvfs64, RequestError> {
