@@ -8,6 +8,7 @@
 //! assert_eq!(err.to_string(), "line 3: missing field `fd`");
 //! ```
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde_json::{Map, Value};
@@ -287,6 +288,26 @@ impl<O> StepResult<O> {
             step,
             result,
             completed: Vec::new(),
+        }
+    }
+
+    /// The result of step `step` once the woken waiters are settled: `result` is what its
+    /// call returned, `completed` the blocked calls that finished meanwhile, by step. A
+    /// call that blocked and finished within its own step reports how it finished.
+    pub fn settled(
+        step: usize,
+        result: O,
+        mut completed: BTreeMap<usize, O>,
+        is_blocked: impl FnOnce(&O) -> bool,
+    ) -> Self {
+        let result = match completed.remove(&step) {
+            Some(done) if is_blocked(&result) => done,
+            _ => result,
+        };
+        StepResult {
+            step,
+            result,
+            completed: completed.into_iter().collect(),
         }
     }
 }

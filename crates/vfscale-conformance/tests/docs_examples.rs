@@ -61,7 +61,10 @@ fn replay(format: &str, text: &str) -> String {
             use vfscale_conformance::icache;
             let s = icache::Scenario::parse(text).unwrap();
             let lib = icache::render_results(&icache::library::replay(&s).unwrap());
-            assert_eq!(lib, icache::render_results(&icache::model::replay(&s).unwrap()));
+            assert_eq!(
+                lib,
+                icache::render_results(&icache::reference::replay(&s).unwrap())
+            );
             lib
         }
         other => panic!("docs/scenarios/{other}.md: no replay for this format in the test"),

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use vfscale_conformance::icache::{library, model, render_results, Scenario};
+use vfscale_conformance::icache::{library, reference, render_results, Scenario};
 
 fn corpus() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/icache")
@@ -33,7 +33,7 @@ fn run(text: &str) -> (String, String) {
     };
     match Scenario::parse(text) {
         Err(e) => (format!("error: {e}\n"), format!("error: {e}\n")),
-        Ok(s) => (render(library::replay(&s)), render(model::replay(&s))),
+        Ok(s) => (render(library::replay(&s)), render(reference::replay(&s))),
     }
 }
 

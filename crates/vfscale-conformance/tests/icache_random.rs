@@ -4,13 +4,13 @@
 
 use proptest::prelude::*;
 use vfscale_conformance::format::Step;
-use vfscale_conformance::icache::{library, model::Model, render_results, Op, Scenario, StateOf};
+use vfscale_conformance::icache::{library, reference::Reference, render_results, Op, Scenario, StateOf};
 
 const TASKS: [&str; 4] = ["t0", "t1", "t2", "t3"];
 
 /// Builds a valid scenario from raw choices, guided by the model.
 fn build(choices: &[(u8, u8, u8, u8)]) -> Scenario {
-    let mut m = Model::new();
+    let mut m = Reference::new();
     let mut steps: Vec<Step<Op>> = Vec::new();
     let mut n = 0usize;
     for &(a, b, c, d) in choices {
@@ -114,7 +114,7 @@ proptest! {
     #[test]
     fn library_equals_model(choices in proptest::collection::vec(any::<(u8, u8, u8, u8)>(), 1..80)) {
         let scn = build(&choices);
-        let want = render_results(&vfscale_conformance::icache::model::replay(&scn).unwrap());
+        let want = render_results(&vfscale_conformance::icache::reference::replay(&scn).unwrap());
         let got = render_results(&library::replay(&scn).unwrap());
         prop_assert_eq!(got, want, "scenario:\n{}", scn.to_jsonl());
     }

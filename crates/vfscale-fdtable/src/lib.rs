@@ -1,6 +1,7 @@
 //! Linux `fs/file.c` in userspace: one process's table of open descriptors
 //! (`struct files_struct`) with Linux 6.x semantics, lock-free lookup, and the
-//! scalability design of seed 001 (`fd_install` without `file_lock`, Linux commit
+//! scalability design of Mateusz Guzik's 2015 "fs: use a sequence counter instead of
+//! file_lock in fd_install" (`fd_install` without `file_lock`, Linux commit
 //! 8a81252b774b), plus an optional per-thread allocation policy beyond Linux.
 //!
 //! ```
@@ -19,6 +20,17 @@
 //! t.exec();                                            // closes close-on-exec `b`
 //! assert_eq!(t.close(b), Err(Errno::EBADF));
 //! ```
+//!
+//! # Where to find what
+//!
+//! | concept | file |
+//! |---|---|
+//! | the table (`struct files_struct`): lookup, install, close, dup, resize, allocation, `exec` | `table.rs` |
+//! | deferred reclamation (what RCU is to `fs/file.c`) and its model under loom/shuttle | `epoch.rs` |
+//! | the word bitmaps `open_fds`, `close_on_exec`, `full_fds_bits` | `bitmap.rs` |
+//! | error numbers | `errno.rs` |
+//! | the std/loom/shuttle primitives | `sync.rs` |
+//! | `Fd`, settings, install modes, allocation policies, statistics | `lib.rs` |
 //!
 //! # Structure (Linux names)
 //!
@@ -104,7 +116,7 @@
 //!   `fdt`, and `compare_exchange(null -> file)` on the slot (`Release` on success). If
 //!   that fails because the slot holds the *seal*, or the flag was set, take `file_lock`
 //!   and install into the current table. `InstallMode::UnderLock` always takes the lock
-//!   (the seed's base: two lock acquisitions per allocate + install).
+//!   (Linux before that change: two lock acquisitions per allocate + install).
 //! * **resize** (`expand_files`, under `file_lock`, never dropped): set the flag; for each
 //!   slot of the old table, an installed slot is copied as is (nobody but lock holders
 //!   changes it), an empty slot is sealed with `compare_exchange(null -> SEAL)`; if that
@@ -117,7 +129,7 @@
 //! Because the seal and the install are RMWs on the same slot, they are totally ordered:
 //! either the install is copied or it is redirected, so no install is lost and no stale
 //! copy can resurrect a file closed in the new table (the race that sank a plain
-//! seqcount retry in the seed thread). The flag is only a hint that saves a failed CAS.
+//! seqcount retry in the upstream review thread). The flag is only a hint that saves a failed CAS.
 //!
 //! ## Memory ordering, pair by pair
 //!
@@ -195,11 +207,11 @@ impl fmt::Display for Fd {
 /// How `install` (Linux `fd_install`) synchronises with a concurrent table resize.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum InstallMode {
-    /// The seed's patched design (Linux since 8a81252b774b): install takes no table lock
+    /// The lock-free install (Linux since 8a81252b774b): install takes no table lock
     /// unless a resize is in progress.
     #[default]
     Lockless,
-    /// The seed's base: install takes the table lock again.
+    /// Linux before 8a81252b774b: install takes the table lock again.
     UnderLock,
 }
 

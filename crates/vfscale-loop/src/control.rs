@@ -127,7 +127,7 @@ impl LoopControl {
             };
             dev.visible.store(false, Ordering::Release);
             if sh.settings.ctl_lock == CtlLock::Global {
-                // Before seed 004 the whole removal ran under the control lock.
+                // Before Linux 5.12 the whole removal ran under the control lock.
                 let r = dev.begin_remove();
                 if let Err(e) = r {
                     dev.visible.store(true, Ordering::Release);

@@ -408,7 +408,7 @@ impl LoopDevice {
     }
 
     /// Takes the device lock (`lo_mutex`); in [`CtlLock::Global`] the control lock first,
-    /// as every operation did before seed 004.
+    /// as every operation did before the per-device lock (Linux 5.12).
     pub(crate) fn lock(&self) -> DevGuard<'_> {
         let ctl = match self.shared.settings.ctl_lock {
             CtlLock::Global => Some(self.shared.stats.lock(LockKind::Ctl, &self.shared.ctl)),

@@ -1,7 +1,8 @@
 //! Linux `drivers/block/loop.c` in userspace: the loop registry (`/dev/loop-control`),
 //! loop devices with Linux's states, ioctls and errnos, block I/O to real backing
-//! files, and seed 004's scalability design: a lock per device (`lo_mutex`) instead of
-//! one control lock (`loop_ctl_mutex`) for open, release and every ioctl.
+//! files, and the scalability design of Pasha Tatashin's 2021 "scale loop device lock"
+//! (Linux 5.12): a lock per device (`lo_mutex`) instead of one control lock
+//! (`loop_ctl_mutex`) for open, release and every ioctl.
 //!
 //! For userspace block stacks, test harnesses and storage simulators: a [`LoopControl`]
 //! is the registry; [`LoopControl::open`] gives a [`LoopHandle`] (an open file
@@ -38,6 +39,18 @@
 //! std::fs::remove_dir_all(&dir).unwrap();
 //! ```
 //!
+//! # Where to find what
+//!
+//! | concept | file |
+//! |---|---|
+//! | the registry (`/dev/loop-control`): add, remove, get_free, lookup | `control.rs` |
+//! | one device (`struct loop_device`): states, ioctls, open/release, block I/O | `device.rs` |
+//! | the request queue's freeze (I/O without a lock) | `queue.rs` |
+//! | a backing file and its `O_DIRECT` twin | `backing.rs` |
+//! | lock counters for the lab | `stats.rs` |
+//! | error numbers | `errno.rs` |
+//! | the std/loom/shuttle primitives | `sync.rs` |
+//!
 //! # States
 //!
 //! ```text
@@ -63,7 +76,7 @@
 //!
 //! | lock | Linux | protects |
 //! |---|---|---|
-//! | control lock | `loop_ctl_mutex` | the registry's index (add, remove, get_free) and devices' `visible` mark; in [`CtlLock::Global`] also every device operation (before seed 004) |
+//! | control lock | `loop_ctl_mutex` | the registry's index (add, remove, get_free) and devices' `visible` mark; in [`CtlLock::Global`] also every device operation (as before Linux 5.12) |
 //! | validation lock | `loop_validate_mutex` | loop-on-loop checks: held by `LOOP_CONFIGURE`/`LOOP_SET_FD`/`LOOP_CHANGE_FD` with a loop device as backing and always by `LOOP_CLR_FD`, so a cycle check never races a change of the chain (`validate_lock_acquisitions` counts it) |
 //! | device lock | `lo_mutex` | the device's state transitions, flags, offset, size limit, file name, opener count, exclusive claims and backing |
 //! | `lo_lock` (leaf) | `lo_lock` | the backing as seen by the loop-on-loop walk and the listing |
@@ -78,7 +91,7 @@
 //! which takes its own device lock), and no path takes the control lock while holding a
 //! device lock.
 //!
-//! # Scalability (seed 004)
+//! # Scalability: a lock per device (Tatashin, 2021)
 //!
 //! With [`CtlLock::PerDevice`] (the default), open, release, I/O and per-device
 //! configuration never touch the control lock; I/O touches no lock at all. With
@@ -111,12 +124,13 @@ pub use stats::LoopStats;
 use stats::Stats;
 use sync::Mutex;
 
-/// How the control lock is used (the seed's experiment setting).
+/// How the control lock is used: the setting that compares Linux before and after the
+/// per-device lock.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CtlLock {
-    /// Every operation under the one control lock (Linux before seed 004, 5.11).
+    /// Every operation under the one control lock (Linux up to 5.11).
     Global,
-    /// A lock per device; the control lock keeps only the registry (seed 004).
+    /// A lock per device; the control lock keeps only the registry (Linux 5.12 on).
     #[default]
     PerDevice,
 }

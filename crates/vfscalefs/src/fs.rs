@@ -1,21 +1,24 @@
 //! The FUSE side: one [`Conn`] per mountpoint (connection), all sharing one [`Server`].
 //! Each operation resolves node ids through the inode table, file handles through the
 //! handle table, and runs its system call on the source.
+//!
+//! This file holds the connection and the [`Filesystem`] methods, each of which calls
+//! its operation (`operations.rs`, a `Result` of what the reply carries) and answers
+//! (`reply.rs`).
 
 use std::ffi::{CString, OsStr};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use fuser::{
-    CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, RequestId, TimeOrNow, WriteFlags,
+    CopyFileRangeFlags, Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, RequestId, TimeOrNow, WriteFlags,
 };
 
 use crate::fdcache::{CachedFd, FdKey};
@@ -23,93 +26,16 @@ use crate::handles::Handle;
 use crate::inodes::{Found, Inode, Kind, Node};
 use crate::locks::{Interrupts, LockReq};
 use crate::mirror::SourceLocks;
-use crate::sys::{self, AsCaller};
+use crate::sys;
 use crate::Server;
 
-/// The errno a client gets for a failed call of the server's. The server's own
-/// descriptor table being full is `ENFILE` to the client (too many files open "in the
-/// system" it sees): `EMFILE` would say that the caller's table is full.
-fn errno(e: io::Error) -> Errno {
-    Errno::from_i32(match e.raw_os_error() {
-        Some(libc::EMFILE) => libc::ENFILE,
-        Some(n) => n,
-        None => libc::EIO,
-    })
-}
+mod attr;
+mod operations;
+mod reply;
 
-/// Unwraps a `Result<_, io::Error>` or answers the reply with its errno and returns.
-macro_rules! tri {
-    ($e:expr, $reply:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(e) => return $reply.error(errno(e)),
-        }
-    };
-}
-
-/// Unwraps an `Option` or answers the reply with `$err` and returns.
-macro_rules! some {
-    ($e:expr, $reply:expr, $err:expr) => {
-        match $e {
-            Some(v) => v,
-            None => return $reply.error($err),
-        }
-    };
-}
-
-fn time(sec: i64, nsec: i64) -> SystemTime {
-    if sec >= 0 {
-        UNIX_EPOCH + Duration::new(sec as u64, nsec as u32)
-    } else {
-        UNIX_EPOCH - Duration::from_secs(sec.unsigned_abs()) + Duration::from_nanos(nsec as u64)
-    }
-}
-
-fn file_type(mode: u32) -> FileType {
-    match mode & libc::S_IFMT {
-        libc::S_IFDIR => FileType::Directory,
-        libc::S_IFLNK => FileType::Symlink,
-        libc::S_IFIFO => FileType::NamedPipe,
-        libc::S_IFSOCK => FileType::Socket,
-        libc::S_IFCHR => FileType::CharDevice,
-        libc::S_IFBLK => FileType::BlockDevice,
-        _ => FileType::RegularFile,
-    }
-}
-
-fn dirent_type(t: u8) -> FileType {
-    match t {
-        libc::DT_DIR => FileType::Directory,
-        libc::DT_LNK => FileType::Symlink,
-        libc::DT_FIFO => FileType::NamedPipe,
-        libc::DT_SOCK => FileType::Socket,
-        libc::DT_CHR => FileType::CharDevice,
-        libc::DT_BLK => FileType::BlockDevice,
-        _ => FileType::RegularFile,
-    }
-}
-
-/// The attributes of `inode` as the kernel sees them: the source's, with the node id as
-/// inode number (the source's inode number, see `inodes.rs`).
-fn attr(inode: &Inode, st: &libc::stat64) -> FileAttr {
-    FileAttr {
-        ino: INodeNo(inode.id),
-        size: st.st_size as u64,
-        blocks: st.st_blocks as u64,
-        atime: time(st.st_atime, st.st_atime_nsec),
-        mtime: time(st.st_mtime, st.st_mtime_nsec),
-        ctime: time(st.st_ctime, st.st_ctime_nsec),
-        crtime: UNIX_EPOCH,
-        kind: file_type(st.st_mode),
-        perm: (st.st_mode & 0o7777) as u16,
-        nlink: st.st_nlink as u32,
-        uid: st.st_uid,
-        gid: st.st_gid,
-        rdev: st.st_rdev as u32,
-        blksize: st.st_blksize as u32,
-        flags: 0,
-    }
-}
+use attr::attr;
+use operations::SetAttr;
+use reply::{answer, reply_empty, reply_entry, reply_xattr};
 
 /// What a `READDIRPLUS` entry became.
 enum PlusEntry {
@@ -121,28 +47,6 @@ enum PlusEntry {
     NoBudget,
     /// The lookup failed otherwise.
     Failed(io::Error),
-}
-
-/// The attributes sent with `.` and `..`, which the kernel does not instantiate: only the
-/// inode number and type are used (for the `dirent`).
-fn unlooked(ino: u64, d_type: u8) -> FileAttr {
-    FileAttr {
-        ino: INodeNo(ino),
-        size: 0,
-        blocks: 0,
-        atime: UNIX_EPOCH,
-        mtime: UNIX_EPOCH,
-        ctime: UNIX_EPOCH,
-        crtime: UNIX_EPOCH,
-        kind: dirent_type(d_type),
-        perm: 0,
-        nlink: 0,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        blksize: 0,
-        flags: 0,
-    }
 }
 
 /// One connection: a mountpoint of the server.
@@ -426,49 +330,6 @@ impl Conn {
             self.ttl()
         }
     }
-
-    fn entry_after_create(&self, parent: &Inode, name: &OsStr, reply: ReplyEntry) {
-        match self.lookup_entry(parent, name) {
-            Ok((_, a)) => reply.entry(&self.entry_ttl(parent), &a, Generation(0)),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-}
-
-fn timespec(t: Option<TimeOrNow>) -> libc::timespec {
-    match t {
-        None => libc::timespec {
-            tv_sec: 0,
-            tv_nsec: libc::UTIME_OMIT,
-        },
-        Some(TimeOrNow::Now) => libc::timespec {
-            tv_sec: 0,
-            tv_nsec: libc::UTIME_NOW,
-        },
-        Some(TimeOrNow::SpecificTime(t)) => match t.duration_since(UNIX_EPOCH) {
-            Ok(d) => libc::timespec {
-                tv_sec: d.as_secs() as libc::time_t,
-                tv_nsec: d.subsec_nanos() as libc::c_long,
-            },
-            Err(e) => {
-                let d = e.duration();
-                let mut sec = -(d.as_secs() as i64);
-                let mut nsec = -(d.subsec_nanos() as i64);
-                if nsec < 0 {
-                    sec -= 1;
-                    nsec += 1_000_000_000;
-                }
-                libc::timespec {
-                    tv_sec: sec as libc::time_t,
-                    tv_nsec: nsec as libc::c_long,
-                }
-            }
-        },
-    }
-}
-
-fn cname(name: &OsStr) -> io::Result<CString> {
-    CString::new(name.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 impl Filesystem for Conn {
@@ -485,10 +346,8 @@ impl Filesystem for Conn {
                 config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
         }
         let _ = config.set_max_background(64);
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
         if self.srv.opts.passthrough
-            && root
+            && sys::is_root()
             && config.capabilities().contains(InitFlags::FUSE_PASSTHROUGH)
             && config.set_max_stack_depth(self.srv.stack_depth).is_ok()
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
@@ -515,12 +374,7 @@ impl Filesystem for Conn {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let p = match self.dir(parent) {
-            Ok(p) => p,
-            Err(e) => return reply.error(e),
-        };
-        let (_, a) = tri!(self.lookup_entry(&p, name), reply);
-        reply.entry(&self.entry_ttl(&p), &a, Generation(0));
+        reply_entry(reply, self.lookup_op(parent, name));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -528,10 +382,9 @@ impl Filesystem for Conn {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let i = some!(self.inode(ino), reply, Errno::ENOENT);
-        let fd = tri!(self.srv.inode_fd(&i), reply);
-        let st = tri!(sys::stat_fd(fd.as_fd()), reply);
-        reply.attr(&self.ttl(), &attr(&i, &st));
+        answer(reply, self.getattr_op(ino), |reply, a| {
+            reply.attr(&self.ttl(), &a)
+        });
     }
 
     fn setattr(
@@ -552,68 +405,22 @@ impl Filesystem for Conn {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let i = some!(self.inode(ino), reply, Errno::ENOENT);
-        let fd = tri!(self.srv.inode_fd(&i), reply);
-        let h = fh.and_then(|fh| Some((fh, self.handle(fh)?)));
-        if uid.is_some() || gid.is_some() {
-            let u = uid.unwrap_or(u32::MAX);
-            let g = gid.unwrap_or(u32::MAX);
-            // SAFETY: empty path with AT_EMPTY_PATH acts on the O_PATH descriptor itself.
-            let r = unsafe {
-                libc::fchownat(
-                    fd.as_raw_fd(),
-                    c"".as_ptr(),
-                    u,
-                    g,
-                    libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
-                )
-            };
-            tri!(sys::cvt(r), reply);
-        }
-        if let Some(m) = mode {
-            let (_fd, p) = tri!(self.inode_path(&i), reply);
-            // SAFETY: a NUL-terminated path.
-            tri!(sys::cvt(unsafe { libc::chmod(p.as_ptr(), m & 0o7777) }), reply);
-        }
-        if let Some(sz) = size {
-            let r = match &h {
-                Some((fh, h)) => {
-                    let f = tri!(self.file(*fh, h), reply);
-                    // SAFETY: plain syscall on a descriptor we hold.
-                    unsafe { libc::ftruncate64(f.as_raw_fd(), sz as i64) }
-                }
-                None => {
-                    let (_fd, p) = tri!(self.inode_path(&i), reply);
-                    // SAFETY: a NUL-terminated path.
-                    unsafe { libc::truncate64(p.as_ptr(), sz as i64) }
-                }
-            };
-            tri!(sys::cvt(r), reply);
-        }
-        if atime.is_some() || mtime.is_some() {
-            let ts = [timespec(atime), timespec(mtime)];
-            let r = if i.kind == Kind::Symlink {
-                // SAFETY: empty path with AT_EMPTY_PATH on the O_PATH descriptor.
-                unsafe { libc::utimensat(fd.as_raw_fd(), c"".as_ptr(), ts.as_ptr(), libc::AT_EMPTY_PATH) }
-            } else {
-                let (_fd, p) = tri!(self.inode_path(&i), reply);
-                // SAFETY: a NUL-terminated path and two timespecs.
-                unsafe { libc::utimensat(libc::AT_FDCWD, p.as_ptr(), ts.as_ptr(), 0) }
-            };
-            tri!(sys::cvt(r), reply);
-        }
-        let st = tri!(sys::stat_fd(fd.as_fd()), reply);
-        reply.attr(&self.ttl(), &attr(&i, &st));
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+            fh,
+        };
+        answer(reply, self.setattr_op(ino, set), |reply, a| {
+            reply.attr(&self.ttl(), &a)
+        });
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        let i = some!(self.inode(ino), reply, Errno::ENOENT);
-        let fd = tri!(self.srv.inode_fd(&i), reply);
-        let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
-        // SAFETY: `buf` is writable for its length; empty path reads the O_PATH link.
-        let n = unsafe { libc::readlinkat(fd.as_raw_fd(), c"".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-        let n = tri!(sys::cvt_size(n), reply);
-        reply.data(&buf[..n]);
+        answer(reply, self.readlink_op(ino), |reply, target| reply.data(&target));
     }
 
     fn mknod(
@@ -626,86 +433,25 @@ impl Filesystem for Conn {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let p = match self.dir(parent) {
-            Ok(p) => p,
-            Err(e) => return reply.error(e),
-        };
-        let c = tri!(sys::component(name), reply);
-        let pfd = tri!(self.srv.inode_fd(&p), reply);
-        {
-            let _as = AsCaller::new(req.uid(), req.gid());
-            // SAFETY: a NUL-terminated single component relative to an O_PATH dir.
-            let r = unsafe { libc::mknodat(pfd.as_raw_fd(), c.as_ptr(), mode, rdev as libc::dev_t) };
-            tri!(sys::cvt(r), reply);
-        }
-        self.entry_after_create(&p, name, reply);
+        let made = self.make_entry(req, parent, name, |dir, c| sys::mknodat(dir, c, mode, rdev));
+        reply_entry(reply, made);
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
-        let p = match self.dir(parent) {
-            Ok(p) => p,
-            Err(e) => return reply.error(e),
-        };
-        let c = tri!(sys::component(name), reply);
-        let pfd = tri!(self.srv.inode_fd(&p), reply);
-        {
-            let _as = AsCaller::new(req.uid(), req.gid());
-            // SAFETY: as in mknod.
-            let r = unsafe { libc::mkdirat(pfd.as_raw_fd(), c.as_ptr(), mode) };
-            tri!(sys::cvt(r), reply);
-        }
-        self.entry_after_create(&p, name, reply);
+        let made = self.make_entry(req, parent, name, |dir, c| sys::mkdirat(dir, c, mode));
+        reply_entry(reply, made);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let p = match self.dir(parent) {
-            Ok(p) => p,
-            Err(e) => return reply.error(e),
-        };
-        let c = tri!(sys::component(name), reply);
-        let pfd = tri!(self.srv.inode_fd(&p), reply);
-        let victim = self.victim(pfd.as_fd(), &c);
-        // SAFETY: as in mknod.
-        tri!(
-            sys::cvt(unsafe { libc::unlinkat(pfd.as_raw_fd(), c.as_ptr(), 0) }),
-            reply
-        );
-        self.keep_victim(victim);
-        reply.ok();
+        reply_empty(reply, self.remove_op(parent, name, sys::Unlink::File));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let p = match self.dir(parent) {
-            Ok(p) => p,
-            Err(e) => return reply.error(e),
-        };
-        let c = tri!(sys::component(name), reply);
-        let pfd = tri!(self.srv.inode_fd(&p), reply);
-        let victim = self.victim(pfd.as_fd(), &c);
-        // SAFETY: as in mknod.
-        tri!(
-            sys::cvt(unsafe { libc::unlinkat(pfd.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) }),
-            reply
-        );
-        self.keep_victim(victim);
-        reply.ok();
+        reply_empty(reply, self.remove_op(parent, name, sys::Unlink::Dir));
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
-        let p = match self.dir(parent) {
-            Ok(p) => p,
-            Err(e) => return reply.error(e),
-        };
-        let c = tri!(sys::component(link_name), reply);
-        let t = tri!(cname(target.as_os_str()), reply);
-        let pfd = tri!(self.srv.inode_fd(&p), reply);
-        {
-            let _as = AsCaller::new(req.uid(), req.gid());
-            // SAFETY: NUL-terminated target and name; the target is stored, not followed.
-            let r = unsafe { libc::symlinkat(t.as_ptr(), pfd.as_raw_fd(), c.as_ptr()) };
-            tri!(sys::cvt(r), reply);
-        }
-        self.entry_after_create(&p, link_name, reply);
+        reply_entry(reply, self.symlink_op(req, parent, link_name, target));
     }
 
     fn rename(
@@ -718,95 +464,19 @@ impl Filesystem for Conn {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let (p, np) = match (self.dir(parent), self.dir(newparent)) {
-            (Ok(p), Ok(np)) => (p, np),
-            (Err(e), _) | (_, Err(e)) => return reply.error(e),
-        };
-        let c = tri!(sys::component(name), reply);
-        let nc = tri!(sys::component(newname), reply);
-        let pfd = tri!(self.srv.inode_fd(&p), reply);
-        let npfd = tri!(self.srv.inode_fd(&np), reply);
-        let victim = if flags.contains(RenameFlags::RENAME_EXCHANGE) {
-            None
-        } else {
-            self.victim(npfd.as_fd(), &nc)
-        };
-        // SAFETY: NUL-terminated single components relative to O_PATH directories.
-        let r = unsafe {
-            libc::renameat2(
-                pfd.as_raw_fd(),
-                c.as_ptr(),
-                npfd.as_raw_fd(),
-                nc.as_ptr(),
-                flags.bits(),
-            )
-        };
-        tri!(sys::cvt(r), reply);
-        self.keep_victim(victim);
-        reply.ok();
+        reply_empty(reply, self.rename_op(parent, name, newparent, newname, flags));
     }
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
-        let i = some!(self.inode(ino), reply, Errno::ENOENT);
-        let np = match self.dir(newparent) {
-            Ok(p) => p,
-            Err(e) => return reply.error(e),
-        };
-        let nc = tri!(sys::component(newname), reply);
-        let fd = tri!(self.srv.inode_fd(&i), reply);
-        let npfd = tri!(self.srv.inode_fd(&np), reply);
-        // SAFETY: AT_EMPTY_PATH links the O_PATH descriptor's inode itself.
-        let mut r = unsafe {
-            libc::linkat(
-                fd.as_raw_fd(),
-                c"".as_ptr(),
-                npfd.as_raw_fd(),
-                nc.as_ptr(),
-                libc::AT_EMPTY_PATH,
-            )
-        };
-        if r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) && i.kind != Kind::Symlink
-        {
-            // Without CAP_DAC_READ_SEARCH: through the magic link, which names exactly
-            // this inode.
-            let p = sys::proc_path(fd.as_fd());
-            // SAFETY: NUL-terminated paths.
-            r = unsafe {
-                libc::linkat(
-                    libc::AT_FDCWD,
-                    p.as_ptr(),
-                    npfd.as_raw_fd(),
-                    nc.as_ptr(),
-                    libc::AT_SYMLINK_FOLLOW,
-                )
-            };
-        }
-        tri!(sys::cvt(r), reply);
-        self.entry_after_create(&np, newname, reply);
+        reply_entry(reply, self.link_op(ino, newparent, newname));
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let i = some!(self.inode(ino), reply, Errno::ENOENT);
-        match i.kind {
-            Kind::Symlink => return reply.error(Errno::ELOOP),
-            Kind::Special => return reply.error(Errno::ENXIO),
-            Kind::File | Kind::Dir => {}
-        }
-        let flags = flags.0 & !(libc::O_NOFOLLOW | libc::O_CLOEXEC);
-        let file = tri!(self.srv.inodes.open(&i, flags), reply);
-        let backing = if i.kind == Kind::File {
-            self.backing(&i, file.as_fd(), |fd| reply.open_backing(fd))
-        } else {
-            None
-        };
-        let fh = match self.install(i.clone(), file, flags, backing.clone()) {
-            Ok(fh) => fh,
-            Err(e) => return reply.error(e),
-        };
-        match backing {
-            Some(b) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &b),
-            None => reply.opened(FileHandle(fh), FopenFlags::empty()),
-        }
+        let opened = self.open_op(ino, flags, &reply);
+        answer(reply, opened, |reply, o| match o.backing {
+            Some(b) => reply.opened_passthrough(FileHandle(o.fh), FopenFlags::empty(), &b),
+            None => reply.opened(FileHandle(o.fh), FopenFlags::empty()),
+        });
     }
 
     fn read(
@@ -820,27 +490,9 @@ impl Filesystem for Conn {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let h = some!(self.handle(fh), reply, Errno::EBADF);
-        let f = tri!(self.file(fh, &h), reply);
-        let mut buf = vec![0u8; size as usize];
-        let mut done = 0;
-        while done < buf.len() {
-            // SAFETY: the unfilled tail of `buf` is writable.
-            let n = unsafe {
-                libc::pread64(
-                    f.as_raw_fd(),
-                    buf[done..].as_mut_ptr().cast(),
-                    buf.len() - done,
-                    (offset + done as u64) as i64,
-                )
-            };
-            let n = tri!(sys::cvt_size(n), reply);
-            if n == 0 {
-                break;
-            }
-            done += n;
-        }
-        reply.data(&buf[..done]);
+        answer(reply, self.read_op(fh, offset, size), |reply, data| {
+            reply.data(&data)
+        });
     }
 
     fn write(
@@ -855,48 +507,13 @@ impl Filesystem for Conn {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let h = some!(self.handle(fh), reply, Errno::EBADF);
-        let f = tri!(self.file(fh, &h), reply);
-        let mut done = 0;
-        while done < data.len() {
-            // SAFETY: `data[done..]` is readable for its length.
-            let n = unsafe {
-                libc::pwrite64(
-                    f.as_raw_fd(),
-                    data[done..].as_ptr().cast(),
-                    data.len() - done,
-                    (offset + done as u64) as i64,
-                )
-            };
-            match sys::cvt_size(n) {
-                Ok(n) => done += n,
-                Err(e) if done == 0 => return reply.error(errno(e)),
-                Err(_) => break,
-            }
-        }
-        reply.written(done as u32);
+        answer(reply, self.write_op(fh, offset, data), |reply, n| {
+            reply.written(n)
+        });
     }
 
     fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
-        let h = some!(self.handle(fh), reply, Errno::EBADF);
-        // Never ENOSYS: the kernel would stop sending FLUSH, and POSIX locks would
-        // outlive close(2).
-        self.srv.locks.flush(&h.inode, self.idx, lock_owner.0);
-        // What close(2) of a duplicate does on the source (write-back errors of NFS, say),
-        // where the server still has the file open (opening it only to close it would
-        // report nothing).
-        let Some(f) = h.file.get() else {
-            return reply.ok();
-        };
-        // SAFETY: dup of a descriptor we hold, closed at once.
-        let d = unsafe { libc::dup(f.as_raw_fd()) };
-        if d >= 0 {
-            // SAFETY: `d` is ours.
-            if unsafe { libc::close(d) } < 0 {
-                return reply.error(errno(io::Error::last_os_error()));
-            }
-        }
-        reply.ok();
+        reply_empty(reply, self.flush_op(fh, lock_owner));
     }
 
     fn release(
@@ -914,65 +531,18 @@ impl Filesystem for Conn {
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
-        let h = some!(self.handle(fh), reply, Errno::EBADF);
-        let f = tri!(self.file(fh, &h), reply);
-        let fd = f.as_raw_fd();
-        // SAFETY: plain syscalls on a descriptor we hold.
-        let r = unsafe {
-            if datasync {
-                libc::fdatasync(fd)
-            } else {
-                libc::fsync(fd)
-            }
-        };
-        tri!(sys::cvt(r), reply);
-        reply.ok();
+        reply_empty(reply, self.fsync_op(fh, datasync));
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let i = match self.dir(ino) {
-            Ok(i) => i,
-            Err(e) => return reply.error(e),
-        };
-        let flags = (flags.0 & !(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_ACCMODE))
-            | libc::O_RDONLY
-            | libc::O_DIRECTORY;
-        let file = tri!(self.srv.inodes.open(&i, flags), reply);
-        match self.install(i.clone(), file, flags, None) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, self.opendir_op(ino, flags), |reply, fh| {
+            reply.opened(FileHandle(fh), FopenFlags::empty())
+        });
     }
 
     fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let h = some!(self.handle(fh), reply, Errno::EBADF);
-        let Some(pos) = &h.dir else {
-            return reply.error(Errno::ENOTDIR);
-        };
-        let _g = pos.lock();
-        let f = tri!(self.file(fh, &h), reply);
-        tri!(sys::seek_to(f.as_fd(), offset as i64), reply);
-        // About what one reply holds (the kernel asks a page at a time): every request
-        // reads the directory from its offset again, and what does not fit is read for
-        // nothing.
-        let mut buf = vec![0u8; 8 * 1024];
-        'outer: loop {
-            let entries = tri!(sys::getdents(f.as_fd(), &mut buf), reply);
-            if entries.is_empty() {
-                break;
-            }
-            for e in entries {
-                if reply.add(
-                    INodeNo(e.ino),
-                    e.off as u64,
-                    dirent_type(e.kind),
-                    OsStr::from_bytes(&e.name),
-                ) {
-                    break 'outer;
-                }
-            }
-        }
-        reply.ok();
+        let filled = self.readdir_op(fh, offset, &mut reply);
+        answer(reply, filled, |reply, ()| reply.ok());
     }
 
     fn readdirplus(
@@ -983,72 +553,8 @@ impl Filesystem for Conn {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let h = some!(self.handle(fh), reply, Errno::EBADF);
-        let Some(pos) = &h.dir else {
-            return reply.error(Errno::ENOTDIR);
-        };
-        let _g = pos.lock();
-        let f = tri!(self.file(fh, &h), reply);
-        tri!(sys::seek_to(f.as_fd(), offset as i64), reply);
-        let ttl = self.ttl();
-        // An entry with attributes takes about four times its dirent: see readdir.
-        let mut buf = vec![0u8; 2 * 1024];
-        let mut added = 0usize;
-        let mut budget = self.srv.fd_budget();
-        'outer: loop {
-            let entries = tri!(sys::getdents(f.as_fd(), &mut buf), reply);
-            if entries.is_empty() {
-                break;
-            }
-            for e in entries {
-                let name = OsStr::from_bytes(&e.name);
-                let off = e.off as u64;
-                if name == "." || name == ".." {
-                    // Never instantiated by the kernel (fs/fuse/readdir.c,
-                    // fuse_direntplus_link), so never counted; the node id field is
-                    // the dirent's inode number, as fuser writes both from one field.
-                    if reply.add(
-                        INodeNo(e.ino),
-                        off,
-                        name,
-                        &ttl,
-                        &unlooked(e.ino, e.kind),
-                        Generation(0),
-                    ) {
-                        break 'outer;
-                    }
-                    added += 1;
-                    continue;
-                }
-                match self.plus_entry(&h.inode, name, &mut budget) {
-                    PlusEntry::Looked(node, a) => {
-                        if reply.add(INodeNo(node.id), off, name, &ttl, &a, Generation(0)) {
-                            // Not sent: take back the lookup the kernel will never hold.
-                            self.srv.inodes.forget(self.idx, node.id, 1);
-                            break 'outer;
-                        }
-                    }
-                    PlusEntry::Gone => continue,
-                    PlusEntry::NoBudget if added > 0 => break 'outer,
-                    PlusEntry::NoBudget => {
-                        // The first entry: looked up into the reserve (one descriptor
-                        // per reply, so listing goes on). An entry without attributes
-                        // (node id 0) is not an option with fuser 0.18: it writes the
-                        // dirent's d_ino from the node id, and glibc's readdir skips
-                        // d_ino 0 entries, so the name would silently vanish.
-                        let (node, a) = tri!(self.lookup_entry(&h.inode, name), reply);
-                        if reply.add(INodeNo(node.id), off, name, &ttl, &a, Generation(0)) {
-                            self.srv.inodes.forget(self.idx, node.id, 1);
-                            break 'outer;
-                        }
-                    }
-                    PlusEntry::Failed(err) if added == 0 => return reply.error(errno(err)),
-                    PlusEntry::Failed(_) => break 'outer,
-                }
-                added += 1;
-            }
-        }
-        reply.ok();
+        let filled = self.readdirplus_op(fh, offset, &mut reply);
+        answer(reply, filled, |reply, ()| reply.ok());
     }
 
     fn releasedir(
@@ -1068,25 +574,18 @@ impl Filesystem for Conn {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let mut st = std::mem::MaybeUninit::<libc::statvfs64>::uninit();
-        // SAFETY: `st` is written on success; the root descriptor is O_PATH, which
-        // fstatvfs accepts.
-        let root = tri!(self.srv.inode_fd(self.srv.inodes.root()), reply);
-        // SAFETY: as above.
-        let r = unsafe { libc::fstatvfs64(root.as_raw_fd(), st.as_mut_ptr()) };
-        tri!(sys::cvt(r), reply);
-        // SAFETY: fstatvfs succeeded.
-        let st = unsafe { st.assume_init() };
-        reply.statfs(
-            st.f_blocks,
-            st.f_bfree,
-            st.f_bavail,
-            st.f_files,
-            st.f_ffree,
-            st.f_bsize as u32,
-            st.f_namemax as u32,
-            st.f_frsize as u32,
-        );
+        answer(reply, self.statfs_op(), |reply, st| {
+            reply.statfs(
+                st.f_blocks,
+                st.f_bfree,
+                st.f_bavail,
+                st.f_files,
+                st.f_ffree,
+                st.f_bsize as u32,
+                st.f_namemax as u32,
+                st.f_frsize as u32,
+            )
+        });
     }
 
     fn setxattr(
@@ -1099,54 +598,19 @@ impl Filesystem for Conn {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let i = some!(self.inode(ino), reply, Errno::ENOENT);
-        let (_fd, p) = tri!(self.inode_path(&i), reply);
-        let n = tri!(cname(name), reply);
-        // SAFETY: NUL-terminated path and name, `value` readable for its length.
-        let r = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), flags) };
-        tri!(sys::cvt(r), reply);
-        reply.ok();
+        reply_empty(reply, self.setxattr_op(ino, name, value, flags));
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let i = some!(self.inode(ino), reply, Errno::ENOENT);
-        let (_fd, p) = tri!(self.inode_path(&i), reply);
-        let n = tri!(cname(name), reply);
-        let mut buf = vec![0u8; size as usize];
-        // SAFETY: NUL-terminated path and name; `buf` writable for its length.
-        let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-        let len = tri!(sys::cvt_size(r), reply);
-        if size == 0 {
-            reply.size(len as u32);
-        } else {
-            reply.data(&buf[..len]);
-        }
+        reply_xattr(reply, self.getxattr_op(ino, name, size));
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let i = some!(self.inode(ino), reply, Errno::ENOENT);
-        let (_fd, p) = tri!(self.inode_path(&i), reply);
-        let mut buf = vec![0u8; size as usize];
-        // SAFETY: NUL-terminated path; `buf` writable for its length.
-        let r = unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-        let len = tri!(sys::cvt_size(r), reply);
-        if size == 0 {
-            reply.size(len as u32);
-        } else {
-            reply.data(&buf[..len]);
-        }
+        reply_xattr(reply, self.listxattr_op(ino, size));
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let i = some!(self.inode(ino), reply, Errno::ENOENT);
-        let (_fd, p) = tri!(self.inode_path(&i), reply);
-        let n = tri!(cname(name), reply);
-        // SAFETY: NUL-terminated path and name.
-        tri!(
-            sys::cvt(unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) }),
-            reply
-        );
-        reply.ok();
+        reply_empty(reply, self.removexattr_op(ino, name));
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
@@ -1164,66 +628,24 @@ impl Filesystem for Conn {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let p = match self.dir(parent) {
-            Ok(p) => p,
-            Err(e) => return reply.error(e),
-        };
-        let c = tri!(sys::component(name), reply);
-        let pfd = tri!(self.srv.inode_fd(&p), reply);
-        let flags = flags & !(libc::O_NOCTTY | libc::O_CLOEXEC);
-        let file = {
-            let _as = AsCaller::new(req.uid(), req.gid());
-            tri!(
-                sys::openat_beneath(pfd.as_fd(), &c, flags | libc::O_CREAT | libc::O_NOFOLLOW, mode),
-                reply
-            )
-        };
-        let st = tri!(sys::stat_fd(file.as_fd()), reply);
-        let found = if self.srv.inodes.by_handle() {
-            Found::Opened(file.as_fd())
-        } else {
-            // The inode's own O_PATH descriptor: by name (cheap), unless the name was
-            // renamed or replaced meanwhile, then through /proc/self/fd of the new file.
-            match sys::openat_beneath(pfd.as_fd(), &c, libc::O_PATH | libc::O_NOFOLLOW, 0) {
-                Ok(fd)
-                    if sys::stat_fd(fd.as_fd())
-                        .is_ok_and(|s| s.st_dev == st.st_dev && s.st_ino == st.st_ino) =>
-                {
-                    Found::Path(fd)
-                }
-                _ => Found::Path(tri!(sys::reopen(file.as_fd(), libc::O_PATH), reply)),
-            }
-        };
-        let inode = tri!(self.srv.inodes.lookup(self.idx, found, &st), reply);
-        let a = attr(&inode, &st);
-        let backing = self.backing(&inode, file.as_fd(), |fd| reply.open_backing(fd));
-        // Opened again (by a later miss) without O_CREAT, O_EXCL or O_TRUNC, and not
-        // by a name: O_NOFOLLOW would refuse the magic link of a reopen.
-        let fh = match self.install(inode.clone(), file, flags & !libc::O_NOFOLLOW, backing.clone()) {
-            Ok(fh) => fh,
-            Err(e) => {
-                // The file exists now; the kernel's create failed all the same.
-                self.srv.inodes.forget(self.idx, inode.id, 1);
-                return reply.error(e);
-            }
-        };
-        match backing {
+        let created = self.create_op(req, parent, name, mode, flags, &reply);
+        answer(reply, created, |reply, (e, o)| match o.backing {
             Some(b) => reply.created_passthrough(
-                &self.entry_ttl(&p),
-                &a,
+                &e.ttl,
+                &e.attr,
                 Generation(0),
-                FileHandle(fh),
+                FileHandle(o.fh),
                 FopenFlags::empty(),
                 &b,
             ),
             None => reply.created(
-                &self.entry_ttl(&p),
-                &a,
+                &e.ttl,
+                &e.attr,
                 Generation(0),
-                FileHandle(fh),
+                FileHandle(o.fh),
                 FopenFlags::empty(),
             ),
-        }
+        });
     }
 
     fn getlk(
@@ -1238,7 +660,9 @@ impl Filesystem for Conn {
         pid: u32,
         reply: ReplyLock,
     ) {
-        let h = some!(self.handle(fh), reply, Errno::EBADF);
+        let Some(h) = self.handle(fh) else {
+            return reply.error(Errno::EBADF);
+        };
         let r = self.lock_req(req, fh, lock_owner, start, end, typ, pid);
         self.srv.locks.getlk(&self.srv.inodes, &h, &r, reply);
     }
@@ -1256,7 +680,9 @@ impl Filesystem for Conn {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
-        let h = some!(self.handle(fh), reply, Errno::EBADF);
+        let Some(h) = self.handle(fh) else {
+            return reply.error(Errno::EBADF);
+        };
         let r = self.lock_req(req, fh, lock_owner, start, end, typ, pid);
         self.srv
             .locks
@@ -1272,7 +698,9 @@ impl Filesystem for Conn {
         op: i32,
         reply: ReplyEmpty,
     ) {
-        let h = some!(self.handle(fh), reply, Errno::EBADF);
+        let Some(h) = self.handle(fh) else {
+            return reply.error(Errno::EBADF);
+        };
         let r = self.lock_req(req, fh, lock_owner, 0, 0, 0, req.pid());
         self.srv
             .locks
@@ -1294,12 +722,7 @@ impl Filesystem for Conn {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let h = some!(self.handle(fh), reply, Errno::EBADF);
-        let f = tri!(self.file(fh, &h), reply);
-        // SAFETY: plain syscall on a descriptor we hold.
-        let r = unsafe { libc::fallocate64(f.as_raw_fd(), mode, offset as i64, length as i64) };
-        tri!(sys::cvt(r), reply);
-        reply.ok();
+        reply_empty(reply, self.fallocate_op(fh, offset, length, mode));
     }
 
     fn lseek(
@@ -1311,14 +734,9 @@ impl Filesystem for Conn {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        let h = some!(self.handle(fh), reply, Errno::EBADF);
-        let f = tri!(self.file(fh, &h), reply);
-        // SAFETY: plain syscall on a descriptor we hold.
-        let r = unsafe { libc::lseek64(f.as_raw_fd(), offset, whence) };
-        if r < 0 {
-            return reply.error(errno(io::Error::last_os_error()));
-        }
-        reply.offset(r);
+        answer(reply, self.lseek_op(fh, offset, whence), |reply, off| {
+            reply.offset(off)
+        });
     }
 
     fn copy_file_range(
@@ -1334,24 +752,7 @@ impl Filesystem for Conn {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        let hi = some!(self.handle(fh_in), reply, Errno::EBADF);
-        let ho = some!(self.handle(fh_out), reply, Errno::EBADF);
-        let fi = tri!(self.file(fh_in, &hi), reply);
-        let fo = tri!(self.file(fh_out, &ho), reply);
-        let mut oi = offset_in as i64;
-        let mut oo = offset_out as i64;
-        // SAFETY: descriptors the handles own; offsets are ours to update.
-        let r = unsafe {
-            libc::copy_file_range(
-                fi.as_raw_fd(),
-                &mut oi,
-                fo.as_raw_fd(),
-                &mut oo,
-                len.min(u32::MAX as u64) as usize,
-                0,
-            )
-        };
-        let n = tri!(sys::cvt_size(r), reply);
-        reply.written(n as u32);
+        let copied = self.copy_file_range_op(fh_in, offset_in, fh_out, offset_out, len);
+        answer(reply, copied, |reply, n| reply.written(n));
     }
 }

@@ -13,7 +13,10 @@
 //! | piece | module | what it holds |
 //! |---|---|---|
 //! | [`Server`] | here | what all connections share: inode table, handle table, lock manager |
-//! | [`fs::Conn`] | `fs.rs` | one connection (mountpoint): the FUSE operations |
+//! | [`fs::Conn`] | `fs.rs` | one connection (mountpoint): the FUSE operations, each a thin call into the next file |
+//! | | `fs/operations.rs` | what each operation does on the source, returning its reply's content or an errno |
+//! | | `fs/reply.rs` | errors to errnos (`EMFILE` → `ENFILE`) and the replies several operations share |
+//! | | `fs/attr.rs` | FUSE attributes from the source's `stat`, and the times the kernel sets |
 //! | [`dispatch::ConnGate`] | `dispatch.rs` | which dispatch threads read `/dev/fuse`: one serves a serial stream, spares park until requests queue up or may block |
 //! | [`inodes::InodeTable`] | `inodes.rs` | the `vfscale-icache` inode cache: node id ↔ `(st_dev, st_ino)`, each inode's file handle, `I_NEW`-coalesced lookups, lookup counts per connection, eviction when forgotten |
 //! | [`fdcache::FdCache`] | `fdcache.rs` | the bounded cache of source descriptors (inodes' `O_PATH` descriptors, open files without passthrough), CLOCK per shard, reopened on a miss |
@@ -21,7 +24,7 @@
 //! | [`handles::Handles`] | `handles.rs` | open files: `fh` = a `vfscale-fdtable` descriptor |
 //! | [`locks::Locks`] | `locks.rs` | `GETLK`/`SETLK`/`SETLKW`/flock, parked waiters, `FLUSH`/`RELEASE`, `INTERRUPT` |
 //! | [`mirror::Mirror`] | `mirror.rs` | per locked inode: the clients' locks held on the source file, host waits |
-//! | `sys` | `sys.rs` | `openat2(RESOLVE_BENEATH)`, file handles (`name_to_handle_at`, `open_by_handle_at`), `/proc/self/fd` reopening, per-thread credentials |
+//! | `sys` | `sys.rs` | every system call on the source behind a safe wrapper: `openat2(RESOLVE_BENEATH)`, file handles (`name_to_handle_at`, `open_by_handle_at`), `/proc/self/fd` reopening, the `*at` calls, I/O, xattrs, per-thread credentials |
 //!
 //! # Invariants
 //!
@@ -357,8 +360,7 @@ impl Server {
             inodes,
             handles: Handles::new(nr_open.max(vfscale_fdtable::DEFAULT_NR_OPEN), fds.clone()),
             fds,
-            // SAFETY: geteuid has no preconditions.
-            reopen: unsafe { libc::geteuid() } == 0,
+            reopen: sys::is_root(),
             locks: Locks::new(source_locks),
             opts,
             stack_depth,
@@ -532,8 +534,7 @@ pub fn raise_nofile() -> u32 {
     let Ok((_, mut hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
         return 1024;
     };
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
+    if sys::is_root() {
         if let Ok(s) = std::fs::read_to_string("/proc/sys/fs/nr_open") {
             if let Ok(n) = s.trim().parse::<u64>() {
                 hard = hard.max(n);
@@ -606,8 +607,7 @@ const GRANT_NOTIFY_WAIT: Duration = Duration::from_millis(100);
 
 /// Lazily detaches the mount at `p` (the last resort when it is busy).
 fn detach(p: &Path) {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
+    if sys::is_root() {
         let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
     } else {
         let _ = std::process::Command::new("fusermount3")
@@ -634,9 +634,8 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
         check_mountpoint(m)?;
     }
     raise_nofile();
-    // SAFETY: umask has no preconditions. The client applies the caller's umask; the
-    // server must not apply its own on top.
-    unsafe { libc::umask(0) };
+    // The client applies the caller's umask; the server must not apply its own on top.
+    sys::clear_umask();
 
     // Every thread started from here on inherits this mask: the signals are taken by
     // the one thread that waits for them.

@@ -1,7 +1,8 @@
 //! The system calls the server makes on the source tree, behind small safe wrappers:
 //! resolution beneath an inode (`openat2` with `RESOLVE_BENEATH`), reopening an `O_PATH`
-//! descriptor, `stat`, directory reading, xattrs, and the per-thread credentials a
-//! request runs with (`setfsuid`/`setfsgid`).
+//! descriptor, `stat`, the `*at` calls that make, link, rename and remove names, reads
+//! and writes, directory reading, xattrs, and the per-thread credentials a request runs
+//! with (`setfsuid`/`setfsgid`). Every `unsafe` block of the server's requests is here.
 
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
@@ -352,12 +353,282 @@ pub fn getdents(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Vec<DirEntry>>
 
 /// `lseek(fd, off, SEEK_SET)`.
 pub fn seek_to(fd: BorrowedFd<'_>, off: i64) -> io::Result<()> {
+    lseek(fd, off, libc::SEEK_SET).map(drop)
+}
+
+/// `lseek(fd, off, whence)`: the new offset.
+pub fn lseek(fd: BorrowedFd<'_>, off: i64, whence: i32) -> io::Result<i64> {
     // SAFETY: plain syscall on a descriptor we hold.
-    let r = unsafe { libc::lseek64(fd.as_raw_fd(), off, libc::SEEK_SET) };
+    let r = unsafe { libc::lseek64(fd.as_raw_fd(), off, whence) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
+    Ok(r)
+}
+
+/// `pread(fd, buf, off)`: the number of bytes read into `buf`.
+pub fn pread(fd: BorrowedFd<'_>, buf: &mut [u8], off: u64) -> io::Result<usize> {
+    // SAFETY: `buf` is writable for its length.
+    cvt_size(unsafe { libc::pread64(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), off as i64) })
+}
+
+/// `pwrite(fd, data, off)`: the number of bytes written from `data`.
+pub fn pwrite(fd: BorrowedFd<'_>, data: &[u8], off: u64) -> io::Result<usize> {
+    // SAFETY: `data` is readable for its length.
+    cvt_size(unsafe { libc::pwrite64(fd.as_raw_fd(), data.as_ptr().cast(), data.len(), off as i64) })
+}
+
+/// `copy_file_range(fd_in, &off_in, fd_out, &off_out, len, 0)`: the bytes copied.
+pub fn copy_file_range(
+    fd_in: BorrowedFd<'_>,
+    mut off_in: i64,
+    fd_out: BorrowedFd<'_>,
+    mut off_out: i64,
+    len: usize,
+) -> io::Result<usize> {
+    // SAFETY: descriptors we hold; the offsets are ours for the kernel to update.
+    cvt_size(unsafe {
+        libc::copy_file_range(
+            fd_in.as_raw_fd(),
+            &mut off_in,
+            fd_out.as_raw_fd(),
+            &mut off_out,
+            len,
+            0,
+        )
+    })
+}
+
+/// `fallocate(fd, mode, off, len)`.
+pub fn fallocate(fd: BorrowedFd<'_>, mode: i32, off: u64, len: u64) -> io::Result<()> {
+    // SAFETY: plain syscall on a descriptor we hold.
+    cvt(unsafe { libc::fallocate64(fd.as_raw_fd(), mode, off as i64, len as i64) }).map(drop)
+}
+
+/// `fsync(fd)`, or `fdatasync(fd)` if `data_only`.
+pub fn fsync(fd: BorrowedFd<'_>, data_only: bool) -> io::Result<()> {
+    // SAFETY: plain syscalls on a descriptor we hold.
+    let r = unsafe {
+        if data_only {
+            libc::fdatasync(fd.as_raw_fd())
+        } else {
+            libc::fsync(fd.as_raw_fd())
+        }
+    };
+    cvt(r).map(drop)
+}
+
+/// `ftruncate(fd, len)`.
+pub fn ftruncate(fd: BorrowedFd<'_>, len: u64) -> io::Result<()> {
+    // SAFETY: plain syscall on a descriptor we hold.
+    cvt(unsafe { libc::ftruncate64(fd.as_raw_fd(), len as i64) }).map(drop)
+}
+
+/// `truncate(path, len)`.
+pub fn truncate(path: &CStr, len: u64) -> io::Result<()> {
+    // SAFETY: `path` is NUL-terminated.
+    cvt(unsafe { libc::truncate64(path.as_ptr(), len as i64) }).map(drop)
+}
+
+/// What `close(2)` of a duplicate of `fd` reports (write-back errors of NFS, say),
+/// without closing `fd`. Nothing if no duplicate can be made.
+pub fn close_duplicate(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: dup of a descriptor we hold.
+    let d = unsafe { libc::dup(fd.as_raw_fd()) };
+    if d >= 0 {
+        // SAFETY: `d` is ours and closed once.
+        cvt(unsafe { libc::close(d) })?;
+    }
     Ok(())
+}
+
+/// `fstatvfs(fd)` (an `O_PATH` descriptor will do).
+pub fn statvfs(fd: BorrowedFd<'_>) -> io::Result<libc::statvfs64> {
+    let mut st = std::mem::MaybeUninit::<libc::statvfs64>::uninit();
+    // SAFETY: `st` is written on success.
+    cvt(unsafe { libc::fstatvfs64(fd.as_raw_fd(), st.as_mut_ptr()) })?;
+    // SAFETY: fstatvfs succeeded and filled `st`.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// `fchownat(fd, "", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW)`: the inode `fd`
+/// refers to, a symbolic link included. `None` leaves that id as it is.
+pub fn chown_fd(fd: BorrowedFd<'_>, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
+    let (u, g) = (uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX));
+    // SAFETY: the empty path is NUL-terminated; AT_EMPTY_PATH acts on `fd` itself.
+    cvt(unsafe {
+        libc::fchownat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            u,
+            g,
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })
+    .map(drop)
+}
+
+/// `chmod(path, mode)`.
+pub fn chmod(path: &CStr, mode: u32) -> io::Result<()> {
+    // SAFETY: `path` is NUL-terminated.
+    cvt(unsafe { libc::chmod(path.as_ptr(), mode) }).map(drop)
+}
+
+/// `utimensat(fd, "", times, AT_EMPTY_PATH)`: the times of the inode `fd` refers to, a
+/// symbolic link included.
+pub fn utimens_fd(fd: BorrowedFd<'_>, times: &[libc::timespec; 2]) -> io::Result<()> {
+    // SAFETY: the empty path is NUL-terminated; `times` holds two timespecs.
+    cvt(unsafe { libc::utimensat(fd.as_raw_fd(), c"".as_ptr(), times.as_ptr(), libc::AT_EMPTY_PATH) })
+        .map(drop)
+}
+
+/// `utimensat(AT_FDCWD, path, times, 0)`.
+pub fn utimens_path(path: &CStr, times: &[libc::timespec; 2]) -> io::Result<()> {
+    // SAFETY: `path` is NUL-terminated; `times` holds two timespecs.
+    cvt(unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), times.as_ptr(), 0) }).map(drop)
+}
+
+/// `readlinkat(fd, "", buf)` of an `O_PATH` descriptor of a symbolic link: the bytes of
+/// its target written to `buf`.
+pub fn readlink_fd(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is writable for its length; the empty path is NUL-terminated.
+    cvt_size(unsafe { libc::readlinkat(fd.as_raw_fd(), c"".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })
+}
+
+/// `mknodat(dir, name, mode, rdev)`.
+pub fn mknodat(dir: BorrowedFd<'_>, name: &CStr, mode: u32, rdev: u32) -> io::Result<()> {
+    // SAFETY: `name` is NUL-terminated.
+    cvt(unsafe { libc::mknodat(dir.as_raw_fd(), name.as_ptr(), mode, rdev as libc::dev_t) }).map(drop)
+}
+
+/// `mkdirat(dir, name, mode)`.
+pub fn mkdirat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
+    // SAFETY: `name` is NUL-terminated.
+    cvt(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) }).map(drop)
+}
+
+/// What [`unlinkat`] removes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Unlink {
+    /// Anything but a directory (`unlink`).
+    File,
+    /// An empty directory (`rmdir`, `AT_REMOVEDIR`).
+    Dir,
+}
+
+/// `unlinkat(dir, name, 0)` or, for [`Unlink::Dir`], with `AT_REMOVEDIR`.
+pub fn unlinkat(dir: BorrowedFd<'_>, name: &CStr, what: Unlink) -> io::Result<()> {
+    let flags = match what {
+        Unlink::File => 0,
+        Unlink::Dir => libc::AT_REMOVEDIR,
+    };
+    // SAFETY: `name` is NUL-terminated.
+    cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) }).map(drop)
+}
+
+/// `symlinkat(target, dir, name)`: the target is stored, not followed.
+pub fn symlinkat(target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    // SAFETY: `target` and `name` are NUL-terminated.
+    cvt(unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), name.as_ptr()) }).map(drop)
+}
+
+/// `renameat2(dir, name, new_dir, new_name, flags)` (`RENAME_*`).
+pub fn renameat2(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    new_dir: BorrowedFd<'_>,
+    new_name: &CStr,
+    flags: u32,
+) -> io::Result<()> {
+    // SAFETY: `name` and `new_name` are NUL-terminated.
+    cvt(unsafe {
+        libc::renameat2(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            new_dir.as_raw_fd(),
+            new_name.as_ptr(),
+            flags,
+        )
+    })
+    .map(drop)
+}
+
+/// `linkat(fd, "", new_dir, new_name, AT_EMPTY_PATH)`: a new link to the inode `fd`
+/// refers to. `ENOENT` without `CAP_DAC_READ_SEARCH`.
+pub fn link_fd(fd: BorrowedFd<'_>, new_dir: BorrowedFd<'_>, new_name: &CStr) -> io::Result<()> {
+    // SAFETY: the empty path and `new_name` are NUL-terminated.
+    cvt(unsafe {
+        libc::linkat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            new_dir.as_raw_fd(),
+            new_name.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        )
+    })
+    .map(drop)
+}
+
+/// `linkat(AT_FDCWD, path, new_dir, new_name, AT_SYMLINK_FOLLOW)`: with a magic link as
+/// `path`, a new link to exactly the inode it names.
+pub fn link_path(path: &CStr, new_dir: BorrowedFd<'_>, new_name: &CStr) -> io::Result<()> {
+    // SAFETY: `path` and `new_name` are NUL-terminated.
+    cvt(unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            new_dir.as_raw_fd(),
+            new_name.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    })
+    .map(drop)
+}
+
+/// `setxattr(path, name, value, flags)`.
+pub fn setxattr(path: &CStr, name: &CStr, value: &[u8], flags: i32) -> io::Result<()> {
+    // SAFETY: NUL-terminated path and name; `value` is readable for its length.
+    cvt(unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            flags,
+        )
+    })
+    .map(drop)
+}
+
+/// `getxattr(path, name, buf)`: the value's length (written to `buf` unless it is empty).
+pub fn getxattr(path: &CStr, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: NUL-terminated path and name; `buf` is writable for its length.
+    cvt_size(unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })
+}
+
+/// `listxattr(path, buf)`: the list's length (written to `buf` unless it is empty).
+pub fn listxattr(path: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: a NUL-terminated path; `buf` is writable for its length.
+    cvt_size(unsafe { libc::listxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })
+}
+
+/// `removexattr(path, name)`.
+pub fn removexattr(path: &CStr, name: &CStr) -> io::Result<()> {
+    // SAFETY: NUL-terminated path and name.
+    cvt(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) }).map(drop)
+}
+
+/// `umask(0)`: files are created with exactly the mode asked for.
+pub fn clear_umask() {
+    // SAFETY: umask has no preconditions.
+    unsafe { libc::umask(0) };
+}
+
+/// Whether the server runs with effective user id 0.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    euid == 0
 }
 
 /// The capabilities `setfsuid` drops from the effective set when the fs uid leaves 0
@@ -411,8 +682,7 @@ pub struct AsCaller {
 impl AsCaller {
     /// Switches this thread's fs uid and gid.
     pub fn new(uid: u32, gid: u32) -> AsCaller {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 || (uid == 0 && gid == 0) {
+        if !is_root() || (uid == 0 && gid == 0) {
             return AsCaller { switched: false };
         }
         // SAFETY: setfsgid/setfsuid change this thread's credentials only; they cannot

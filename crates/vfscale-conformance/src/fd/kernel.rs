@@ -61,7 +61,7 @@ use std::time::{Duration, Instant};
 
 use libc::{c_char, c_int, c_long};
 
-use super::model::{ErrName, Listed, Op, Outcome, Scenario, Step, StepResult, Tracker, STD_NAMES};
+use super::format::{ErrName, Listed, Op, Outcome, Scenario, Step, StepResult, Tracker, STD_NAMES};
 
 /// Where the scratch directory is made.
 const SCRATCH_PARENT: &str = "/dev/shm";

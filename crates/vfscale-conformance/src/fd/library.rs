@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::model::{
+use super::format::{
     ErrName, Listed, Op, Outcome, Scenario, ScenarioError, Step, StepResult, Tracker, STD_NAMES,
 };
 use vfscale_fdtable::{CloseRangeFlags, Errno, Fd, FdTable, Settings};

@@ -2,8 +2,8 @@
 //! descriptor-table activity, run against `vfscale-fdtable` or against the running kernel
 //! so that the two result streams can be compared.
 
+mod format;
 pub mod kernel;
 pub mod library;
-mod model;
 
-pub use model::*;
+pub use format::*;

@@ -511,9 +511,44 @@ pub type StepResult = crate::format::StepResult<Outcome>;
 
 pub use crate::format::{render_results, StepOutcome};
 
-/// The messages of the rules that need the cache's state (both runners use these).
+/// The rules that need the cache's state, and their messages (both runners use these).
 pub mod warn {
+    use super::{Op, Step};
     use crate::format::ScenarioError;
+
+    /// What the rules read of the inode a reference holds.
+    pub struct InodeFacts {
+        /// `I_NEW` is set.
+        pub new: bool,
+        /// `i_nlink`.
+        pub nlink: u32,
+        /// `i_count`.
+        pub count: u32,
+        /// The inode was hashed at some time.
+        pub hashed_before: bool,
+    }
+
+    /// The rules on which Linux would `WARN`, and `insert_locked` of an inode hashed
+    /// before: the one `step` breaks, given what a runner sees of a reference's inode.
+    pub fn check(step: &Step, inode: impl Fn(&str) -> InodeFacts) -> Result<(), ScenarioError> {
+        let line = step.line;
+        match &step.op {
+            Op::UnlockNew { r, .. } | Op::DiscardNew { r, .. } | Op::IgetFailed { r, .. }
+                if !inode(r).new =>
+            {
+                let name = match &step.op {
+                    Op::UnlockNew { .. } => "unlock_new",
+                    Op::DiscardNew { .. } => "discard_new",
+                    _ => "iget_failed",
+                };
+                Err(not_new(line, name, r))
+            }
+            Op::DropNlink { r, .. } if inode(r).nlink == 0 => Err(nlink_zero(line, r)),
+            Op::Iput { r, .. } if inode(r).count == 1 && inode(r).new => Err(last_iput_new(line, r)),
+            Op::InsertLocked { r, .. } if inode(r).hashed_before => Err(hashed_before(line, r)),
+            _ => Ok(()),
+        }
+    }
 
     /// `unlock_new`, `discard_new`, `iget_failed` of an inode that is not `I_NEW`.
     pub fn not_new(line: usize, op: &str, r: &str) -> ScenarioError {

@@ -184,44 +184,22 @@ impl LibraryReplay {
         let mut completed = BTreeMap::new();
         let result = self.step(i, step, &mut completed);
         self.settle(&mut completed);
-        let result = match (result, completed.remove(&i)) {
-            (Outcome::Blocked, Some(done)) => done,
-            (r, _) => r,
-        };
-        Ok(StepResult {
-            step: i,
-            result,
-            completed: completed.into_iter().collect(),
-        })
+        Ok(StepResult::settled(i, result, completed, |r| {
+            matches!(r, Outcome::Blocked)
+        }))
     }
 
     fn check_warn(&self, step: &Step) -> Result<(), ScenarioError> {
-        let line = step.line;
-        let st = |r: &str| self.refs[r].state();
-        match &step.op {
-            Op::UnlockNew { r, .. } | Op::DiscardNew { r, .. } | Op::IgetFailed { r, .. }
-                if !st(r).flags.contains(vfscale_icache::InodeFlags::NEW) =>
-            {
-                let name = match &step.op {
-                    Op::UnlockNew { .. } => "unlock_new",
-                    Op::DiscardNew { .. } => "discard_new",
-                    _ => "iget_failed",
-                };
-                return Err(warn::not_new(line, name, r));
+        warn::check(step, |r| {
+            let inode = &self.refs[r];
+            let s = inode.state();
+            warn::InodeFacts {
+                new: s.flags.contains(vfscale_icache::InodeFlags::NEW),
+                nlink: s.nlink,
+                count: s.count,
+                hashed_before: self.hashed_before.contains(&inode.data().obj),
             }
-            Op::DropNlink { r, .. } if st(r).nlink == 0 => return Err(warn::nlink_zero(line, r)),
-            Op::Iput { r, .. } => {
-                let s = st(r);
-                if s.count == 1 && s.flags.contains(vfscale_icache::InodeFlags::NEW) {
-                    return Err(warn::last_iput_new(line, r));
-                }
-            }
-            Op::InsertLocked { r, .. } if self.hashed_before.contains(&self.refs[r].data().obj) => {
-                return Err(warn::hashed_before(line, r))
-            }
-            _ => {}
-        }
-        Ok(())
+        })
     }
 
     fn bind(&mut self, name: &str, r: InodeRef<Fs>) {

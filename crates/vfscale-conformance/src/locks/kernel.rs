@@ -37,7 +37,7 @@ use nix::sys::stat::Mode;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use super::model::{
+use super::format::{
     canonical_listing, LockPid, NamedListing, Op, OpenMode, Outcome, Resolved, Scenario, Step, StepResult,
     Tracker,
 };
@@ -1261,7 +1261,7 @@ fn unknown(at: At, proc: &str) -> ReplayError {
 
 #[cfg(test)]
 mod tests {
-    use super::super::model::render_results;
+    use super::super::format::render_results;
     use super::*;
 
     /// Replays `text`; `None` (after saying why) when the kernel target cannot run here.
@@ -1297,15 +1297,18 @@ mod tests {
 {"op":"open","proc":"p2","file":"a","fd":"d2","mode":"rw"}
 "#;
 
+    /// Asserts that `steps`, after the two opens of [`OPEN_BOTH`], replay to `expected`.
+    fn check_after_open_both(steps: &[&str], expected: &[&str]) {
+        check(&format!("{OPEN_BOTH}{}\n", steps.join("\n")), expected);
+    }
+
     #[test]
     fn conflict_is_eagain() {
-        let text = format!(
-            "{OPEN_BOTH}{}\n{}\n",
-            r#"{"op":"fcntl","fd":"d1","cmd":"F_SETLK","type":"F_WRLCK","start":0,"len":10}"#,
-            r#"{"op":"fcntl","fd":"d2","cmd":"F_SETLK","type":"F_RDLCK","start":5,"len":10}"#,
-        );
-        check(
-            &text,
+        check_after_open_both(
+            &[
+                r#"{"op":"fcntl","fd":"d1","cmd":"F_SETLK","type":"F_WRLCK","start":0,"len":10}"#,
+                r#"{"op":"fcntl","fd":"d2","cmd":"F_SETLK","type":"F_RDLCK","start":5,"len":10}"#,
+            ],
             &[
                 r#"{"step":0,"result":"ok"}"#,
                 r#"{"step":1,"result":"ok"}"#,
@@ -1317,14 +1320,12 @@ mod tests {
 
     #[test]
     fn blocked_setlkw_completes_on_unlock() {
-        let text = format!(
-            "{OPEN_BOTH}{}\n{}\n{}\n",
-            r#"{"op":"fcntl","fd":"d1","cmd":"F_SETLK","type":"F_WRLCK","start":0,"len":10}"#,
-            r#"{"op":"fcntl","fd":"d2","cmd":"F_SETLKW","type":"F_WRLCK","start":0,"len":10}"#,
-            r#"{"op":"fcntl","fd":"d1","cmd":"F_SETLK","type":"F_UNLCK","start":0,"len":10}"#,
-        );
-        check(
-            &text,
+        check_after_open_both(
+            &[
+                r#"{"op":"fcntl","fd":"d1","cmd":"F_SETLK","type":"F_WRLCK","start":0,"len":10}"#,
+                r#"{"op":"fcntl","fd":"d2","cmd":"F_SETLKW","type":"F_WRLCK","start":0,"len":10}"#,
+                r#"{"op":"fcntl","fd":"d1","cmd":"F_SETLK","type":"F_UNLCK","start":0,"len":10}"#,
+            ],
             &[
                 r#"{"step":0,"result":"ok"}"#,
                 r#"{"step":1,"result":"ok"}"#,
@@ -1337,16 +1338,14 @@ mod tests {
 
     #[test]
     fn interrupt_fails_the_blocked_call_with_eintr() {
-        let text = format!(
-            "{OPEN_BOTH}{}\n{}\n{}\n{}\n{}\n",
-            r#"{"op":"flock","fd":"d1","how":"LOCK_EX","nb":true}"#,
-            r#"{"op":"flock","fd":"d2","how":"LOCK_SH"}"#,
-            r#"{"op":"interrupt","proc":"p2"}"#,
-            r#"{"op":"interrupt","proc":"p2"}"#,
-            r#"{"op":"flock","fd":"d2","how":"LOCK_SH","nb":true}"#,
-        );
-        check(
-            &text,
+        check_after_open_both(
+            &[
+                r#"{"op":"flock","fd":"d1","how":"LOCK_EX","nb":true}"#,
+                r#"{"op":"flock","fd":"d2","how":"LOCK_SH"}"#,
+                r#"{"op":"interrupt","proc":"p2"}"#,
+                r#"{"op":"interrupt","proc":"p2"}"#,
+                r#"{"op":"flock","fd":"d2","how":"LOCK_SH","nb":true}"#,
+            ],
             &[
                 r#"{"step":0,"result":"ok"}"#,
                 r#"{"step":1,"result":"ok"}"#,
@@ -1361,13 +1360,11 @@ mod tests {
 
     #[test]
     fn getlk_names_the_owner_and_len_zero_runs_to_eof() {
-        let text = format!(
-            "{OPEN_BOTH}{}\n{}\n",
-            r#"{"op":"fcntl","fd":"d1","cmd":"F_SETLK","type":"F_WRLCK","start":5,"len":0}"#,
-            r#"{"op":"fcntl","fd":"d2","cmd":"F_GETLK","type":"F_RDLCK","start":0,"len":100}"#,
-        );
-        check(
-            &text,
+        check_after_open_both(
+            &[
+                r#"{"op":"fcntl","fd":"d1","cmd":"F_SETLK","type":"F_WRLCK","start":5,"len":0}"#,
+                r#"{"op":"fcntl","fd":"d2","cmd":"F_GETLK","type":"F_RDLCK","start":0,"len":100}"#,
+            ],
             &[
                 r#"{"step":0,"result":"ok"}"#,
                 r#"{"step":1,"result":"ok"}"#,
@@ -1379,14 +1376,12 @@ mod tests {
 
     #[test]
     fn ofd_lock_is_reported_with_pid_minus_one() {
-        let text = format!(
-            "{OPEN_BOTH}{}\n{}\n{}\n",
-            r#"{"op":"fcntl","fd":"d1","cmd":"F_OFD_SETLK","type":"F_RDLCK","start":0,"len":10}"#,
-            r#"{"op":"fcntl","fd":"d2","cmd":"F_OFD_GETLK","type":"F_WRLCK","start":0,"len":0}"#,
-            r#"{"op":"fcntl","fd":"d2","cmd":"F_GETLK","type":"F_WRLCK","start":3,"len":1}"#,
-        );
-        check(
-            &text,
+        check_after_open_both(
+            &[
+                r#"{"op":"fcntl","fd":"d1","cmd":"F_OFD_SETLK","type":"F_RDLCK","start":0,"len":10}"#,
+                r#"{"op":"fcntl","fd":"d2","cmd":"F_OFD_GETLK","type":"F_WRLCK","start":0,"len":0}"#,
+                r#"{"op":"fcntl","fd":"d2","cmd":"F_GETLK","type":"F_WRLCK","start":3,"len":1}"#,
+            ],
             &[
                 r#"{"step":0,"result":"ok"}"#,
                 r#"{"step":1,"result":"ok"}"#,

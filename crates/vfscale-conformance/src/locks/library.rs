@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use super::model::{
+use super::format::{
     canonical_listing, LockPid, NamedListing, Op, Outcome, Resolved, Scenario, ScenarioError, Step,
     StepResult, Tracker,
 };
@@ -18,7 +18,7 @@ use vfscale_locks::{
 };
 use vfscale_locks::{LockKind, LockRecord};
 
-/// Replays `scn` with the seeds' designs.
+/// Replays `scn` with the library's default settings.
 ///
 /// ```
 /// use vfscale_conformance::locks::{library, render_results, Scenario};
@@ -78,16 +78,10 @@ impl LibraryReplay {
         let resolved = r.tracker.resolve(i, step)?;
         self.next += 1;
         let result = r.step(i, &step.op, resolved);
-        let mut completed = r.settle();
-        let result = match (result, completed.remove(&i)) {
-            (Outcome::Blocked, Some(done)) => done,
-            (res, _) => res,
-        };
-        Ok(StepResult {
-            step: i,
-            result,
-            completed: completed.into_iter().collect(),
-        })
+        let completed = r.settle();
+        Ok(StepResult::settled(i, result, completed, |r| {
+            matches!(r, Outcome::Blocked)
+        }))
     }
 
     /// The lock listing now, with scenario names (see [`NamedListing`]).

@@ -25,8 +25,8 @@ use std::collections::{HashMap, HashSet};
 use serde_json::Value;
 use vfscale_locks::{Errno, FcntlCmd, LockKind, LockType, Settings, OFFSET_MAX};
 
+use super::format::{Op, Outcome, Resolved, Scenario, Tracker};
 use super::library::LibraryReplay;
-use super::model::{Op, Outcome, Resolved, Scenario, Tracker};
 
 /// The directory of the `process`-th process to start (from 0), of `dirs` (at least 1).
 pub fn dir_of(process: usize, dirs: usize) -> usize {

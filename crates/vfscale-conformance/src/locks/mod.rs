@@ -2,12 +2,12 @@
 //! activity, run against `vfscale-locks` or against the running kernel so the two result
 //! streams can be compared.
 
+mod format;
 pub mod kernel;
 pub mod library;
 pub mod mixed;
-mod model;
 
 pub use kernel::KernelOptions;
 pub use library::{LibraryReplay, NamedLock};
 
-pub use model::*;
+pub use format::*;

@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use linux_raw_sys::ioctl::{BLKFLSBUF, BLKGETSIZE64, BLKROGET, BLKSSZGET};
 use linux_raw_sys::loop_device as ld;
 
-use super::model::{backing_byte, Backing, Mode, Op, Outcome, Scenario, Status, Step, StepResult, Tracker};
+use super::format::{backing_byte, Backing, Mode, Op, Outcome, Scenario, Status, Step, StepResult, Tracker};
 use crate::format::{At, ReplayError};
 
 /// The control device.

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use vfscale_loop::{Errno, LoopConfig, LoopControl, LoopFile, LoopHandle, LoopInfo, OpenMode, Settings};
 
-use super::model::{
+use super::format::{
     backing_byte, Backing, Mode, Op, Outcome, Scenario, ScenarioError, Status, Step, StepResult, Tracker,
 };
 

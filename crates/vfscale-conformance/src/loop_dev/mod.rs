@@ -3,11 +3,11 @@
 //! run against `vfscale-loop` or against the running kernel's `/dev/loop*` so the two
 //! result streams can be compared.
 
+mod format;
 pub mod kernel;
 pub mod library;
-mod model;
 pub mod reference;
 
-pub use model::*;
+pub use format::*;
 /// The library's settings, for the runners' callers.
 pub use vfscale_loop::{CtlLock, Settings};

@@ -38,7 +38,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::model::{
+use super::format::{
     backing_byte, Backing, Mode, Op, Outcome, Scenario, ScenarioError, Status, Step, StepResult, Tracker,
     LO_FLAGS_AUTOCLEAR, LO_FLAGS_DIRECT_IO, LO_FLAGS_PARTSCAN, LO_FLAGS_READ_ONLY, LO_NAME_SIZE,
 };

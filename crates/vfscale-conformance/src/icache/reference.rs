@@ -63,7 +63,7 @@ enum Attempt {
 
 /// The model's state; replays one step at a time.
 #[derive(Debug, Default)]
-pub struct Model {
+pub struct Reference {
     tracker: Tracker,
     objs: Vec<MInode>,
     /// Hash chains, newest first.
@@ -83,21 +83,21 @@ pub struct Model {
 /// Replays a scenario through the model.
 ///
 /// ```
-/// use vfscale_conformance::icache::{model, render_results, Scenario};
+/// use vfscale_conformance::icache::{reference, render_results, Scenario};
 /// let s = Scenario::parse(concat!(
 ///     r#"{"op":"iget","task":"t1","ino":5,"ref":"r1"}"#, "\n",
 ///     r#"{"op":"iget","task":"t2","ino":5,"ref":"r2"}"#, "\n",
 ///     r#"{"op":"unlock_new","task":"t1","ref":"r1"}"#, "\n",
 /// )).unwrap();
-/// let out = render_results(&model::replay(&s).unwrap());
+/// let out = render_results(&reference::replay(&s).unwrap());
 /// assert!(out.ends_with("{\"step\":2,\"result\":\"ok\",\"completed\":[{\"step\":1,\"result\":{\"obj\":1,\"new\":false}}]}\n"));
 /// ```
 pub fn replay(scn: &Scenario) -> Result<Vec<StepResult>, ScenarioError> {
-    let mut m = Model::new();
+    let mut m = Reference::new();
     scn.steps.iter().map(|s| m.apply(s)).collect()
 }
 
-impl Model {
+impl Reference {
     /// A fresh model.
     pub fn new() -> Self {
         Self::default()
@@ -128,40 +128,22 @@ impl Model {
         let mut completed = BTreeMap::new();
         let result = self.step(i, step, &mut completed);
         self.settle(&mut completed);
-        let result = match (result, completed.remove(&i)) {
-            (Outcome::Blocked, Some(done)) => done,
-            (r, _) => r,
-        };
-        Ok(StepResult {
-            step: i,
-            result,
-            completed: completed.into_iter().collect(),
-        })
+        Ok(StepResult::settled(i, result, completed, |r| {
+            matches!(r, Outcome::Blocked)
+        }))
     }
 
     /// The rules on which Linux would `WARN`, and `insert_locked` of a hashed inode.
     fn check_warn(&self, step: &Step) -> Result<(), ScenarioError> {
-        let line = step.line;
-        let obj = |r: &str| &self.objs[self.refs[r]];
-        match &step.op {
-            Op::UnlockNew { r, .. } | Op::DiscardNew { r, .. } | Op::IgetFailed { r, .. }
-                if obj(r).flags & I_NEW == 0 =>
-            {
-                let name = match &step.op {
-                    Op::UnlockNew { .. } => "unlock_new",
-                    Op::DiscardNew { .. } => "discard_new",
-                    _ => "iget_failed",
-                };
-                return Err(warn::not_new(line, name, r));
+        warn::check(step, |r| {
+            let o = &self.objs[self.refs[r]];
+            warn::InodeFacts {
+                new: o.flags & I_NEW != 0,
+                nlink: o.nlink,
+                count: o.count,
+                hashed_before: o.was_hashed,
             }
-            Op::DropNlink { r, .. } if obj(r).nlink == 0 => return Err(warn::nlink_zero(line, r)),
-            Op::Iput { r, .. } if obj(r).count == 1 && obj(r).flags & I_NEW != 0 => {
-                return Err(warn::last_iput_new(line, r))
-            }
-            Op::InsertLocked { r, .. } if obj(r).was_hashed => return Err(warn::hashed_before(line, r)),
-            _ => {}
-        }
-        Ok(())
+        })
     }
 
     fn step(&mut self, i: usize, step: &Step, completed: &mut BTreeMap<usize, Outcome>) -> Outcome {
