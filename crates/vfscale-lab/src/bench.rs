@@ -42,7 +42,7 @@ pub struct Scale {
 }
 
 impl Scale {
-    /// The defaults of `vfscale bench WORKLOAD`, the seeds' own where they fit.
+    /// The defaults of `vfscale bench WORKLOAD`, the upstream benchmarks' own where they fit.
     pub fn default_for(w: Workload) -> Scale {
         let base = Scale {
             tasks: vec![1],
@@ -63,7 +63,7 @@ impl Scale {
                 duration: Duration::from_millis(500),
                 ..base
             },
-            // Seed 001 ran 16 threads for 10 s; 1 s per run is enough for a stable rate.
+            // Guzik's pipebench ran 16 threads for 10 s; 1 s per run is enough for a stable rate.
             Workload::Pipebench | Workload::Opensock | Workload::Dup1 => Scale {
                 tasks: vec![1, 2, 4, 16],
                 ..base
@@ -76,11 +76,11 @@ impl Scale {
             Workload::Inodes => Scale {
                 tasks: vec![1, 2],
                 sizes: vec![200_000],
-                // Not `evict` (issue 9's 1,000,000-inode point): only with --mode evict.
+                // Not `evict` (the 1,000,000-inode point): only with --mode evict.
                 modes: crate::measure::inodes::PHASES.to_vec(),
                 ..base
             },
-            // Seed 004: 69 devices at boot; half a second per run keeps the whole bench
+            // Tatashin's boot had 69 devices; half a second per run keeps the whole bench
             // (6 modes x 4 task counts x 3 targets x 5 runs) to a few minutes.
             Workload::Loop => Scale {
                 tasks: vec![1, 2, 8, 64],
@@ -102,7 +102,7 @@ impl Scale {
     /// every workload, all its targets, about seven minutes in all on 2 cores (under a
     /// minute quick). The lockperf workloads do the same total work at every task count
     /// (1M lock/unlock pairs, split across the tasks), so the 1- and 2-task runs are long
-    /// enough to compare; `vfscale bench` keeps the seed's per-task counts.
+    /// enough to compare; `vfscale bench` keeps lockperf's own per-task counts.
     pub fn for_run(w: Workload, quick: bool) -> Vec<Scale> {
         let mut s = Scale::default_for(w);
         if quick {
@@ -111,7 +111,7 @@ impl Scale {
         let ms = |full: u64, q: u64| Duration::from_millis(if quick { q } else { full });
         match w {
             Workload::Herd if quick => s.duration = ms(750, 100),
-            // Issue 12's fairness targets are set at 1,000 contenders over 3 s (a 0.75 s
+            // The herd's fairness targets are set at 1,000 contenders over 3 s (a 0.75 s
             // window is too short for every one of 1,000 waiters to reach the head of the
             // queue); the flat ratio 1000/20 compares the 1,000 herd with the 20 herd, so
             // both run 3 s (the same transients on both sides); 2 and 100 keep 0.75 s.
@@ -145,8 +145,8 @@ impl Scale {
             }
             // 30,000 files per task (3,000 quick), kernel-ext4 10,000 (not in quick): its
             // own loop device, mkfs, mount and drop_caches per run, and ~45k creates/s,
-            // make it most of the part's time. At 10,000 files for every target (before
-            // session 6) an in-memory target's phase lasted 1–3 ms, and its 2-task ratios
+            // make it most of the part's time. At 10,000 files for every target (as
+            // once tried) an in-memory target's phase lasted 1–3 ms, and its 2-task ratios
             // moved ±50–150% from run to run on this 2-core VM: a scheduler tick is a
             // third of such a phase. About 35 s on 2 cores in all.
             Workload::Inodes => {
@@ -167,7 +167,7 @@ impl Scale {
                 };
                 return if quick { vec![rest] } else { vec![rest, ext4] };
             }
-            // Boot at the seed's 69 devices and the task counts its targets name; the
+            // Boot at the upstream benchmark's 69 devices and the task counts its targets name; the
             // other modes at 1 and 2 tasks (quick: the ones the headline needs). A kernel
             // run also adds and removes its devices (a removal waits ~50 ms).
             Workload::Loop => {
@@ -216,7 +216,7 @@ impl Scale {
 /// The configurations of workload `w` at `scale`, in report order.
 pub fn configs(w: Workload, scale: &Scale) -> Vec<Config> {
     let iterations = scale.iterations.unwrap_or(match w {
-        // lockperf: 10k on the shared file, 20k on private files (seed 000).
+        // lockperf: 10k on the shared file, 20k on private files (lockperf's defaults).
         Workload::Posix01 | Workload::Flock01 => 10_000,
         _ => 20_000,
     });

@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod compare;
+pub mod experiment;
 pub mod export;
 pub mod headline;
 pub mod measure;

@@ -1,4 +1,4 @@
-//! The inodes workload's evict point (issue 9's 1,000,000-inode point) at a small size.
+//! The inodes workload's evict point (the 1,000,000-inode point) at a small size.
 //!
 //! In a test binary of its own: `bytes_per_inode` is the allocator's process-wide growth
 //! while the inodes are cached, so no other test may allocate or free beside it (the

@@ -135,7 +135,7 @@ pub fn main_metric(workload: &str, rows: &[&Row]) -> Option<String> {
         .or_else(|| names.into_iter().next())
 }
 
-/// The metric the seeds report for a workload.
+/// The metric the upstream benchmarks report for a workload.
 fn preferred_metric(workload: &str) -> Option<&'static str> {
     match workload {
         "herd" => Some("acquisitions_per_sec"),
@@ -455,7 +455,7 @@ mod tests {
     }
 
     #[test]
-    fn main_metric_prefers_the_seeds_metric() {
+    fn main_metric_prefers_the_upstream_metric() {
         let a = row(
             "herd",
             "kernel",

@@ -1,4 +1,4 @@
-//! What `vfscale run` prints: the headline first (what each seed experiment found, with
+//! What `vfscale run` prints: the headline first (what each experiment found, with
 //! its targets checked), then one compact table per experiment — the experiment's main
 //! metric for every target side by side, with the library's ratios — and what could
 //! not run. At most [`MAX_LINES`] lines; `--verbose` prints every table in full instead.
@@ -36,32 +36,32 @@ pub struct Group {
 /// them gets a group of its own on its main metric.
 pub const GROUPS: &[(&str, &[&str], &str)] = &[
     (
-        "lockperf (seed 000): total time spent locking",
+        "lockperf, per-inode file locks (Layton, 2013): total time spent locking",
         &["posix01", "posix02", "flock01", "flock02"],
         "total_lock_seconds",
     ),
     (
-        "descriptor table (seed 001): operations per second",
+        "descriptor table, lock-free fd_install (Guzik, 2015): operations per second",
         &["pipebench", "opensock", "dup1"],
         "ops_per_sec",
     ),
     (
-        "inode cache (seed 002): operations per second, per phase",
+        "inode cache scalability (Chinner, 2023): operations per second, per phase",
         &["inodes"],
         "ops_per_sec",
     ),
     (
-        "herd (seed 003): lock acquisitions per second",
+        "herd, wait tree of fs/locks.c (NeilBrown, 2018): lock acquisitions per second",
         &["herd"],
         "acquisitions_per_sec",
     ),
     (
-        "loop devices (seed 004): operations per second",
+        "loop devices, per-device loop lock (Tatashin, 2021): operations per second",
         &["loop"],
         "ops_per_sec",
     ),
     (
-        "lockmany: one set+unset with H locks held on the file",
+        "lockmany, many locks on one file: one set+unset with H locks held on the file",
         &["lockmany"],
         "set_unset_ns",
     ),
@@ -87,9 +87,9 @@ pub fn render_quick(report: &Report) -> String {
 }
 
 /// Experiments (by first workload) whose summary table `run --quick` leaves to report.md:
-/// the inode cache's (issue 9: its part of `run --quick` adds at most 15 lines; its table
+/// the inode cache's (its part of `run --quick` must add at most 15 lines; its table
 /// alone is 14, a row per phase and task count, and its three headline lines carry the
-/// ratios the issue judges).
+/// ratios that are judged).
 pub const QUICK_ELSEWHERE: [&str; 1] = ["inodes"];
 
 /// [`render`] with the tables of `elsewhere` (by first workload) in report.md only.
@@ -134,8 +134,8 @@ fn render_leaving(report: &Report, elsewhere: &[&str]) -> String {
 }
 
 /// Experiments (by their first workload) whose summary table leaves stdout first when
-/// the output would pass [`MAX_LINES`]: will-it-scale's lock1/lock2 (context, not a
-/// seed's question), then opensock/dup1's descriptor table, then lockperf.
+/// the output would pass [`MAX_LINES`]: will-it-scale's lock1/lock2 (context, not an
+/// experiment's question), then opensock/dup1's descriptor table, then lockperf.
 const STDOUT_DROP_ORDER: [&str; 4] = ["lock1", "pipebench", "posix01", "loop"];
 
 /// `--verbose` (and `vfscale bench`): the headline, then every table in full.
@@ -168,7 +168,7 @@ pub fn headline_text(report: &Report) -> String {
     let findings: Vec<Finding> = headline::findings(report);
     let mut out = format!("What it found  ({})\n", headline::LEGEND);
     if findings.is_empty() {
-        out.push_str("  (no seed experiment in this run)\n");
+        out.push_str("  (no experiment in this run)\n");
     }
     for f in &findings {
         out.push_str("  ");

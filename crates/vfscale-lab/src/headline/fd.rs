@@ -1,12 +1,14 @@
-//! Seed 001: the descriptor table (pipebench, opensock, dup1).
+//! The descriptor table, after Guzik's 2015 lock-free `fd_install` (pipebench,
+//! opensock, dup1).
 
 use super::{metric, task_counts, Finding, Ratio, Targets};
+use crate::experiment::Experiment;
 use crate::export::units::{self, Unit};
 use crate::result::Report;
 
-/// One line: pipebench against the kernel at every thread count (issue 4: ≥ 5×), and
+/// One line: pipebench against the kernel at every thread count (≥ 5×), and
 /// the table-lock counters (exactly 1 per install, 0 per lookup; 2 per install before
-/// the seed).
+/// the upstream change).
 pub fn findings(report: &Report) -> Vec<Finding> {
     let rate = "ops_per_sec";
     let counts = task_counts(report, "pipebench", "library", "threads");
@@ -60,7 +62,7 @@ pub fn findings(report: &Report) -> Vec<Finding> {
         t.check(look == 0.0, "table-lock acquisitions per lookup not 0");
     }
     vec![Finding {
-        seed: "seed 001",
+        experiment: Experiment::FdInstall,
         text,
         status: t.status(),
     }]

@@ -1,10 +1,10 @@
-//! Seed 002 (inode cache scalability): the `inodes` experiment's two lines.
+//! Chinner's 2023 inode cache scalability work: the `inodes` experiment's lines.
 //!
 //! 1. Scaling: each phase's rate at the largest task count over its 1-task rate for
 //!    `library` (target ≥ 1.8× at 2 tasks; the runs are paired, see [`super::paired`], and the
 //!    ratio is judged with its error: a ratio above 1.8 by less than its noise is reported
 //!    met but not significant, see [`super::against_bound`]; the cold walk's ratio is shown but
-//!    not checked: the issue's phases are Chinner's four, the cold walk comes "plus", and
+//!    not checked: the judged phases are Chinner's four, the cold walk comes "plus", and
 //!    its tasks meet on every inode by design, so one loads while the other waits — the
 //!    kernel on ext4 gets 1.59× here), and `library` against `library-prepatch` and the fastest user
 //!    alternative at that count (target: faster, significantly; the runs are paired,
@@ -25,12 +25,13 @@
 //!    largest size ÷ at the smallest (linear: ≤ 1.5; one size: no linearity target).
 //!    Sizes whose memory (bookkeeping and data) fits in twice the last-level cache
 //!    (`llc_bytes`) are shown but not compared with larger ones: a walk over them hits the
-//!    cache, and ns/inode triples across that line whatever the algorithm (session 6: 74
+//!    cache, and ns/inode triples across that line whatever the algorithm (one run: 74
 //!    ns at 250k, 231–246 ns from 1M to 4M, 32 MiB L3). The ratio is taken among the sizes
 //!    beyond it when two are, else among all when none is; one size beyond it and others
 //!    within: the ratio is shown, not judged.
 
 use super::{metric, task_counts, Finding, Ratio, Status, Targets};
+use crate::experiment::Experiment;
 use crate::export::units::{self, Unit};
 use crate::result::Report;
 
@@ -49,7 +50,7 @@ pub fn findings(report: &Report) -> Vec<Finding> {
     out
 }
 
-/// Bookkeeping bound per cached inode (issue 9).
+/// Bookkeeping bound per cached inode.
 pub const MAX_BYTES_PER_INODE: f64 = 128.0;
 /// `evict_inodes` is called linear when ns/inode at the largest size is at most this
 /// many times ns/inode at the smallest (a 4× size range; cache misses grow a little).
@@ -157,17 +158,17 @@ fn evict(report: &Report) -> Vec<Finding> {
         text.push_str(&format!("; prepatch {:.1} B, {:.0} ns", pre.2, pre.3));
     }
     vec![Finding {
-        seed: "seed 002",
+        experiment: Experiment::InodeCache,
         text,
         status: t.status(),
     }]
 }
 
-/// Issue 9's scaling target: each phase at 2 tasks at least this many times its 1-task
+/// The scaling target: each phase at 2 tasks at least this many times its 1-task
 /// rate (`library`).
 pub const MIN_SCALING: f64 = 1.8;
 
-/// Issue 9's target at 1 task: `library` within 5% of the fastest target in every phase
+/// The target at 1 task: `library` within 5% of the fastest target in every phase
 /// (its rate at least this fraction of the fastest other's; judged with its error, as
 /// [`MIN_SCALING`] is).
 pub const MIN_AT_ONE: f64 = 0.95;
@@ -244,7 +245,7 @@ fn phases(report: &Report) -> Vec<Finding> {
             text.push_str(&format!("; {a}"));
         }
         out.push(Finding {
-            seed: "seed 002",
+            experiment: Experiment::InodeCache,
             text,
             status: t.status(),
         });
@@ -276,7 +277,7 @@ fn phases(report: &Report) -> Vec<Finding> {
             text.push_str(&format!("; library ÷ control at {n} tasks: {}", kept.join(", ")));
         }
         out.push(Finding {
-            seed: "seed 002",
+            experiment: Experiment::InodeCache,
             text,
             status: Status::Info,
         });
@@ -331,7 +332,7 @@ fn phases(report: &Report) -> Vec<Finding> {
     }
     if !parts.is_empty() {
         out.push(Finding {
-            seed: "seed 002",
+            experiment: Experiment::InodeCache,
             text: format!("inodes, {n} tasks: {}", parts.join("; ")),
             status: t.status(),
         });
@@ -480,7 +481,7 @@ mod tests {
             (f[0].status.clone(), f[0].text.clone())
         };
         let l3 = Some(32.0 * 1024.0 * 1024.0);
-        // Session 6's figures: the in-cache 250k is shown, 1M..4M are judged (×1.06).
+        // One run's figures: the in-cache 250k is shown, 1M..4M are judged (×1.06).
         let (s, text) = status(&[(250_000, 74.0), (1_000_000, 231.0), (4_000_000, 246.0)], l3);
         assert_eq!(s, Status::Met, "{text}");
         assert!(text.contains("×1.06 from 1M to 4M"), "{text}");

@@ -1,10 +1,11 @@
-//! Issue 12's `lockmany` experiment: one line per lock family, at 10,000 locks held
-//! (else the most the run measured on the library), with the issue's targets where they
+//! The `lockmany` experiment (many locks on one file): one line per lock family, at
+//! 10,000 locks held (else the most the run measured on the library), with its targets where they
 //! apply: at 10,000 held the library's set+unset and test are ≥ 100× faster than the
 //! kernel's and within 2× of its own time at 10 held, and a held lock costs the library
 //! ≤ 128 bytes.
 
 use super::{show, skip_reason, Finding, Ratio, Status, Targets};
+use crate::experiment::Experiment;
 use crate::export::units::{self, Unit};
 use crate::result::{Report, Summary};
 
@@ -86,7 +87,7 @@ pub fn findings(report: &Report) -> Vec<Finding> {
             }
         }
         out.push(Finding {
-            seed: "issue 12",
+            experiment: Experiment::ManyLocks,
             text,
             status,
         });
@@ -116,7 +117,7 @@ mod tests {
 
     #[test]
     fn growth_is_judged_against_two_not_against_one() {
-        // Session 6's run: set+unset 1.19 ± 0.14 its 10-held time (clearly under 2, within
+        // One run's figures: set+unset 1.19 ± 0.14 its 10-held time (clearly under 2, within
         // noise of 1), test 2.14 ± 0.06 (over): the line misses on the test only.
         let r = report(&[
             ("library", 10, &[224.0, 200.0, 246.0], &[22.6, 22.2, 23.0]),
@@ -135,7 +136,7 @@ mod tests {
         assert_eq!(m.len(), 1, "{m:?}");
         assert!(m[0].starts_with("test at 10000/at 10"), "{m:?}");
         // Both under 2, set+unset within noise of 1 (1.19 ± 0.14): met (tested against 1,
-        // as before session 6, the line read "not significant").
+        // the line would read "not significant").
         let r = report(&[
             ("library", 10, &[224.0, 200.0, 246.0], &[22.6, 22.2, 23.0]),
             ("library", 10_000, &[266.0, 240.0, 292.0], &[34.0, 33.5, 34.5]),

@@ -1,17 +1,18 @@
-//! The file-lock experiments: seed 000's lockperf (one global lock against a lock per
-//! inode) and seed 003's herd (a tree of waiters against waking them all), with issue 12's
+//! The file-lock experiments: Layton's 2013 lockperf (one global lock against a lock per
+//! inode) and NeilBrown's 2018 herd (a tree of waiters against waking them all), with
 //! fairness targets on the herd.
 
 use super::{metric, show, skip_reason, task_counts, Finding, Ratio, Status, Targets};
+use crate::experiment::Experiment;
 use crate::export::units::{self, Unit};
 use crate::result::{Report, Summary};
 
-/// Seed 000: lockperf on one shared file (01) and on a file per task (02).
+/// lockperf on one shared file (01) and on a file per task (02).
 pub fn lockperf(report: &Report) -> Vec<Finding> {
     let mut out = Vec::new();
     let time = "total_lock_seconds";
     // One shared file: the library's total locking time against the kernel's, at the
-    // largest task count (the seed's contended case).
+    // largest task count (the upstream benchmark's contended case).
     for (workloads, what) in [
         (["posix01", "flock01"], "one file"),
         (["posix02", "flock02"], "a file per task"),
@@ -33,7 +34,7 @@ pub fn lockperf(report: &Report) -> Vec<Finding> {
             let r = Ratio::of(time, lib, ker);
             parts.push(format!("{} ({w})", r.text()));
             at = n;
-            // Issue 3: at least as fast as the kernel everywhere, and on own files a
+            // At least as fast as the kernel everywhere, and on own files a
             // fifth of its time per pair.
             let bound = if what == "one file" { 1.0 } else { 0.2 };
             t.check_ratio(&r, bound, false, &format!("{w} time/kernel"));
@@ -82,7 +83,7 @@ pub fn lockperf(report: &Report) -> Vec<Finding> {
             }
         }
         out.push(Finding {
-            seed: "seed 000",
+            experiment: Experiment::PerInodeLocks,
             text,
             status: t.status(),
         });
@@ -90,7 +91,7 @@ pub fn lockperf(report: &Report) -> Vec<Finding> {
     if out.is_empty() {
         if let Some(why) = skip_reason(report, "posix01", "kernel") {
             out.push(Finding {
-                seed: "seed 000",
+                experiment: Experiment::PerInodeLocks,
                 text: "lockperf against the kernel".into(),
                 status: Status::Skipped(why),
             });
@@ -112,8 +113,8 @@ impl<'a> Herd<'a> {
     }
 }
 
-/// Seed 003: the herd, one line per mode at the largest contender count; with issue
-/// 12's fairness figures where the run has them.
+/// The herd, one line per mode at the largest contender count; with the fairness
+/// figures where the run has them.
 pub fn herd(report: &Report) -> Vec<Finding> {
     let rate = "acquisitions_per_sec";
     let mut out = Vec::new();
@@ -140,7 +141,7 @@ pub fn herd(report: &Report) -> Vec<Finding> {
         if let Some(k) = ker.get(n, rate) {
             let r = Ratio::paired_or_of(rate, lib_rate, k);
             text = format!("herd {mode}, {n} contenders: library {} kernel", r.text());
-            // Issue 12: the fairness work keeps at least 3× the kernel's throughput.
+            // The fairness work must keep at least 3× the kernel's throughput.
             t.check_ratio(&r, 3.0, true, "library/kernel");
         }
         // Flat: the rate at the largest N over the rate at 20 (or the smallest N ≥ 20),
@@ -171,7 +172,7 @@ pub fn herd(report: &Report) -> Vec<Finding> {
         }
         herd_fairness(&lib, &ker, n, &mut text, &mut t);
         out.push(Finding {
-            seed: "seed 003",
+            experiment: Experiment::WaitTree,
             text,
             status: t.status(),
         });
@@ -179,7 +180,7 @@ pub fn herd(report: &Report) -> Vec<Finding> {
     out
 }
 
-/// Issue 12's fairness targets, where the herd rows carry them: the least-served worker
+/// The fairness targets, where the herd rows carry them: the least-served worker
 /// gets ≥ 1% of the mean and no less than the kernel's; p99 wait ≤ the kernel's; Jain's
 /// index ≥ 0.9 and ≥ the kernel's.
 fn herd_fairness(lib: &Herd<'_>, ker: &Herd<'_>, n: usize, text: &mut String, t: &mut Targets) {

@@ -1,4 +1,4 @@
-//! Seed 004: loop devices, a lock per device instead of one control lock (issue 10).
+//! Tatashin's 2021 loop devices: a lock per device instead of one control lock.
 //!
 //! Two lines: the locks (the boot's lock wait against the prepatch design at 2, 8 and 64
 //! tasks, and control-lock acquisitions per open/close and configure/clear), and the
@@ -6,11 +6,12 @@
 //! `pread` on the backing file).
 
 use super::{metric, skip_reason, task_counts, Finding, Ratio, Status, Targets};
+use crate::experiment::Experiment;
 use crate::export::units::{self, Unit};
 use crate::result::Report;
 
 const W: &str = "loop";
-const SEED: &str = "seed 004";
+const EXPERIMENT: Experiment = Experiment::LoopLock;
 
 /// The experiment's lines (none when the run has no loop rows).
 pub fn findings(report: &Report) -> Vec<Finding> {
@@ -24,7 +25,7 @@ pub fn findings(report: &Report) -> Vec<Finding> {
     if out.is_empty() {
         if let Some(why) = skip_reason(report, W, "library") {
             out.push(Finding {
-                seed: SEED,
+                experiment: EXPERIMENT,
                 text: "loop devices on the library".into(),
                 status: Status::Skipped(why),
             });
@@ -123,7 +124,7 @@ fn finding(prefix: &str, parts: Vec<String>, t: Targets) -> Option<Finding> {
         return None;
     }
     Some(Finding {
-        seed: SEED,
+        experiment: EXPERIMENT,
         text: format!("{prefix} {}", parts.join("; ")),
         status: t.status(),
     })

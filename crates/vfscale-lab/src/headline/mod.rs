@@ -1,5 +1,5 @@
-//! What a run found, one line per seed experiment, before any table: the answer to the
-//! seed's question, with its targets checked.
+//! What a run found, one line per experiment, before any table: the answer to the
+//! question its upstream kernel change raised, with its targets checked.
 //!
 //! Each experiment has its own module reading a [`Report`] and returning [`Finding`]s;
 //! nothing here measures. A finding states the figures (ratios in `×`, with their error),
@@ -7,6 +7,7 @@
 //! could not be judged because a difference is not significant, or could not run.
 
 use crate::compare;
+use crate::experiment::Experiment;
 use crate::export::units::{self, Unit};
 use crate::result::{Report, Row, Summary};
 
@@ -58,8 +59,8 @@ impl Status {
 /// One line of the headline.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Finding {
-    /// The seed (or issue) the experiment comes from: `seed 003`.
-    pub seed: &'static str,
+    /// The experiment the line belongs to.
+    pub experiment: Experiment,
     /// The line: `herd flock, 1000 contenders: library 25.9× kernel (± 4.1), ...`.
     pub text: String,
     /// How it stands.
@@ -67,9 +68,14 @@ pub struct Finding {
 }
 
 impl Finding {
-    /// The finding as one line of text: mark, seed, text and the status note.
+    /// The finding as one line of text: mark, experiment, text and the status note.
     pub fn line(&self) -> String {
-        let mut s = format!("{} {}: {}", self.status.mark(), self.seed, self.text);
+        let mut s = format!(
+            "{} {}: {}",
+            self.status.mark(),
+            self.experiment.label(),
+            self.text
+        );
         if let Some(note) = self.status.note() {
             s.push_str(" — ");
             s.push_str(&note);
@@ -81,7 +87,7 @@ impl Finding {
 /// The legend of the marks.
 pub const LEGEND: &str = "✓ targets met, ✗ missed, ~ not significant, · no target, – skipped";
 
-/// Every finding of `report`, in seed order.
+/// Every finding of `report`, in [`Experiment::ALL`]'s order.
 pub fn findings(report: &Report) -> Vec<Finding> {
     let mut out = Vec::new();
     out.extend(locks::lockperf(report));
