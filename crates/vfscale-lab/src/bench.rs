@@ -274,9 +274,9 @@ pub fn configs(w: Workload, scale: &Scale) -> Vec<Config> {
 /// 10,000 held over 10) take their configurations and targets run by run (run 1 of
 /// every (configuration, target), then run 2 of each, ...), so a drift of the machine
 /// (another job starting) falls on both sides of a ratio alike, and run i of two rows
-/// can be compared as a pair (`headline::paired`). A shared 2-core machine moved the
+/// can be compared as a pair ([`crate::stats::Ratio::paired`]). A shared 2-core machine moved the
 /// herd's 1000/20 ratio by ±15% between runs taken unit by unit.
-fn interleaved(w: Workload) -> bool {
+pub fn interleaved(w: Workload) -> bool {
     matches!(w, Workload::Inodes | Workload::Herd | Workload::Lockmany)
 }
 

@@ -59,24 +59,65 @@ pub struct Metric;
 impl Metric {
     /// Whether a metric is a rate (per second), averaged with the harmonic mean.
     pub fn is_rate(name: &str) -> bool {
-        name.ends_with("_per_sec")
+        Metric::unit(name) == Unit::Rate
+    }
+
+    /// What metric `name` measures, read off its name: the lab's one unit classifier.
+    pub fn unit(name: &str) -> Unit {
+        if name.ends_with("_per_sec") {
+            Unit::Rate
+        } else if name.ends_with("_seconds") || name.ends_with("_sec") {
+            Unit::Seconds
+        } else if name.ends_with("_ns") {
+            Unit::Nanoseconds
+        } else if name.ends_with("_bytes") || name.starts_with("bytes_per_") {
+            Unit::Bytes
+        } else {
+            Unit::Plain
+        }
     }
 
     /// Whether larger is better (rates and counts of work done), for comparisons.
     pub fn higher_is_better(name: &str) -> bool {
         name.ends_with("_per_sec") || name.ends_with("_per_worker")
     }
+}
 
-    /// The unit shown next to a metric's values.
-    pub fn unit(name: &str) -> &'static str {
-        if name.ends_with("_per_sec") {
-            "1/s"
-        } else if name.ends_with("_seconds") {
-            "s"
-        } else if name.ends_with("_ns") {
-            "ns"
-        } else {
-            ""
+/// What a metric measures, read off its name by [`Metric::unit`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// Per second (`*_per_sec`): `12.6 M/s`.
+    Rate,
+    /// Seconds (`*_seconds`, `*_sec`): `93.1 ns`, `1.25 s`.
+    Seconds,
+    /// Nanoseconds (`*_ns`): shown as a time, `1.45 µs`.
+    Nanoseconds,
+    /// Bytes (`*_bytes`, `bytes_per_*`): `96 B`, `1.50 KiB`.
+    Bytes,
+    /// A plain number (counts, counters per operation, ratios): `0.0014`, `431 k`.
+    Plain,
+}
+
+impl Unit {
+    /// The unit's symbol, as results.csv's `unit` column carries it: `1/s`, `s`, `ns`,
+    /// `B`, or nothing.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Unit::Rate => "1/s",
+            Unit::Seconds => "s",
+            Unit::Nanoseconds => "ns",
+            Unit::Bytes => "B",
+            Unit::Plain => "",
+        }
+    }
+
+    /// The unit as a column header shows it: `1/s`, `s`, `B`, or nothing.
+    pub fn header(self) -> &'static str {
+        match self {
+            Unit::Rate => "/s",
+            Unit::Seconds | Unit::Nanoseconds => "time",
+            Unit::Bytes => "B",
+            Unit::Plain => "",
         }
     }
 }

@@ -46,7 +46,7 @@ fn record(row: &Row, name: &str, s: &Summary) -> [String; 14] {
         row.mode.clone(),
         row.tasks.to_string(),
         name.to_string(),
-        Metric::unit(name).to_string(),
+        Metric::unit(name).symbol().to_string(),
         s.mean.to_string(),
         s.stddev.to_string(),
         s.n.to_string(),

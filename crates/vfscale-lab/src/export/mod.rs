@@ -12,8 +12,9 @@ use std::fs;
 use std::io;
 use std::path::Path;
 
-use crate::result::{Meta, Report, Row, Summary};
-use crate::stats;
+use crate::result::{Meta, Metric, Report, Row, Summary};
+use crate::stats::Ratio;
+use crate::units;
 
 pub mod csv;
 pub mod html;
@@ -21,7 +22,6 @@ pub mod json;
 pub mod markdown;
 pub mod plot;
 pub mod summary;
-pub mod units;
 
 /// Significant digits of the values shown in tables.
 pub const TABLE_DIGITS: usize = 4;
@@ -115,7 +115,7 @@ pub fn format_summary(name: &str, summary: &Summary) -> String {
 
 /// A metric's column header: its name and unit, `acquisitions_per_sec (/s)`.
 pub fn metric_header(name: &str) -> String {
-    match units::Unit::of(name).header() {
+    match Metric::unit(name).header() {
         "" => name.to_string(),
         unit => format!("{name} ({unit})"),
     }
@@ -341,10 +341,8 @@ fn ratio(rows: &[&Row], row: &Row, base: &str, metric: &str) -> Option<(f64, f64
     let other = rows
         .iter()
         .find(|o| o.target == base && o.mode == row.mode && o.tasks == row.tasks && o.size() == row.size())?;
-    Some(stats::ratio_with_error(
-        row.metrics.get(metric)?,
-        other.metrics.get(metric)?,
-    ))
+    let r = Ratio::unpaired(metric, row.metrics.get(metric)?, other.metrics.get(metric)?);
+    Some((r.value, r.error))
 }
 
 /// The notes under a workload table: what the ratios are, and the outlier mark.
@@ -427,7 +425,7 @@ mod tests {
     }
 
     fn summary(samples: &[f64]) -> Summary {
-        stats::summarize(samples, false)
+        crate::stats::summarize(samples, false)
     }
 
     #[test]

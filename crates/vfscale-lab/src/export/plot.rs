@@ -260,7 +260,7 @@ fn draw(
         .x_desc(format!("{x_desc} (log scale)"))
         .y_desc(y_desc)
         .x_label_formatter(&|v| tick_label(*v))
-        .y_label_formatter(&|v| super::units::format(*v, super::units::Unit::Plain))
+        .y_label_formatter(&|v| crate::units::format(*v, crate::units::Unit::Plain))
         .label_style(("sans-serif", 14))
         .axis_desc_style(("sans-serif", 15))
         .light_line_style(TRANSPARENT)

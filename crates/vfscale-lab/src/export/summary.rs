@@ -7,16 +7,18 @@
 
 use comfy_table::{presets, CellAlignment, Table as Comfy};
 
-use super::units::{self, Unit};
 use super::{tables, workload_rows, Table};
 use crate::headline::{self, Finding};
-use crate::measure::Target;
-use crate::result::{Meta, Report, Row};
+use crate::measure::{Target, Workload};
+use crate::result::{Meta, Metric, Report, Row};
+use crate::stats::Ratio;
+use crate::units;
 
 /// What the summary tables show.
 pub const SUMMARY_NOTE: &str =
     "Summary: mean ± sd over the runs; library / X is the library's figure over X's in the \
-same configuration (± its standard error, ~ where not significant). Every metric: --verbose or report.md.";
+same configuration, paired run by run where the runs interleave (± its standard error, ~ where not \
+significant). Every metric: --verbose or report.md.";
 
 /// The default output's line budget.
 pub const MAX_LINES: usize = 120;
@@ -266,7 +268,7 @@ fn group_table(report: &Report, g: &Group) -> Option<Table> {
             keys.push(k);
         }
     }
-    let unit = Unit::of(metric);
+    let unit = Metric::unit(metric);
     let unit_note = match unit.header() {
         "" => String::new(),
         u => format!(" ({u})"),
@@ -317,7 +319,11 @@ fn group_table(report: &Report, g: &Group) -> Option<Table> {
         for b in &bases {
             let cell = match (find(k, "library"), find(k, b)) {
                 (Some(l), Some(o)) => {
-                    let r = headline::Ratio::of(metric, l, o);
+                    let r = if paired_runs(k.0) {
+                        Ratio::paired_or_unpaired(metric, l, o)
+                    } else {
+                        Ratio::unpaired(metric, l, o)
+                    };
                     let mark = if r.significant() { "" } else { " ~" };
                     format!("{}{mark}", units::format_ratio_pm(r.value, r.error))
                 }
@@ -334,6 +340,13 @@ fn group_table(report: &Report, g: &Group) -> Option<Table> {
         rows: cells,
         notes: Vec::new(),
     })
+}
+
+/// Whether run i of one row of `workload` and run i of another saw the same machine
+/// ([`crate::bench::interleaved`]), so that their ratio is paired run by run, as the
+/// headline pairs it.
+fn paired_runs(workload: &str) -> bool {
+    Workload::from_name(workload).is_some_and(crate::bench::interleaved)
 }
 
 /// A table as aligned text, under its title.

@@ -1,10 +1,11 @@
 //! The descriptor table, after Guzik's 2015 lock-free `fd_install` (pipebench,
 //! opensock, dup1).
 
-use super::{metric, task_counts, Finding, Ratio, Targets};
+use super::{metric, task_counts, Finding, Targets};
 use crate::experiment::Experiment;
-use crate::export::units::{self, Unit};
 use crate::result::Report;
+use crate::stats::Ratio;
+use crate::units::{self, Unit};
 
 /// One line: pipebench against the kernel at every thread count (≥ 5×), and
 /// the table-lock counters (exactly 1 per install, 0 per lookup; 2 per install before
@@ -24,7 +25,7 @@ pub fn findings(report: &Report) -> Vec<Finding> {
         ) else {
             continue;
         };
-        let r = Ratio::of(rate, lib, ker);
+        let r = Ratio::unpaired(rate, lib, ker);
         ratios.push(units::format_ratio(r.value));
         t.check_ratio(&r, 5.0, true, &format!("{n} threads"));
     }

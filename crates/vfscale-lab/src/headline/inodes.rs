@@ -3,7 +3,7 @@
 //! 1. Scaling: each phase's rate at the largest task count over its 1-task rate for
 //!    `library` (target ≥ 1.8× at 2 tasks; the runs are paired, see [`super::paired`], and the
 //!    ratio is judged with its error: a ratio above 1.8 by less than its noise is reported
-//!    met but not significant, see [`super::against_bound`]; the cold walk's ratio is shown but
+//!    met but not significant, see [`Ratio::against_bound`]; the cold walk's ratio is shown but
 //!    not checked: the judged phases are Chinner's four, the cold walk comes "plus", and
 //!    its tasks meet on every inode by design, so one loads while the other waits — the
 //!    kernel on ext4 gets 1.59× here), and `library` against `library-prepatch` and the fastest user
@@ -30,10 +30,11 @@
 //!    beyond it when two are, else among all when none is; one size beyond it and others
 //!    within: the ratio is shown, not judged.
 
-use super::{metric, task_counts, Finding, Ratio, Status, Targets};
+use super::{metric, task_counts, Finding, Status, Targets};
 use crate::experiment::Experiment;
-use crate::export::units::{self, Unit};
 use crate::result::Report;
+use crate::stats::Ratio;
+use crate::units::{self, Unit};
 
 const W: &str = "inodes";
 const RATE: &str = "ops_per_sec";
@@ -191,7 +192,7 @@ fn phases(report: &Report) -> Vec<Finding> {
         ) else {
             continue;
         };
-        let r = Ratio::paired_or_of(RATE, hi, lo);
+        let r = Ratio::paired_or_unpaired(RATE, hi, lo);
         scale.push(format!("{p} {}", units::format_ratio(r.value)));
         if n == 2 && one == 1 && p != "cold-walk" {
             t.check_ratio(&r, MIN_SCALING, true, p);
@@ -205,7 +206,7 @@ fn phases(report: &Report) -> Vec<Finding> {
                 .filter_map(|p| {
                     let a = metric(report, W, "library", p, n, RATE)?;
                     let b = metric(report, W, other, p, n, RATE)?;
-                    Some((*p, Ratio::paired_or_of(RATE, a, b)))
+                    Some((*p, Ratio::paired_or_unpaired(RATE, a, b)))
                 })
                 .min_by(|a, b| a.1.value.total_cmp(&b.1.value));
             if let Some((p, r)) = worst {
@@ -225,7 +226,7 @@ fn phases(report: &Report) -> Vec<Finding> {
                     .chain(ALTERNATIVES)
                     .filter_map(|o| Some((o, metric(report, W, o, p, 1, RATE)?)))
                     .max_by(|x, y| x.1.mean.total_cmp(&y.1.mean))?;
-                Some((*p, other, Ratio::paired_or_of(RATE, a, b)))
+                Some((*p, other, Ratio::paired_or_unpaired(RATE, a, b)))
             })
             .min_by(|a, b| a.2.value.total_cmp(&b.2.value));
         if let Some((p, other, r)) = worst {
@@ -257,7 +258,7 @@ fn phases(report: &Report) -> Vec<Finding> {
             .filter_map(|p| {
                 let x = metric(report, W, a, p, an, RATE)?;
                 let y = metric(report, W, b, p, bn, RATE)?;
-                let r = Ratio::paired_or_of(RATE, x, y);
+                let r = Ratio::paired_or_unpaired(RATE, x, y);
                 Some(format!("{p} {}", units::format_ratio(r.value)))
             })
             .collect()
@@ -342,7 +343,6 @@ fn phases(report: &Report) -> Vec<Finding> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::against_bound;
     use super::*;
     use crate::result::Summary;
 
@@ -353,25 +353,25 @@ mod tests {
     #[test]
     fn scaling_is_judged_against_the_bound_with_its_error() {
         // 1.85 ± 0.10: on the right side, but within noise of 1.8.
-        let r = against_bound(ratio(1.85, 0.10), MIN_SCALING);
+        let r = ratio(1.85, 0.10).against_bound(MIN_SCALING);
         assert!(!r.significant(), "{r:?}");
         let mut t = Targets::new();
         t.check_ratio(&r, MIN_SCALING, true, "walk");
         assert!(matches!(t.status(), super::super::Status::NotSignificant(_)));
         // 1.95 ± 0.03: clears it by five errors.
-        let r = against_bound(ratio(1.95, 0.03), MIN_SCALING);
+        let r = ratio(1.95, 0.03).against_bound(MIN_SCALING);
         assert!(r.significant() && r.p < 1e-5, "{r:?}");
         // 1.7 ± 0.01: missed whatever the noise.
         let mut t = Targets::new();
         t.check_ratio(
-            &against_bound(ratio(1.7, 0.01), MIN_SCALING),
+            &ratio(1.7, 0.01).against_bound(MIN_SCALING),
             MIN_SCALING,
             true,
             "walk",
         );
         assert!(matches!(t.status(), super::super::Status::Missed(_)));
         // No error (one sample a side): face value.
-        assert!(against_bound(ratio(1.81, 0.0), MIN_SCALING).significant());
+        assert!(ratio(1.81, 0.0).against_bound(MIN_SCALING).significant());
     }
 
     /// A report of evict points: (inodes, ns/inode) with 96.8 + 32 bytes per inode and

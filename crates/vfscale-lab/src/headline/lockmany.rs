@@ -4,10 +4,11 @@
 //! kernel's and within 2× of its own time at 10 held, and a held lock costs the library
 //! ≤ 128 bytes.
 
-use super::{show, skip_reason, Finding, Ratio, Status, Targets};
+use super::{show, skip_reason, Finding, Status, Targets};
 use crate::experiment::Experiment;
-use crate::export::units::{self, Unit};
 use crate::result::{Report, Summary};
+use crate::stats::Ratio;
+use crate::units::{self, Unit};
 
 /// The held counts measured for `mode` on `target`, sorted.
 fn held_counts(report: &Report, target: &str, mode: &str) -> Vec<u64> {
@@ -47,16 +48,23 @@ pub fn findings(report: &Report) -> Vec<Finding> {
             };
             let mut part = format!("{what} {}", show(m, lib));
             if let Some(k) = get(report, "kernel", mode, h, m) {
-                let r = Ratio::paired_or_of(m, k, lib);
-                part.push_str(&format!(" (kernel {} = {})", show(m, k), r.text()));
+                let r = Ratio::paired_or_unpaired(m, k, lib);
+                part.push_str(&format!(
+                    " (kernel {} = {})",
+                    show(m, k),
+                    units::format_ratio_paren(&r)
+                ));
                 if h == 10_000 {
                     t.check_ratio(&r, 100.0, true, &format!("{what} kernel/library"));
                 }
             }
             if let Some(small) = counts.first().filter(|&&s| s < h) {
                 if let Some(l0) = get(report, "library", mode, *small, m) {
-                    let r = Ratio::paired_or_of(m, lib, l0);
-                    part.push_str(&format!(", {} its {small}-held time", r.text()));
+                    let r = Ratio::paired_or_unpaired(m, lib, l0);
+                    part.push_str(&format!(
+                        ", {} its {small}-held time",
+                        units::format_ratio_paren(&r)
+                    ));
                     if h == 10_000 && *small <= 10 {
                         t.check_ratio(&r, 2.0, false, &format!("{what} at {h}/at {small}"));
                     }

@@ -2,10 +2,11 @@
 //! inode) and NeilBrown's 2018 herd (a tree of waiters against waking them all), with
 //! fairness targets on the herd.
 
-use super::{metric, show, skip_reason, task_counts, Finding, Ratio, Status, Targets};
+use super::{metric, show, skip_reason, task_counts, Finding, Status, Targets};
 use crate::experiment::Experiment;
-use crate::export::units::{self, Unit};
 use crate::result::{Report, Summary};
+use crate::stats::Ratio;
+use crate::units::{self, Unit};
 
 /// lockperf on one shared file (01) and on a file per task (02).
 pub fn lockperf(report: &Report) -> Vec<Finding> {
@@ -31,8 +32,8 @@ pub fn lockperf(report: &Report) -> Vec<Finding> {
             ) else {
                 continue;
             };
-            let r = Ratio::of(time, lib, ker);
-            parts.push(format!("{} ({w})", r.text()));
+            let r = Ratio::unpaired(time, lib, ker);
+            parts.push(format!("{} ({w})", units::format_ratio_paren(&r)));
             at = n;
             // At least as fast as the kernel everywhere, and on own files a
             // fifth of its time per pair.
@@ -53,7 +54,7 @@ pub fn lockperf(report: &Report) -> Vec<Finding> {
                 let mode = if w.starts_with("posix") { "posix" } else { "flock" };
                 let rate = |n| metric(report, w, "library", mode, n, "ops_per_sec");
                 if let (Some(one), Some(two)) = (rate(1), rate(2)) {
-                    let r = Ratio::of("ops_per_sec", two, one);
+                    let r = Ratio::unpaired("ops_per_sec", two, one);
                     scaling.push(format!("{} ({w})", units::format_ratio(r.value)));
                     t.check(
                         r.value >= 1.8,
@@ -139,8 +140,11 @@ pub fn herd(report: &Report) -> Vec<Finding> {
         let mut t = Targets::new();
         let mut text = format!("herd {mode}, {n} contenders: library {}", show(rate, lib_rate));
         if let Some(k) = ker.get(n, rate) {
-            let r = Ratio::paired_or_of(rate, lib_rate, k);
-            text = format!("herd {mode}, {n} contenders: library {} kernel", r.text());
+            let r = Ratio::paired_or_unpaired(rate, lib_rate, k);
+            text = format!(
+                "herd {mode}, {n} contenders: library {} kernel",
+                units::format_ratio_paren(&r)
+            );
             // The fairness work must keep at least 3× the kernel's throughput.
             t.check_ratio(&r, 3.0, true, "library/kernel");
         }
@@ -148,7 +152,7 @@ pub fn herd(report: &Report) -> Vec<Finding> {
         // paired run by run (`bench` interleaves the herd's runs) and judged with its
         // error, as every ratio target is.
         if let Some(b) = counts.iter().copied().find(|&c| c >= 20).filter(|&c| c < n) {
-            let flat = |h: &Herd<'_>| Some(Ratio::paired_or_of(rate, h.get(n, rate)?, h.get(b, rate)?));
+            let flat = |h: &Herd<'_>| Some(Ratio::paired_or_unpaired(rate, h.get(n, rate)?, h.get(b, rate)?));
             if let Some(f) = flat(&lib) {
                 text.push_str(&format!(", flat {}", units::plain(f.value, 2)));
                 if f.error.is_finite() && f.error > 0.0 {

@@ -5,10 +5,11 @@
 //! speed (the open/close storm on own devices from 1 to 2 tasks, block I/O against
 //! `pread` on the backing file).
 
-use super::{metric, skip_reason, task_counts, Finding, Ratio, Status, Targets};
+use super::{metric, skip_reason, task_counts, Finding, Status, Targets};
 use crate::experiment::Experiment;
-use crate::export::units::{self, Unit};
 use crate::result::Report;
+use crate::stats::Ratio;
+use crate::units::{self, Unit};
 
 const W: &str = "loop";
 const EXPERIMENT: Experiment = Experiment::LoopLock;
@@ -146,14 +147,14 @@ fn speed(report: &Report) -> Option<Finding> {
             metric(report, W, target, "open-close", 1, rate)?,
             metric(report, W, target, "open-close", 2, rate)?,
         );
-        Some(Ratio::of(rate, two, one))
+        Some(Ratio::unpaired(rate, two, one))
     };
     if let Some(r) = scaling("library") {
         t.check(
             r.value >= 1.8,
             format!("2 tasks/1 task {} (target ≥ 1.8×)", units::format_ratio(r.value)),
         );
-        let mut s = format!("open-close 1→2 tasks {}", r.text());
+        let mut s = format!("open-close 1→2 tasks {}", units::format_ratio_paren(&r));
         if let Some(k) = scaling("kernel") {
             s.push_str(&format!(" (kernel {})", units::format_ratio(k.value)));
         }
