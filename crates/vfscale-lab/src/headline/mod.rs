@@ -155,6 +155,17 @@ pub fn show(name: &str, s: &Summary) -> String {
     units::format(s.mean, Metric::unit(name))
 }
 
+/// The control that shares nothing, where a workload has one: each task its own table
+/// (inodes) or its own lock manager (lockperf's file-per-task workloads), measured in the
+/// same run as `library`.
+pub const CONTROL: &str = "partitioned";
+
+/// A scaling target: `library`'s rate at N tasks is at least this share of the
+/// control's. Judging against a control measured in the same run, rather than against a
+/// fixed N/1 ratio, keeps the machine out of the verdict: two shared vCPUs give tasks that
+/// share nothing anywhere from 1.4× to 2.2×.
+pub const MIN_OF_CONTROL: f64 = 0.85;
+
 /// Collects the targets of one line and gives its [`Status`].
 #[derive(Debug, Default)]
 pub struct Targets {
