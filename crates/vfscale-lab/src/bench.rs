@@ -294,11 +294,11 @@ fn run_order<T: Copy>(w: Workload, units: &[T], runs: usize) -> Vec<T> {
 fn note_skip(skipped: &mut Vec<Skipped>, cfg: &Config, target: Target, reason: String) {
     if !skipped
         .iter()
-        .any(|s| s.workload == cfg.workload.name() && s.target == target.name() && s.reason == reason)
+        .any(|s| s.workload == cfg.workload.name() && s.target == target && s.reason == reason)
     {
         skipped.push(Skipped {
             workload: cfg.workload.name().into(),
-            target: target.name().into(),
+            target,
             reason,
         });
     }
@@ -418,7 +418,7 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
             modes.sort_by_key(|m| order.iter().position(|o| o == m).unwrap_or(usize::MAX));
             for mode in modes {
                 let metrics = &samples[&mode];
-                let mut row = Row::new(cfg.workload.name(), target.name(), &mode, cfg.tasks);
+                let mut row = Row::new(cfg.workload.name(), target, &mode, cfg.tasks);
                 match cfg.workload {
                     Workload::Lockmany => row.held = Some(cfg.size),
                     Workload::Inodes => row.files = Some(cfg.size),
@@ -528,7 +528,7 @@ mod tests {
         let rows: Vec<(&str, &str)> = r
             .results
             .iter()
-            .map(|r| (r.target.as_str(), r.mode.as_str()))
+            .map(|r| (r.target.name(), r.mode.as_str()))
             .collect();
         let phases = ["create", "walk", "cold-walk", "chmod", "unlink"];
         let want: Vec<(&str, &str)> = ["dashmap", "library"]

@@ -209,6 +209,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+    use crate::measure::Target;
     use crate::result::Meta;
 
     fn row(target: &str, tasks: usize, metrics: &[(&str, &[f64])]) -> Row {
@@ -218,7 +219,7 @@ mod tests {
             .collect();
         Row {
             workload: "herd".into(),
-            target: target.into(),
+            target: Target::from_name(target).expect("a target"),
             mode: "flock".into(),
             tasks,
             held: None,

@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::measure::Target;
+
 use crate::stats;
 
 /// Where a result was measured.
@@ -127,8 +129,9 @@ impl Unit {
 pub struct Row {
     /// The workload (`herd`, `posix01`, ...).
     pub workload: String,
-    /// `kernel`, `library` or `library-prepatch`.
-    pub target: String,
+    /// The system measured (written by its name: `kernel`, `library`, ...).
+    #[serde(with = "target_name")]
+    pub target: Target,
     /// The lock mode (`flock`, `ofd`, `posix`), or the task kind (`processes`, `threads`).
     pub mode: String,
     /// Number of tasks.
@@ -150,10 +153,10 @@ pub struct Row {
 
 impl Row {
     /// A row of one configuration with no size, filesystem or metrics yet.
-    pub fn new(workload: &str, target: &str, mode: &str, tasks: usize) -> Row {
+    pub fn new(workload: &str, target: Target, mode: &str, tasks: usize) -> Row {
         Row {
             workload: workload.into(),
-            target: target.into(),
+            target,
             mode: mode.into(),
             tasks,
             held: None,
@@ -165,7 +168,13 @@ impl Row {
 
     /// The configuration as one string, for messages and matching rows across reports.
     pub fn key(&self) -> String {
-        let mut k = format!("{}/{}/{}/{}", self.workload, self.target, self.mode, self.tasks);
+        let mut k = format!(
+            "{}/{}/{}/{}",
+            self.workload,
+            self.target.name(),
+            self.mode,
+            self.tasks
+        );
         if let Some(h) = self.held {
             k.push_str(&format!("/held={h}"));
         }
@@ -202,7 +211,32 @@ pub struct Skipped {
     /// The workload.
     pub workload: String,
     /// The target.
-    pub target: String,
+    #[serde(with = "target_name")]
+    pub target: Target,
     /// Why.
     pub reason: String,
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A [`Target`] in results.json and results.csv: by its name, as the command line takes it.
+pub mod target_name {
+    use serde::{de, Deserialize, Deserializer, Serializer};
+
+    use crate::measure::Target;
+
+    /// Writes the target's name.
+    pub fn serialize<S: Serializer>(t: &Target, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(t.name())
+    }
+
+    /// Reads a target's name.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Target, D::Error> {
+        let name = String::deserialize(d)?;
+        Target::from_name(&name).ok_or_else(|| de::Error::custom(format!("unknown target `{name}`")))
+    }
 }

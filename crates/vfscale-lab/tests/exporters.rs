@@ -12,13 +12,14 @@ use std::fs;
 use std::path::PathBuf;
 
 use vfscale_lab::export::{self, csv, html, json, markdown, plot};
+use vfscale_lab::measure::Target;
 use vfscale_lab::result::{Meta, Report, Row, Skipped, Summary};
 
 /// A row of the fixture; `metrics` are (name, samples).
 fn row(workload: &str, target: &str, mode: &str, tasks: usize, metrics: &[(&str, &[f64])]) -> Row {
     Row {
         workload: workload.to_string(),
-        target: target.to_string(),
+        target: Target::from_name(target).expect("a target"),
         mode: mode.to_string(),
         tasks,
         held: None,
@@ -151,7 +152,7 @@ fn fixture() -> Report {
         ],
         skipped: vec![Skipped {
             workload: "herd".to_string(),
-            target: "kernel".to_string(),
+            target: Target::Kernel,
             reason: "mode ofd: F_OFD_SETLKW is not supported by this kernel".to_string(),
         }],
     }

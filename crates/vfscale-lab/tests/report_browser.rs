@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use vfscale_lab::export::{self, plot, summary};
+use vfscale_lab::measure::Target;
 use vfscale_lab::result::{Meta, Report, Row, Summary};
 
 fn say(msg: &str) {
@@ -19,7 +20,12 @@ fn say(msg: &str) {
 
 /// A row whose samples are `mean` ± 5%.
 fn row(workload: &str, target: &str, mode: &str, tasks: usize, metrics: &[(&str, f64)]) -> Row {
-    let mut r = Row::new(workload, target, mode, tasks);
+    let mut r = Row::new(
+        workload,
+        Target::from_name(target).expect("a target"),
+        mode,
+        tasks,
+    );
     for (name, mean) in metrics {
         let s = [mean * 0.95, *mean, mean * 1.05];
         r.metrics.insert(name.to_string(), Summary::of(name, &s));
@@ -175,7 +181,7 @@ fn with_quick_inodes(mut report: Report) -> Report {
     }
     report.skipped.push(vfscale_lab::result::Skipped {
         workload: "inodes".into(),
-        target: "kernel".into(),
+        target: Target::Kernel,
         reason: "cold-walk: tmpfs pins its inodes (no cache to drop)".into(),
     });
     report

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
+use crate::measure::Target;
 use crate::result::{Meta, Report, Row, Skipped, Summary};
 
 /// The report as pretty-printed JSON (no trailing newline, so it can be `println!`ed).
@@ -36,7 +37,8 @@ struct LenientReport {
 #[derive(Deserialize)]
 struct LenientRow {
     workload: String,
-    target: String,
+    #[serde(with = "crate::result::target_name")]
+    target: Target,
     mode: String,
     tasks: usize,
     #[serde(default)]
@@ -127,7 +129,7 @@ mod tests {
             },
             results: vec![Row {
                 workload: "lock1".into(),
-                target: "kernel".into(),
+                target: Target::Kernel,
                 mode: "threads".into(),
                 tasks: 2,
                 held: None,

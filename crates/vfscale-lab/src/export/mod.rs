@@ -12,6 +12,7 @@ use std::fs;
 use std::io;
 use std::path::Path;
 
+use crate::measure::Target;
 use crate::result::{Meta, Metric, Report, Row, Summary};
 use crate::stats::Ratio;
 use crate::units;
@@ -179,11 +180,11 @@ fn first_appearances<'a>(items: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
 }
 
 /// Where a target goes in tables and legends: the kernel, the alternatives, then the
-/// library ([`crate::measure::Target::ALL`]'s order); unknown targets last.
-pub fn target_rank(target: &str) -> usize {
-    crate::measure::Target::ALL
+/// library ([`Target::ALL`]'s order).
+pub fn target_rank(target: Target) -> usize {
+    Target::ALL
         .iter()
-        .position(|t| t.name() == target)
+        .position(|t| *t == target)
         .unwrap_or(usize::MAX)
 }
 
@@ -193,8 +194,8 @@ pub fn workload_rows<'a>(report: &'a Report, workload: &str) -> Vec<&'a Row> {
     let mode_rank = |m: &str| modes.iter().position(|x| *x == m).unwrap_or(usize::MAX);
     let mut rows: Vec<&Row> = report.results.iter().filter(|r| r.workload == workload).collect();
     rows.sort_by(|a, b| {
-        let key = |r: &Row| (mode_rank(&r.mode), r.size(), r.tasks, target_rank(&r.target));
-        key(a).cmp(&key(b)).then_with(|| a.target.cmp(&b.target))
+        let key = |r: &Row| (mode_rank(&r.mode), r.size(), r.tasks, target_rank(r.target));
+        key(a).cmp(&key(b))
     });
     rows
 }
@@ -230,7 +231,7 @@ pub fn meta_fields(meta: &Meta) -> [(&'static str, String); 5] {
 }
 
 /// The targets a library row is divided by, in ratio-column order.
-const RATIO_BASES: [&str; 2] = ["library-prepatch", "kernel"];
+const RATIO_BASES: [Target; 2] = [Target::LibraryPrepatch, Target::Kernel];
 
 /// One workload's table: a row per configuration (target, mode, tasks) with each metric
 /// as `mean ± sd`, plus a column `library / <base>` for each base target that some
@@ -239,12 +240,12 @@ pub fn workload_table(report: &Report, workload: &str) -> Table {
     let rows = workload_rows(report, workload);
     let main = main_metric(workload, &rows);
     let metrics = ordered_metrics(&rows, main.as_deref());
-    let bases: Vec<&str> = main
+    let bases: Vec<Target> = main
         .as_deref()
         .map(|m| {
             RATIO_BASES
                 .into_iter()
-                .filter(|b| rows.iter().any(|r| ratio(&rows, r, b, m).is_some()))
+                .filter(|b| rows.iter().any(|r| ratio(&rows, r, *b, m).is_some()))
         })
         .into_iter()
         .flatten()
@@ -311,12 +312,12 @@ fn row_cells(
     rows: &[&Row],
     row: &Row,
     metrics: &[String],
-    bases: &[&str],
+    bases: &[Target],
     main: Option<&str>,
 ) -> Vec<String> {
     let runs = row.metrics.values().map(|s| s.n).max().unwrap_or(0);
     let mut cells = vec![
-        row.target.clone(),
+        row.target.name().to_string(),
         row.mode.clone(),
         row.tasks.to_string(),
         runs.to_string(),
@@ -327,15 +328,15 @@ fn row_cells(
             .map_or_else(|| "-".to_string(), |s| format_summary(m, s))
     }));
     cells.extend(bases.iter().map(|b| {
-        main.and_then(|m| ratio(rows, row, b, m))
+        main.and_then(|m| ratio(rows, row, *b, m))
             .map_or_else(String::new, |(r, e)| units::format_ratio_pm(r, e))
     }));
     cells
 }
 
 /// `metric` of a `library` row over the same configuration on `base`, with its error.
-fn ratio(rows: &[&Row], row: &Row, base: &str, metric: &str) -> Option<(f64, f64)> {
-    if row.target != "library" {
+fn ratio(rows: &[&Row], row: &Row, base: Target, metric: &str) -> Option<(f64, f64)> {
+    if row.target != Target::Library {
         return None;
     }
     let other = rows
@@ -375,7 +376,7 @@ pub fn skipped_table(report: &Report) -> Option<Table> {
         rows: report
             .skipped
             .iter()
-            .map(|s| vec![s.workload.clone(), s.target.clone(), s.reason.clone()])
+            .map(|s| vec![s.workload.clone(), s.target.name().to_string(), s.reason.clone()])
             .collect(),
         notes: Vec::new(),
     })
@@ -442,7 +443,7 @@ mod tests {
             .collect();
         Row {
             workload: workload.into(),
-            target: target.into(),
+            target: Target::from_name(target).expect("a target"),
             mode: "flock".into(),
             tasks,
             held: None,

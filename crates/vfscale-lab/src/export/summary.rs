@@ -75,7 +75,7 @@ pub const GROUPS: &[(&str, &[&str], &str)] = &[
 ];
 
 /// The targets a library row is divided by, first found first.
-const RATIO_BASES: [&str; 2] = ["kernel", "library-prepatch"];
+const RATIO_BASES: [Target; 2] = [Target::Kernel, Target::LibraryPrepatch];
 
 /// The default output of `vfscale run`.
 pub fn render(report: &Report) -> String {
@@ -186,7 +186,7 @@ fn skipped_text(report: &Report) -> String {
         return String::new();
     }
     // One line per (target, reason), naming the workloads.
-    let mut lines: Vec<(String, String, Vec<String>)> = Vec::new();
+    let mut lines: Vec<(Target, String, Vec<String>)> = Vec::new();
     for s in &report.skipped {
         match lines
             .iter_mut()
@@ -194,7 +194,7 @@ fn skipped_text(report: &Report) -> String {
         {
             Some((_, _, w)) if !w.contains(&s.workload) => w.push(s.workload.clone()),
             Some(_) => {}
-            None => lines.push((s.target.clone(), s.reason.clone(), vec![s.workload.clone()])),
+            None => lines.push((s.target, s.reason.clone(), vec![s.workload.clone()])),
         }
     }
     let mut out = String::from("\nSkipped\n");
@@ -244,14 +244,13 @@ fn group_table(report: &Report, g: &Group) -> Option<Table> {
     if rows.is_empty() {
         return None;
     }
-    let targets: Vec<&str> = Target::ALL
-        .iter()
-        .map(|t| t.name())
+    let targets: Vec<Target> = Target::ALL
+        .into_iter()
         .filter(|t| rows.iter().any(|r| r.target == *t))
         .collect();
-    let bases: Vec<&str> = RATIO_BASES
+    let bases: Vec<Target> = RATIO_BASES
         .into_iter()
-        .filter(|b| targets.contains(b) && targets.contains(&"library"))
+        .filter(|b| targets.contains(b) && targets.contains(&Target::Library))
         .collect();
     let many_workloads = g.workloads.len() > 1;
     let has_size = rows.iter().any(|r| r.size().is_some());
@@ -295,7 +294,7 @@ fn group_table(report: &Report, g: &Group) -> Option<Table> {
         header.push(format!("library / {b}"));
         numeric.push(true);
     }
-    let find = |k: &(&str, &str, Option<u64>, usize), t: &str| {
+    let find = |k: &(&str, &str, Option<u64>, usize), t: Target| {
         rows.iter()
             .find(|r| {
                 r.workload == k.0 && r.mode == k.1 && r.size() == k.2 && r.tasks == k.3 && r.target == t
@@ -314,10 +313,10 @@ fn group_table(report: &Report, g: &Group) -> Option<Table> {
         }
         line.push(k.3.to_string());
         for t in &targets {
-            line.push(find(k, t).map_or_else(String::new, |s| units::format_summary(metric, s)));
+            line.push(find(k, *t).map_or_else(String::new, |s| units::format_summary(metric, s)));
         }
         for b in &bases {
-            let cell = match (find(k, "library"), find(k, b)) {
+            let cell = match (find(k, Target::Library), find(k, *b)) {
                 (Some(l), Some(o)) => {
                     let r = if paired_runs(k.0) {
                         Ratio::paired_or_unpaired(metric, l, o)

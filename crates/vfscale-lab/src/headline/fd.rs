@@ -3,6 +3,7 @@
 
 use super::{metric, task_counts, Finding, Targets};
 use crate::experiment::Experiment;
+use crate::measure::Target;
 use crate::result::Report;
 use crate::stats::Ratio;
 use crate::units::{self, Unit};
@@ -12,7 +13,7 @@ use crate::units::{self, Unit};
 /// the upstream change).
 pub fn findings(report: &Report) -> Vec<Finding> {
     let rate = "ops_per_sec";
-    let counts = task_counts(report, "pipebench", "library", "threads");
+    let counts = task_counts(report, "pipebench", Target::Library, "threads");
     if counts.is_empty() {
         return Vec::new();
     }
@@ -20,8 +21,8 @@ pub fn findings(report: &Report) -> Vec<Finding> {
     let mut ratios = Vec::new();
     for &n in &counts {
         let (Some(lib), Some(ker)) = (
-            metric(report, "pipebench", "library", "threads", n, rate),
-            metric(report, "pipebench", "kernel", "threads", n, rate),
+            metric(report, "pipebench", Target::Library, "threads", n, rate),
+            metric(report, "pipebench", Target::Kernel, "threads", n, rate),
         ) else {
             continue;
         };
@@ -42,15 +43,15 @@ pub fn findings(report: &Report) -> Vec<Finding> {
     let n = *counts.last().expect("not empty");
     let c = |target, m| metric(report, "pipebench", target, "threads", n, m).map(|s| s.mean);
     if let (Some(inst), Some(look)) = (
-        c("library", "table_lock_acquisitions_per_install"),
-        c("library", "table_lock_acquisitions_per_lookup"),
+        c(Target::Library, "table_lock_acquisitions_per_install"),
+        c(Target::Library, "table_lock_acquisitions_per_lookup"),
     ) {
         text.push_str(&format!(
             "; table-lock acquisitions per install {}, per lookup {}",
             units::format(inst, Unit::Plain),
             units::format(look, Unit::Plain)
         ));
-        if let Some(pre) = c("library-prepatch", "table_lock_acquisitions_per_install") {
+        if let Some(pre) = c(Target::LibraryPrepatch, "table_lock_acquisitions_per_install") {
             text.push_str(&format!(
                 " (prepatch {} per install)",
                 units::format(pre, Unit::Plain)

@@ -32,6 +32,7 @@
 
 use super::{metric, task_counts, Finding, Targets, MIN_OF_CONTROL};
 use crate::experiment::Experiment;
+use crate::measure::Target;
 use crate::result::Report;
 use crate::stats::Ratio;
 use crate::units::{self, Unit};
@@ -39,11 +40,11 @@ use crate::units::{self, Unit};
 const W: &str = "inodes";
 const RATE: &str = "ops_per_sec";
 const PHASES: [&str; 5] = ["create", "walk", "chmod", "unlink", "cold-walk"];
-const ALTERNATIVES: [&str; 3] = ["rwlock-hashmap", "dashmap", "moka"];
+const ALTERNATIVES: [Target; 3] = [Target::RwlockHashmap, Target::Dashmap, Target::Moka];
 /// The control (`partitioned`: a table per task, nothing shared): not a design a
 /// filesystem could use, so never one of the alternatives `library` must beat; `library`'s
 /// scaling is judged against it on a line of its own.
-const CONTROL: &str = super::CONTROL;
+const CONTROL: Target = super::CONTROL;
 
 /// The experiment's lines (none when it did not run).
 pub fn findings(report: &Report) -> Vec<Finding> {
@@ -73,7 +74,7 @@ fn evict(report: &Report) -> Vec<Finding> {
         Option<(f64, f64)>,
         Option<(bool, f64)>,
     );
-    let points = |target: &str| {
+    let points = |target: Target| {
         let mut v: Vec<Point> = report
             .results
             .iter()
@@ -100,7 +101,7 @@ fn evict(report: &Report) -> Vec<Finding> {
         v.sort_by_key(|p| p.0);
         v
     };
-    let lib = points("library");
+    let lib = points(Target::Library);
     let (Some(lo), Some(hi)) = (lib.first(), lib.last()) else {
         return Vec::new();
     };
@@ -156,7 +157,7 @@ fn evict(report: &Report) -> Vec<Finding> {
         }
     }
     t.check(lib.iter().all(|p| p.4), "an unused inode survived evict_inodes");
-    if let Some(pre) = points("library-prepatch").last().filter(|p| p.0 == hi.0) {
+    if let Some(pre) = points(Target::LibraryPrepatch).last().filter(|p| p.0 == hi.0) {
         text.push_str(&format!("; prepatch {:.1} B, {:.0} ns", pre.2, pre.3));
     }
     vec![Finding {
@@ -172,7 +173,7 @@ pub const MIN_AT_ONE: f64 = 0.95;
 
 /// Lines 1 and 2: the phases.
 fn phases(report: &Report) -> Vec<Finding> {
-    let counts = task_counts(report, W, "library", "walk");
+    let counts = task_counts(report, W, Target::Library, "walk");
     let (Some(&one), Some(&n)) = (counts.first(), counts.last()) else {
         return Vec::new();
     };
@@ -183,8 +184,8 @@ fn phases(report: &Report) -> Vec<Finding> {
     let mut scale = Vec::new();
     for p in PHASES {
         let (Some(hi), Some(lo)) = (
-            metric(report, W, "library", p, n, RATE),
-            metric(report, W, "library", p, one, RATE),
+            metric(report, W, Target::Library, p, n, RATE),
+            metric(report, W, Target::Library, p, one, RATE),
         ) else {
             continue;
         };
@@ -193,11 +194,11 @@ fn phases(report: &Report) -> Vec<Finding> {
     }
     let mut vs = Vec::new();
     if n >= 2 {
-        for other in std::iter::once("library-prepatch").chain(ALTERNATIVES) {
+        for other in std::iter::once(Target::LibraryPrepatch).chain(ALTERNATIVES) {
             let worst = PHASES
                 .iter()
                 .filter_map(|p| {
-                    let a = metric(report, W, "library", p, n, RATE)?;
+                    let a = metric(report, W, Target::Library, p, n, RATE)?;
                     let b = metric(report, W, other, p, n, RATE)?;
                     Some((*p, Ratio::paired_or_unpaired(RATE, a, b)))
                 })
@@ -214,8 +215,8 @@ fn phases(report: &Report) -> Vec<Finding> {
         let worst = PHASES
             .iter()
             .filter_map(|p| {
-                let a = metric(report, W, "library", p, 1, RATE)?;
-                let (other, b) = std::iter::once("library-prepatch")
+                let a = metric(report, W, Target::Library, p, 1, RATE)?;
+                let (other, b) = std::iter::once(Target::LibraryPrepatch)
                     .chain(ALTERNATIVES)
                     .filter_map(|o| Some((o, metric(report, W, o, p, 1, RATE)?)))
                     .max_by(|x, y| x.1.mean.total_cmp(&y.1.mean))?;
@@ -245,7 +246,7 @@ fn phases(report: &Report) -> Vec<Finding> {
         });
     }
     // Per phase, the rate of `a` at `an` tasks over `b`'s at `bn`, paired run by run.
-    let ratios = |a: &str, an: usize, b: &str, bn: usize| -> Vec<(&str, Ratio)> {
+    let ratios = |a: Target, an: usize, b: Target, bn: usize| -> Vec<(&str, Ratio)> {
         PHASES
             .iter()
             .filter_map(|p| {
@@ -263,7 +264,7 @@ fn phases(report: &Report) -> Vec<Finding> {
     };
     // `library`'s rate at n tasks over the control's, judged; the control's own n/1
     // ratios beside it say what this machine gave tasks that share nothing.
-    let kept = ratios("library", n, CONTROL, n);
+    let kept = ratios(Target::Library, n, CONTROL, n);
     if n > one && !kept.is_empty() {
         let mut t = Targets::new();
         for (p, r) in &kept {
@@ -289,31 +290,31 @@ fn phases(report: &Report) -> Vec<Finding> {
     let mut t = Targets::new();
     let mut parts = Vec::new();
     let per_op = "global_lock_acquisitions_per_op";
-    let max_over = |target: &str| {
+    let max_over = |target: Target| {
         PHASES
             .iter()
             .filter_map(|p| metric(report, W, target, p, n, per_op).map(|s| s.mean))
             .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
     };
-    let min_over = |target: &str| {
+    let min_over = |target: Target| {
         PHASES
             .iter()
             .filter_map(|p| metric(report, W, target, p, n, per_op).map(|s| s.mean))
             .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.min(x))))
     };
-    if let Some(lib) = max_over("library") {
+    if let Some(lib) = max_over(Target::Library) {
         parts.push(format!(
             "global locks/op library {}",
             units::format(lib, Unit::Plain)
         ));
         t.check(lib == 0.0, "library takes a global lock");
     }
-    if let Some(pre) = min_over("library-prepatch") {
+    if let Some(pre) = min_over(Target::LibraryPrepatch) {
         parts.push(format!("prepatch ≥ {}", units::format(pre, Unit::Plain)));
         t.check(pre >= 1.0, "prepatch under 1 global lock per op");
     }
     let loads = "loads_per_distinct_inode";
-    if let Some(l) = metric(report, W, "library", "cold-walk", n, loads) {
+    if let Some(l) = metric(report, W, Target::Library, "cold-walk", n, loads) {
         let mut s = format!(
             "cold-walk loads/inode library {}",
             units::format(l.mean, Unit::Plain)
@@ -321,7 +322,7 @@ fn phases(report: &Report) -> Vec<Finding> {
         let others: Vec<String> = ALTERNATIVES
             .iter()
             .filter_map(|o| {
-                metric(report, W, o, "cold-walk", n, loads)
+                metric(report, W, *o, "cold-walk", n, loads)
                     .map(|x| format!("{o} {}", units::format(x.mean, Unit::Plain)))
             })
             .collect();
@@ -386,7 +387,8 @@ mod tests {
         let results = points
             .iter()
             .map(|&(n, ns)| {
-                let mut r = crate::result::Row::new(W, "library", crate::measure::inodes::million::MODE, 1);
+                let mut r =
+                    crate::result::Row::new(W, Target::Library, crate::measure::inodes::million::MODE, 1);
                 r.files = Some(n);
                 let mut m = vec![
                     ("bytes_per_inode", 96.8),
@@ -408,7 +410,7 @@ mod tests {
         super::super::test_report(results)
     }
 
-    fn phase_report(rows: &[(&str, &str, usize, &[f64])]) -> Report {
+    fn phase_report(rows: &[(Target, &str, usize, &[f64])]) -> Report {
         let mut r = evict_report(&[], None);
         for &(target, mode, tasks, rates) in rows {
             let mut row = crate::result::Row::new(W, target, mode, tasks);
@@ -423,12 +425,12 @@ mod tests {
     fn one_task_is_judged_against_the_fastest_other_target() {
         let text_of = |lib1: &[f64]| {
             let r = phase_report(&[
-                ("library", "walk", 1, lib1),
-                ("dashmap", "walk", 1, &[4.8, 4.7, 4.9, 4.8]),
-                ("rwlock-hashmap", "walk", 1, &[4.5, 4.4, 4.6, 4.5]),
-                ("library", "walk", 2, &[9.6, 9.4, 9.8, 9.6]),
-                ("dashmap", "walk", 2, &[7.0, 7.1, 6.9, 7.0]),
-                ("rwlock-hashmap", "walk", 2, &[6.0, 6.1, 5.9, 6.0]),
+                (Target::Library, "walk", 1, lib1),
+                (Target::Dashmap, "walk", 1, &[4.8, 4.7, 4.9, 4.8]),
+                (Target::RwlockHashmap, "walk", 1, &[4.5, 4.4, 4.6, 4.5]),
+                (Target::Library, "walk", 2, &[9.6, 9.4, 9.8, 9.6]),
+                (Target::Dashmap, "walk", 2, &[7.0, 7.1, 6.9, 7.0]),
+                (Target::RwlockHashmap, "walk", 2, &[6.0, 6.1, 5.9, 6.0]),
             ]);
             let f = phases(&r);
             (f[0].status.clone(), f[0].text.clone())
@@ -453,16 +455,16 @@ mod tests {
 
     #[test]
     fn scaling_is_judged_against_the_control_on_its_own_line() {
-        let rows = |lib2: &'static [f64]| -> Vec<(&'static str, &'static str, usize, &'static [f64])> {
+        let rows = |lib2: &'static [f64]| -> Vec<(Target, &'static str, usize, &'static [f64])> {
             vec![
-                ("library", "walk", 1, &[4.9, 4.8, 5.0, 4.9]),
-                ("library", "walk", 2, lib2),
-                ("dashmap", "walk", 1, &[4.8, 4.7, 4.9, 4.8]),
-                ("dashmap", "walk", 2, &[7.0, 7.1, 6.9, 7.0]),
+                (Target::Library, "walk", 1, &[4.9, 4.8, 5.0, 4.9]),
+                (Target::Library, "walk", 2, lib2),
+                (Target::Dashmap, "walk", 1, &[4.8, 4.7, 4.9, 4.8]),
+                (Target::Dashmap, "walk", 2, &[7.0, 7.1, 6.9, 7.0]),
                 // Faster than library at 1 task and at 2: a control, so not an
                 // alternative library must beat.
-                ("partitioned", "walk", 1, &[6.0, 6.0, 6.0, 6.0]),
-                ("partitioned", "walk", 2, &[10.2, 10.2, 10.2, 10.2]),
+                (Target::Partitioned, "walk", 1, &[6.0, 6.0, 6.0, 6.0]),
+                (Target::Partitioned, "walk", 2, &[10.2, 10.2, 10.2, 10.2]),
             ]
         };
         let f = phases(&phase_report(&rows(&[9.8, 9.6, 10.0, 9.8])));

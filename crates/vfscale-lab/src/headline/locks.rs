@@ -4,6 +4,7 @@
 
 use super::{metric, show, skip_reason, task_counts, Finding, Status, Targets, CONTROL, MIN_OF_CONTROL};
 use crate::experiment::Experiment;
+use crate::measure::Target;
 use crate::result::{Report, Summary};
 use crate::stats::Ratio;
 use crate::units::{self, Unit};
@@ -23,12 +24,12 @@ pub fn lockperf(report: &Report) -> Vec<Finding> {
         let mut t = Targets::new();
         for w in workloads {
             let mode = if w.starts_with("posix") { "posix" } else { "flock" };
-            let Some(&n) = task_counts(report, w, "library", mode).last() else {
+            let Some(&n) = task_counts(report, w, Target::Library, mode).last() else {
                 continue;
             };
             let (Some(lib), Some(ker)) = (
-                metric(report, w, "library", mode, n, time),
-                metric(report, w, "kernel", mode, n, time),
+                metric(report, w, Target::Library, mode, n, time),
+                metric(report, w, Target::Kernel, mode, n, time),
             ) else {
                 continue;
             };
@@ -57,13 +58,13 @@ pub fn lockperf(report: &Report) -> Vec<Finding> {
             for w in workloads {
                 let mode = if w.starts_with("posix") { "posix" } else { "flock" };
                 let ctl = task_counts(report, w, CONTROL, mode);
-                let lib = task_counts(report, w, "library", mode);
+                let lib = task_counts(report, w, Target::Library, mode);
                 let common: Vec<usize> = lib.into_iter().filter(|n| *n > 1 && ctl.contains(n)).collect();
                 let Some(&n) = common.iter().find(|&&n| n == 2).or(common.last()) else {
                     continue;
                 };
                 let (Some(l), Some(c)) = (
-                    metric(report, w, "library", mode, n, rate),
+                    metric(report, w, Target::Library, mode, n, rate),
                     metric(report, w, CONTROL, mode, n, rate),
                 ) else {
                     continue;
@@ -81,7 +82,7 @@ pub fn lockperf(report: &Report) -> Vec<Finding> {
             let mut scaling = Vec::new();
             for w in workloads {
                 let mode = if w.starts_with("posix") { "posix" } else { "flock" };
-                let rate = |n| metric(report, w, "library", mode, n, rate);
+                let rate = |n| metric(report, w, Target::Library, mode, n, rate);
                 if let (Some(one), Some(two)) = (rate(1), rate(2)) {
                     let r = Ratio::unpaired("ops_per_sec", two, one);
                     scaling.push(format!("{} ({w})", units::format_ratio(r.value)));
@@ -112,7 +113,7 @@ pub fn lockperf(report: &Report) -> Vec<Finding> {
                 )
                 .map(|s| units::format(s.mean, Unit::Plain))
             };
-            if let (Some(lib), Some(pre)) = (gl("library"), gl("library-prepatch")) {
+            if let (Some(lib), Some(pre)) = (gl(Target::Library), gl(Target::LibraryPrepatch)) {
                 text.push_str(&format!("; global-lock acquisitions/op {lib} (prepatch {pre})"));
             }
         }
@@ -123,7 +124,7 @@ pub fn lockperf(report: &Report) -> Vec<Finding> {
         });
     }
     if out.is_empty() {
-        if let Some(why) = skip_reason(report, "posix01", "kernel") {
+        if let Some(why) = skip_reason(report, "posix01", Target::Kernel) {
             out.push(Finding {
                 experiment: Experiment::PerInodeLocks,
                 text: "lockperf against the kernel".into(),
@@ -137,7 +138,7 @@ pub fn lockperf(report: &Report) -> Vec<Finding> {
 /// One herd mode's rows on one target.
 struct Herd<'a> {
     report: &'a Report,
-    target: &'static str,
+    target: Target,
     mode: &'static str,
 }
 
@@ -153,18 +154,18 @@ pub fn herd(report: &Report) -> Vec<Finding> {
     let rate = "acquisitions_per_sec";
     let mut out = Vec::new();
     for mode in ["flock", "ofd", "posix"] {
-        let counts = task_counts(report, "herd", "library", mode);
+        let counts = task_counts(report, "herd", Target::Library, mode);
         let Some(&n) = counts.last() else {
             continue;
         };
         let lib = Herd {
             report,
-            target: "library",
+            target: Target::Library,
             mode,
         };
         let ker = Herd {
             report,
-            target: "kernel",
+            target: Target::Kernel,
             mode,
         };
         let Some(lib_rate) = lib.get(n, rate) else {
@@ -276,7 +277,7 @@ mod tests {
         super::super::test_report(
             rows.iter()
                 .map(|&(n, rates)| {
-                    let mut r = Row::new("herd", "library", "flock", n);
+                    let mut r = Row::new("herd", Target::Library, "flock", n);
                     let name = "acquisitions_per_sec";
                     r.metrics.insert(name.into(), Summary::of(name, rates));
                     r
@@ -287,7 +288,7 @@ mod tests {
 
     /// posix02 at 2 tasks: the library's and the control's rates, and the kernel's time.
     fn lockperf_report(lib: &[f64], control: &[f64]) -> Report {
-        let row = |target: &str, tasks: usize, m: &[(&str, &[f64])]| {
+        let row = |target: Target, tasks: usize, m: &[(&str, &[f64])]| {
             let mut r = Row::new("posix02", target, "posix", tasks);
             for (k, v) in m {
                 r.metrics.insert(k.to_string(), Summary::of(k, v));
@@ -296,10 +297,10 @@ mod tests {
         };
         let time: &[f64] = &[1.0, 1.0, 1.0];
         super::super::test_report(vec![
-            row("kernel", 2, &[("total_lock_seconds", &[10.0, 10.0, 10.0])]),
-            row("library", 1, &[("ops_per_sec", &[1e6, 1e6, 1e6])]),
+            row(Target::Kernel, 2, &[("total_lock_seconds", &[10.0, 10.0, 10.0])]),
+            row(Target::Library, 1, &[("ops_per_sec", &[1e6, 1e6, 1e6])]),
             row(
-                "library",
+                Target::Library,
                 2,
                 &[("ops_per_sec", lib), ("total_lock_seconds", time)],
             ),

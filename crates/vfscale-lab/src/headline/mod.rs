@@ -7,6 +7,7 @@
 //! could not be judged because a difference is not significant, or could not run.
 
 use crate::experiment::Experiment;
+use crate::measure::Target;
 use crate::result::{Metric, Report, Row, Summary};
 use crate::stats::Ratio;
 use crate::units;
@@ -106,7 +107,7 @@ pub fn findings(report: &Report) -> Vec<Finding> {
 pub fn row<'a>(
     report: &'a Report,
     workload: &str,
-    target: &str,
+    target: Target,
     mode: &str,
     tasks: usize,
 ) -> Option<&'a Row> {
@@ -120,7 +121,7 @@ pub fn row<'a>(
 pub fn metric<'a>(
     report: &'a Report,
     workload: &str,
-    target: &str,
+    target: Target,
     mode: &str,
     tasks: usize,
     name: &str,
@@ -129,7 +130,7 @@ pub fn metric<'a>(
 }
 
 /// The task counts measured for `workload` in `mode` on `target`, sorted.
-pub fn task_counts(report: &Report, workload: &str, target: &str, mode: &str) -> Vec<usize> {
+pub fn task_counts(report: &Report, workload: &str, target: Target, mode: &str) -> Vec<usize> {
     let mut v: Vec<usize> = report
         .results
         .iter()
@@ -142,7 +143,7 @@ pub fn task_counts(report: &Report, workload: &str, target: &str, mode: &str) ->
 }
 
 /// Why `workload` did not run on `target`, if it was skipped.
-pub fn skip_reason(report: &Report, workload: &str, target: &str) -> Option<String> {
+pub fn skip_reason(report: &Report, workload: &str, target: Target) -> Option<String> {
     report
         .skipped
         .iter()
@@ -158,7 +159,7 @@ pub fn show(name: &str, s: &Summary) -> String {
 /// The control that shares nothing, where a workload has one: each task its own table
 /// (inodes) or its own lock manager (lockperf's file-per-task workloads), measured in the
 /// same run as `library`.
-pub const CONTROL: &str = "partitioned";
+pub const CONTROL: Target = Target::Partitioned;
 
 /// A scaling target: `library`'s rate at N tasks is at least this share of the
 /// control's. Judging against a control measured in the same run, rather than against a
