@@ -25,6 +25,7 @@
 
 pub mod fd;
 pub mod format;
+pub mod harness;
 pub mod icache;
 pub mod locks;
 pub mod loop_dev;

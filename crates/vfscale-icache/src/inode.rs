@@ -5,7 +5,7 @@ use std::fmt;
 use std::ops::Deref;
 use std::ptr::NonNull;
 
-use crate::cache::SbInner;
+use crate::superblock::SbInner;
 use crate::sync::{AtomicPtr, AtomicU32, ILock, ILockGuard, Ordering};
 use crate::SuperOperations;
 
@@ -264,7 +264,7 @@ impl<F: SuperOperations> Inode<F> {
 
     /// `remove_inode_hash`: lookups no longer find it.
     pub fn remove_inode_hash(&self) {
-        crate::cache::remove_inode_hash(self);
+        crate::hash_table::remove_inode_hash(self);
     }
 
     /// `igrab`: a reference, unless the inode is being freed.
@@ -415,7 +415,7 @@ impl<F: SuperOperations> Clone for InodeRef<F> {
 impl<F: SuperOperations> Drop for InodeRef<F> {
     /// `iput`.
     fn drop(&mut self) {
-        crate::cache::iput(self.ptr);
+        crate::iput::iput(self.ptr);
     }
 }
 
@@ -578,5 +578,29 @@ impl<F: SuperOperations> Iget<F> {
             Iget::Cached(r) => r,
             Iget::New(n) => n,
         }
+    }
+}
+
+/// A pointer to an inode kept by a list that a lock protects.
+pub(crate) struct InodePtr<F: SuperOperations>(pub(crate) NonNull<Inode<F>>);
+
+// SAFETY: the pointee is `Sync` (atomics, locks, `Send + Sync` data); the pointer is only
+// dereferenced under the lock of the list that holds it, while the inode is on that list.
+unsafe impl<F: SuperOperations> Send for InodePtr<F> {}
+
+impl<F: SuperOperations> Clone for InodePtr<F> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<F: SuperOperations> Copy for InodePtr<F> {}
+
+impl<F: SuperOperations> InodePtr<F> {
+    /// # Safety
+    /// The inode is alive: the caller holds the lock of a list it is on, a reference, or
+    /// is the one evicting it.
+    pub(crate) unsafe fn get<'a>(self) -> &'a Inode<F> {
+        // SAFETY: by the caller's contract.
+        unsafe { self.0.as_ref() }
     }
 }

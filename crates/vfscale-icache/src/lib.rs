@@ -1,7 +1,7 @@
 //! Linux `fs/inode.c` (v6.18) in userspace: an inode cache with Linux's names and rules
 //! (`iget_locked` and its `I_NEW` hand-off, `ilookup`, `insert_inode_locked`, `iput`
 //! with `iput_final`, the LRU with second chance, `evict_inodes`), finished with the
-//! scalable design of seed 002 (Dave Chinner, "vfs: inode cache scalability", 2023): a
+//! scalable design of Dave Chinner's 2023 "vfs: inode cache scalability improvements": a
 //! lock per hash chain, lock-free lookup (Linux 6.11, 7180f8d91fcb) and per-CPU
 //! superblock inode lists.
 //!
@@ -44,6 +44,31 @@
 //! assert!(sb.ilookup(12).is_none());
 //! assert_eq!(cache.stats().nr_inodes, 0);
 //! ```
+//!
+//! # Where to find what
+//!
+//! | concept | file |
+//! |---|---|
+//! | [`InodeCache`], what its superblocks share (hash table, counters, wait table) | `cache.rs` |
+//! | [`SuperBlock`]: its lists and LRU, live count and lifetime, the public API | `superblock.rs` |
+//! | an inode, its `i_state` bits, [`InodeRef`], [`NewInode`], [`Iget`] | `inode.rs` |
+//! | the hash chains (bit lock per chain, `inode_hash_lock`), link and unlink | `hash_table.rs` |
+//! | lookups: the general path (`find_inode`, the miss, waiting while `I_NEW`) | `lookup.rs` |
+//! | lookups: the fast paths by inode number | `lookup_fast.rs` |
+//! | `iput`, `iput_final` | `iput.rs` |
+//! | the LRU, its shards and the shrinker's walk | `lru.rs` |
+//! | the superblock inode list (`s_inodes`) and its walks | `sb_list.rs` |
+//! | batched removal: parking, outboxes, flushes | `outbox.rs` |
+//! | `evict` (and the filesystem's panics during it) | `evict.rs` |
+//! | `alloc_inode`, `destroy_inode`, the superblock's live-inode count | `inode_alloc.rs` |
+//! | per-CPU counters, a thread's slot and shard | `counters.rs` |
+//! | waiting lookups: [`Started`], [`InodeWait`], [`WaitError`] | `inode_wait.rs` |
+//! | the waiter a lookup blocks on, [`Interrupter`] | `waiter.rs` |
+//! | the hashed wait queues (`bit_wait_table`) | `wait_table.rs` |
+//! | grace periods: the epoch protocol (with its loom models) | `epoch.rs` |
+//! | deferred frees: per-thread batches of retired inodes (and the models' stand-in) | `deferred_free.rs` |
+//! | the orphan list of batches (a lock-free stack) | `orphan_list.rs` |
+//! | `i_lock`, the spinlock, the backends (std, loom, shuttle) | `sync.rs` |
 //!
 //! # The state machine (`i_state`)
 //!
@@ -152,7 +177,7 @@
 //! that skip let both read stale values and leave one unused inode on an unmounted
 //! superblock's LRU (loom model `umount_races_last_iput`).
 //!
-//! # Scalability (seed 002 and after)
+//! # Scalability (Dave Chinner's 2023 series and after)
 //!
 //! * **Hash**: a lock per chain (`hlist_bl`) for insert and remove: each chain head is
 //!   one word, the first inode's address with the lock in bit 0 (a bit spinlock: a
@@ -171,8 +196,8 @@
 //!   first time it needs one and keeps it (asking the kernel for the current CPU on every operation
 //!   costs more than it saves, and a thread may migrate anyway); there are as many
 //!   shards as CPUs ([`Settings::shards`]).
-//! * **Superblock lists**: one list per CPU shard, each with its own lock (seed 002's
-//!   `dlist`); an inode remembers its shard, so create and evict on different CPUs do not
+//! * **Superblock lists**: one list per CPU shard, each with its own lock (the
+//!   `dlist` of Chinner's series); an inode remembers its shard, so create and evict on different CPUs do not
 //!   meet. A shard is an array of slots with a free list threaded through the empty
 //!   ones: an inode knows its slot, so removal writes only that slot (no other inode's
 //!   line under a lock another CPU may want). `evict_inodes` and [`SuperBlock::for_each_inode`] visit every shard,
@@ -187,17 +212,17 @@
 //!   proportion to their lengths, as `shrink_slab` splits it over nodes. The order within
 //!   a shard is exact; [`Lru::Single`] (one list, Linux on one node, what the scenario
 //!   replay uses) keeps the spec's single-list order exactly.
-//! * **Batched removal** (session 8, issue 9): after a lockstep walk half of each
-//!   thread's inodes were listed by the other (superblock list shard: the loader's; LRU
-//!   shard: the last `iput`'s), so each eviction took two locks whose lines were on the
-//!   other CPU. An eviction whose inode is listed on another CPU's shard (by the evicting
+//! * **Batched removal**: when threads share inodes, many an inode is listed by another
+//!   thread (superblock list shard: the loader's; LRU shard: the last `iput`'s), and
+//!   taking it off there would take two locks whose lines are on the other CPU. An
+//!   eviction whose inode is listed on another CPU's shard (by the evicting
 //!   thread's shard: `CpuCounters::shard`) does at once all that can be observed:
 //!   `->evict_inode`; under the chain lock and `i_lock`, `I_CLEAR`, the unhash, the
 //!   waiters taken (woken right after) and `PARKED`, which counts it out of `nr_unused`
 //!   if it is on an LRU; `->destroy_inode` and `nr_inodes`. Then it parks the inode in its
 //!   slot's outbox for the superblock (per superblock and counter slot, beside the slot's
-//!   live count, under a spinlock of its own). When the outbox holds 32 (`OUTBOX` in
-//!   `cache.rs`, why 32 there) it takes each shard's lock once for all of its inodes:
+//!   live count, under a spinlock of its own). When the outbox holds 32 (`OUTBOX_CAPACITY`
+//!   in `outbox.rs`, why 32 there) it takes each shard's lock once for all of its inodes:
 //!   off the superblock lists, off the LRU where still on it (a prune may have taken it
 //!   off: it met it `I_FREEING`; checked under the LRU lock and `i_lock`; `nr_unused` is
 //!   not counted twice: `PARKED`), and only then frees them (memory a grace period
@@ -222,7 +247,7 @@
 //!   the lowest free slot the first time it counts and gives it back at exit (up to 64
 //!   slots a cache; more threads share one more slot with atomic adds), so a slot has one
 //!   writer and an add is a plain load and store: no locked read-modify-write on a
-//!   create, load or eviction for counting (there were seven). The same slot, modulo the
+//!   create, load or eviction for counting. The same slot, modulo the
 //!   shard count, is the thread's CPU shard. Under the models: per shard, atomic adds.
 //! * **Fast paths**: `iget_locked`/`ilookup` by inode number walk the chain directly
 //!   (pinned; the first match decides, `__iget` under its `i_lock` when hashed and not
@@ -245,7 +270,7 @@
 //!
 //! * An inode's memory: freed a grace period after `->destroy_inode`, so a lock-free
 //!   walker that reached it from a chain may still read it. The grace periods are the
-//!   crate's own (`rcu.rs`: Fraser's epochs, as crossbeam-epoch, with loom models): a
+//!   crate's own (`epoch.rs`: Fraser's epochs, as crossbeam-epoch, with loom models): a
 //!   read-side section publishes the epoch in the thread's own record; the epoch moves on
 //!   when every thread inside a section has seen it; what was unlinked before a stamp is
 //!   freed two epochs later. Retired inodes are kept per thread, in batches of 60, as
@@ -254,14 +279,12 @@
 //!   (and every 128 pins while it has some) and fills the empty batch again. So an
 //!   eviction allocates nothing and synchronizes with nobody, memory goes back to the
 //!   glibc arena of the thread that evicted it (a free into another thread's arena takes
-//!   that arena's lock), and nothing of 1 KB or more is ever allocated (crossbeam-epoch,
-//!   used before, allocated a ~2 KB node every 64 deferred functions, and a request that
-//!   large makes glibc consolidate every fastbin chunk of the process: with the shrink of
-//!   an emptied superblock list inside an eviction, 23% of an unlink's instructions in
-//!   the lab). A batch is stamped after its last inode was retired, so its grace period
+//!   that arena's lock), and nothing of 1 KB or more is ever allocated (crossbeam-epoch
+//!   allocates a ~2 KB node every 64 deferred functions, and a request that large makes
+//!   glibc consolidate every fastbin chunk of the process). A batch is stamped after its last inode was retired, so its grace period
 //!   covers every inode in it (freeing later than needed is always safe). A thread keeps
 //!   its 64 newest stamped batches; older ones, and those of a thread that exits, go to
-//!   a shared orphan list (a lock-free stack, `ready.rs`) that any thread frees from. So
+//!   a shared orphan list (a lock-free stack, `orphan_list.rs`) that any thread frees from. So
 //!   a thread that stops evicting but lives on (a pooled thread) keeps up to 64 batches
 //!   (3,840 inodes, and the superblock if its last free was among them) and its partial
 //!   batch until it pins or evicts again, calls [`flush_deferred`], or exits (test
@@ -321,24 +344,38 @@
 //!
 //! Under `--cfg vfscale_loom` and `--cfg vfscale_shuttle` the locks and atomics come from
 //! loom/shuttle (the `vfscale-sync` shim), and the grace periods are replaced by a small
-//! model the schedulers can see (see `epoch.rs`); the epoch scheme itself has loom models
-//! of its own (`rcu.rs`).
+//! model the schedulers can see (see `deferred_free.rs`); the epoch scheme itself has loom
+//! models of its own (`epoch.rs`).
 #![warn(missing_docs)]
 
 mod cache;
+mod counters;
+mod deferred_free;
 mod epoch;
+mod evict;
+mod hash_table;
 mod inode;
-mod rcu;
-mod ready;
+mod inode_alloc;
+mod inode_wait;
+mod iput;
+mod lookup;
+mod lookup_fast;
+mod lru;
+mod orphan_list;
+mod outbox;
+mod sb_list;
+mod superblock;
 mod sync;
-mod wait;
+mod wait_table;
+mod waiter;
 
-#[doc(hidden)]
-pub use cache::Outcome;
-pub use cache::{
-    FromOutcome, InodeCache, InodeWait, InsertBusy, Interrupter, Match, Started, SuperBlock, WaitError,
-};
+pub use cache::InodeCache;
 pub use inode::{Iget, Inode, InodeFlags, InodeRef, InodeState, NewInode};
+pub use inode_wait::{FromOutcome, InodeWait, Started, WaitError};
+#[doc(hidden)]
+pub use lookup::Outcome;
+pub use superblock::{InsertBusy, Match, SuperBlock};
+pub use waiter::Interrupter;
 
 /// Hurries the deferred freeing of evicted inodes' memory (best effort; for tests that
 /// count drops of the filesystem's data). `->destroy_inode` itself runs at eviction.
@@ -346,19 +383,19 @@ pub use inode::{Iget, Inode, InodeFlags, InodeRef, InodeState, NewInode};
 /// orphan list has expired; another live thread's batches wait for that thread to pin or
 /// evict again, call this, or exit (the crate docs, "Lifetimes").
 pub fn flush_deferred() {
-    epoch::flush();
+    deferred_free::flush();
 }
 
 /// A read-side section of the cache's grace periods (`rcu_read_lock`): while one is held
 /// on any thread, no evicted inode's memory is freed. For tests that check deferred frees;
 /// a cache operation takes its own.
 #[doc(hidden)]
-pub struct RcuReadLock(#[allow(dead_code)] epoch::Guard);
+pub struct RcuReadLock(#[allow(dead_code)] deferred_free::Guard);
 
 /// Enters a read-side section (see [`RcuReadLock`]).
 #[doc(hidden)]
 pub fn rcu_read_lock() -> RcuReadLock {
-    RcuReadLock(epoch::Domain::new().pin())
+    RcuReadLock(deferred_free::Domain::new().pin())
 }
 
 /// What a filesystem gives the cache (`struct super_operations`). Every method but
@@ -413,17 +450,17 @@ pub fn inode_generic_drop<F: SuperOperations>(inode: &Inode<F>) -> bool {
 /// Who serializes insert and remove on the inode hash.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum HashLock {
-    /// A lock per chain (seed 002's `hlist_bl`).
+    /// A lock per chain (the `hlist_bl` of Chinner's 2023 series).
     #[default]
     PerChain,
-    /// One `inode_hash_lock` for the whole table (Linux before seed 002).
+    /// One `inode_hash_lock` for the whole table (Linux before that series).
     Global,
 }
 
 /// How a superblock keeps its inode list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum SbList {
-    /// One list and lock per CPU shard (seed 002's `dlist`).
+    /// One list and lock per CPU shard (the `dlist` of Chinner's 2023 series).
     #[default]
     PerCpu,
     /// One list under one `s_inode_list_lock` (Linux).

@@ -1,5 +1,5 @@
-//! The deferred free of evicted inodes (a grace period after `->destroy_inode`; `rcu.rs`
-//! and `epoch.rs`: each thread queues its stamped batches and frees them itself once they
+//! The deferred free of evicted inodes (a grace period after `->destroy_inode`; `epoch.rs`
+//! and `deferred_free.rs`: each thread queues its stamped batches and frees them itself once they
 //! expire; a thread that exits, or queues more than it keeps, leaves its batches on a
 //! shared orphan list that any thread frees): every inode's data is dropped exactly once
 //! and only after its `->destroy_inode`, when threads exit while others evict, when a
@@ -85,7 +85,7 @@ impl SuperOperations for Fs {
 /// meanwhile), which would stall the other's frees.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// A batch of retired inodes (`epoch.rs`'s `BATCH`).
+/// A batch of retired inodes (`deferred_free.rs`'s `BATCH`).
 const BATCH: usize = 60;
 
 /// Loads and evicts inodes `first..first + n` (each `iget` misses; its last `iput`

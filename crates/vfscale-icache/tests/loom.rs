@@ -1,6 +1,6 @@
 //! loom models of the two lock-free hand-offs: the `I_NEW` hand-off (a loader fills the
 //! inode and unlocks it or fails, racing a second lookup of the same key) and a lock-free
-//! lookup racing the eviction of the inode it finds; and of the cached hit (`iget_hit`)
+//! lookup racing the eviction of the inode it finds; and of the cached hit (`ilookup_fast`)
 //! racing a last `iput` that keeps the inode on the LRU and the shrinker; and of batched
 //! removal (an eviction of an inode listed on another thread's shards parks it in an
 //! outbox, 2 under the models) racing umount, the shrinker and a lookup of its key. Under
@@ -201,7 +201,7 @@ fn i_new_wait_model(lookup: fn(&SuperBlock<Fs>, u64) -> InodeRef<Fs>) {
 }
 
 /// `ilookup` of an inode being loaded: a lock-free walk that sees it `I_NEW` spins on it
-/// read-only before it takes `i_lock` and the reference (`chain_hit`'s pinned walk), then
+/// read-only before it takes `i_lock` and the reference (`match_ino_on_chain`'s pinned walk), then
 /// decides under `i_lock` as before. Whichever way the wait ends (in that spin, in the
 /// spin or sleep after the reference, or the lookup came after the load), it returns the
 /// inode with the loaded data (no data race), the load happens once, and a wait is
@@ -395,7 +395,7 @@ fn umount_and_check(cache: &InodeCache<Fs>, sb: &SuperBlock<Fs>, fs: &Fs) {
     assert_eq!((st.nr_inodes, st.nr_unused), (0, 0));
 }
 
-/// The cached-hit fast path (`iget_hit`, through `ilookup`) racing the last `iput` of a
+/// The cached-hit fast path (`ilookup_fast`, through `ilookup`) racing the last `iput` of a
 /// linked inode on an active superblock, which keeps it (on the LRU). The models give
 /// each thread its own shard (the spawned thread has shard 1, the main thread shard 0):
 /// the `iput` puts the inode on LRU shard 1; the lookup's own put then either finds it on
@@ -424,7 +424,7 @@ fn iget_hit_races_last_iput_kept() {
     });
 }
 
-/// `iget_hit` (thread A: `ilookup` and put) racing the last `iput` that keeps the inode
+/// `ilookup_fast` (thread A: `ilookup` and put) racing the last `iput` that keeps the inode
 /// (thread B, on another shard: the inode goes to its LRU) and the shrinker
 /// (`prune_icache_sb(1)` on the main thread), which may evict the inode once it is unused
 /// and not `I_REFERENCED`. Whatever the interleaving: the lookup returns the live inode or

@@ -1,4 +1,4 @@
-//! The cache's own grace periods (`rcu.rs`, `epoch.rs`) under lock-free lookups that meet
+//! The cache's own grace periods (`epoch.rs`, `deferred_free.rs`) under lock-free lookups that meet
 //! inodes being evicted: threads `iget_locked` and `ilookup` a few keys (every last `iput`
 //! evicts, so lookups keep finding inodes that are being freed), short-lived threads exit
 //! while others evict (their batches go to the orphan list), and some threads exit with a

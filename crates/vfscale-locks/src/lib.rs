@@ -141,4 +141,5 @@ pub use manager::{
     ContextLock, LockIndex, LockManager, ManagerStats, Settings, WakeMode, MAX_DEADLK_ITERATIONS,
 };
 pub use types::*;
-pub use wait::{Interrupter, PendingLock};
+pub use vfscale_sync::Interrupter;
+pub use wait::PendingLock;

@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use crate::context::{Attempt, FileLockContext, Slot};
 use crate::lock::{FileLock, LockKind};
-use crate::waiter::{WaitOutcome, Waiter};
+use crate::sync::{Interrupter, WaitOutcome};
+use crate::waiter::Waiter;
 use crate::Errno;
 
 /// A lock request that had to wait (`FILE_LOCK_DEFERRED`).
@@ -40,19 +41,6 @@ pub struct PendingLock {
     waiter: crate::sync::Arc<Waiter>,
 }
 
-/// Ends a pending wait with `EINTR` from anywhere (the role of a signal).
-#[derive(Clone, Debug)]
-pub struct Interrupter {
-    waiter: crate::sync::Arc<Waiter>,
-}
-
-impl Interrupter {
-    /// Interrupts the wait: it fails with `EINTR` unless it was already granted.
-    pub fn interrupt(&self) {
-        self.waiter.interrupt();
-    }
-}
-
 impl PendingLock {
     /// The request `req`, blocked with record `slot` and wait cell `waiter` (taken in
     /// the critical section that blocked it: once the inode lock is dropped the record
@@ -78,11 +66,10 @@ impl PendingLock {
         self.waiter.blocked_at
     }
 
-    /// A handle that interrupts this wait.
+    /// A handle that ends this wait with `EINTR` from anywhere (the role of a signal),
+    /// unless it was already granted.
     pub fn interrupter(&self) -> Interrupter {
-        Interrupter {
-            waiter: self.waiter.clone(),
-        }
+        Interrupter::new(&self.waiter)
     }
 
     /// Blocks the thread until the lock is granted or refused (`EDEADLK` on a retry,

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use crate::fair::Stamp;
 use crate::lock::OwnerKey;
-use crate::sync::{Arc, Condvar, Mutex};
+use crate::sync::{Arc, Interrupt, Mutex, Precedence, WaitOutcome, Waiter as SharedWaiter};
 
 /// Where a blocked request hangs in its wait tree, as the deadlock detector sees it.
 ///
@@ -22,13 +22,10 @@ pub(crate) enum Link {
     Waiter(Arc<Waiter>),
 }
 
+/// What a blocked request keeps under its waiter's lock, beside the wake-up and the
+/// interrupt: the fair hand-off's state.
 #[derive(Debug, Default)]
-pub(crate) struct WaitState {
-    /// The request was taken out of its tree (`list_empty(&flc_blocked_member)`): its
-    /// owner must try again.
-    pub woken: bool,
-    /// Someone asked the wait to end with `EINTR`.
-    pub interrupted: bool,
+pub(crate) struct HandOff {
     /// The request was finished on its owner's behalf (a fair hand-off): the owner
     /// returns this without trying again. Set under the inode lock.
     pub done: Option<Result<(), crate::Errno>>,
@@ -37,8 +34,6 @@ pub(crate) struct WaitState {
     /// that call looks at `done` first, under the inode lock or after the hand-off's
     /// wake-up.
     pub blocking: bool,
-    /// The task to wake, for the async API.
-    pub waker: Option<Waker>,
     /// A blocking owner woken by the unlock of an owner whose fairness turn runs until
     /// then tries again no earlier (unless the request is finished or interrupted
     /// first); see `Inner::turn_end_for`.
@@ -50,10 +45,9 @@ pub(crate) struct WaitState {
 pub(crate) struct Waiter {
     /// The owner of the request, the key of the blocked hash.
     pub owner: OwnerKey,
-    /// Protects the wake state; a leaf lock (nothing is taken while it is held).
-    pub state: Mutex<WaitState>,
-    /// Signalled when `state` changes.
-    pub cv: Condvar,
+    /// The sleeping side: woken when the request is taken out of its tree
+    /// (`list_empty(&flc_blocked_member)`), interrupted for `EINTR`. A leaf lock.
+    wait: SharedWaiter<HandOff>,
     /// Protects the detector's mirror of the tree link; a leaf lock. Written with the
     /// inode lock held, read by the detector with the blocked-hash lock held.
     pub link: Mutex<Link>,
@@ -64,12 +58,19 @@ pub(crate) struct Waiter {
     pub blocked_at: Instant,
 }
 
+impl Interrupt for Waiter {
+    fn interrupt(&self) {
+        self.wait.interrupt();
+    }
+}
+
 impl Waiter {
     pub fn new(owner: OwnerKey, since: Stamp) -> Arc<Waiter> {
         Arc::new(Waiter {
             owner,
-            state: Mutex::new(WaitState::default()),
-            cv: Condvar::new(),
+            // As `wait_event_interruptible`: a request woken and interrupted at once
+            // tries the lock again first.
+            wait: SharedWaiter::new(Precedence::WakeUp, HandOff::default()),
             link: Mutex::new(Link::Detached),
             since,
             blocked_at: Instant::now(),
@@ -82,33 +83,16 @@ impl Waiter {
 
     /// Marks the request woken and wakes its owner. Pairs with the check of `woken` in
     /// [`Waiter::wait`] and in the future's `poll`.
-    fn notify(&self, interrupt: bool) {
-        let waker = {
-            let mut st = self.state.lock();
-            if interrupt {
-                st.interrupted = true;
-            } else {
-                st.woken = true;
-            }
-            self.cv.notify_all();
-            st.waker.take()
-        };
-        if let Some(w) = waker {
-            w.wake();
-        }
-    }
-
-    /// Ends the wait with `EINTR` (a signal, in kernel terms).
-    pub fn interrupt(&self) {
-        self.notify(true);
+    fn wake(&self) {
+        self.wait.wake();
     }
 
     /// Sleeps until woken or interrupted, or until `deadline`. Returns the state seen.
-    /// While it sleeps, the request may be finished on its behalf ([`WaitState::done`]).
+    /// While it sleeps, the request may be finished on its behalf ([`HandOff::done`]).
     pub fn wait(&self, deadline: Option<Instant>) -> WaitOutcome {
-        let mut st = self.state.lock();
+        let mut st = self.wait.lock();
         loop {
-            let out = self.wait_locked(&mut st, deadline);
+            let out = st.wait(deadline);
             if out != WaitOutcome::Woken || st.done.is_some() {
                 return out;
             }
@@ -120,14 +104,14 @@ impl Waiter {
                 return out;
             }
             let until = deadline.map_or(h, |d| d.min(h));
-            while st.done.is_none() && !st.interrupted {
-                if !self.cv.wait_until(&mut st, Some(until)) {
+            while st.done.is_none() && !st.interrupted() {
+                if !st.sleep(Some(until)) {
                     break;
                 }
             }
             st.hold = None;
             if deadline.is_some_and(|d| Instant::now() >= d) && st.done.is_none() {
-                return if st.interrupted {
+                return if st.interrupted() {
                     WaitOutcome::Interrupted
                 } else {
                     WaitOutcome::TimedOut
@@ -137,94 +121,48 @@ impl Waiter {
     }
 
     /// Asks the owner, just woken, not to try again before `t` (see
-    /// [`WaitState::hold`]). Inode lock held.
+    /// [`HandOff::hold`]). Inode lock held.
     pub fn hold_until(&self, t: Instant) {
-        self.state.lock().hold = Some(t);
+        self.wait.lock().hold = Some(t);
     }
 
     /// The owner enters (`true`) or leaves `PendingLock::wait` (see
-    /// [`WaitState::blocking`]).
+    /// [`HandOff::blocking`]).
     pub fn set_blocking(&self, b: bool) {
-        self.state.lock().blocking = b;
-    }
-
-    fn wait_locked(
-        &self,
-        st: &mut crate::sync::MutexGuard<'_, WaitState>,
-        deadline: Option<Instant>,
-    ) -> WaitOutcome {
-        loop {
-            if st.woken {
-                return WaitOutcome::Woken;
-            }
-            if st.interrupted {
-                return WaitOutcome::Interrupted;
-            }
-            if !self.cv.wait_until(st, deadline) {
-                return if st.woken {
-                    WaitOutcome::Woken
-                } else {
-                    WaitOutcome::TimedOut
-                };
-            }
-        }
+        self.wait.lock().blocking = b;
     }
 
     /// Non-blocking check, registering `waker` when still waiting.
     pub fn poll_state(&self, waker: Option<&Waker>) -> Option<WaitOutcome> {
-        let mut st = self.state.lock();
-        if st.woken {
-            return Some(WaitOutcome::Woken);
-        }
-        if st.interrupted {
-            return Some(WaitOutcome::Interrupted);
-        }
-        if let Some(w) = waker {
-            match &st.waker {
-                Some(old) if old.will_wake(w) => {}
-                _ => st.waker = Some(w.clone()),
-            }
-        }
-        None
+        self.wait.poll(waker)
     }
 
     /// Clears `woken` before the request goes back into a tree. Inode lock held.
     pub fn rearm(&self) {
-        let mut st = self.state.lock();
-        st.woken = false;
+        let mut st = self.wait.lock();
+        st.rearm();
         st.hold = None;
     }
 
     /// Whether the owner is inside `PendingLock::wait` (so the request may be finished
     /// on its behalf).
     pub fn blocking(&self) -> bool {
-        self.state.lock().blocking
+        self.wait.lock().blocking
     }
 
     /// Records the result of a hand-off. Inode lock held; the waiter is woken later.
     pub fn finish(&self, r: Result<(), crate::Errno>) {
-        self.state.lock().done = Some(r);
+        self.wait.lock().done = Some(r);
     }
 
     /// The result of a hand-off, if there was one. Inode lock held, or after a wake-up.
     pub fn take_done(&self) -> Option<Result<(), crate::Errno>> {
-        self.state.lock().done.take()
+        self.wait.lock().done.take()
     }
 
     pub fn is_woken(&self) -> bool {
-        self.state.lock().woken
+        self.wait.is_woken()
     }
-}
-
-/// What ended a wait.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum WaitOutcome {
-    /// Taken out of the tree: try the lock again.
-    Woken,
-    /// Interrupted: give up with `EINTR`.
-    Interrupted,
-    /// The deadline passed.
-    TimedOut,
 }
 
 /// Waiters detached from a tree under the inode lock, to be woken once it is dropped,
@@ -251,7 +189,7 @@ impl WakeList {
             return;
         }
         for w in self.waiters.drain(..) {
-            w.notify(false);
+            w.wake();
         }
     }
 }

@@ -5,6 +5,10 @@
 //! * `--cfg vfscale_loom`: loom's, so the loom models explore every interleaving;
 //! * `--cfg vfscale_shuttle`: shuttle's, for randomized whole-scenario schedules.
 //!
+//! Built on them, the pieces more than one crate needs: [`Waiter`] (one waiting task,
+//! thread or future, that a wake-up, an [`Interrupter`] or a deadline ends; `waiter.rs`)
+//! and [`DispatchGate`] (which threads of a pool read one shared queue; `gate.rs`).
+//!
 //! Deadlines are real time and cannot be modelled: under loom and shuttle a timed wait
 //! is an untimed one.
 
@@ -41,6 +45,9 @@ pub use imp::*;
 
 mod gate;
 pub use gate::DispatchGate;
+
+mod waiter;
+pub use waiter::{Interrupt, Interrupter, Precedence, WaitGuard, WaitOutcome, Waiter};
 
 /// A mutex whose `lock` returns the guard directly on every backend.
 #[derive(Debug, Default)]

@@ -1,11 +1,11 @@
-//! loom models of the dispatch gate: a pool of threads serving a queue that only a
-//! blocking read takes from, as `/dev/fuse` is. Run with
+//! loom models of the dispatch gate (a pool of threads serving a queue that only a
+//! blocking read takes from, as `/dev/fuse` is) and of the shared waiter. Run with
 //! `RUSTFLAGS="--cfg vfscale_loom" cargo test -p vfscale-sync --test loom --release`.
 #![cfg(vfscale_loom)]
 
 use loom::sync::{Arc, Condvar, Mutex};
 use std::collections::VecDeque;
-use vfscale_sync::DispatchGate;
+use vfscale_sync::{DispatchGate, Interrupter, Precedence, WaitOutcome, Waiter};
 
 /// A request of the model: `Waits` blocks its server until `Frees` has been served.
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -157,4 +157,109 @@ fn busy_reads_keep_readers_and_lose_nothing() {
 #[test]
 fn a_failing_thread_leaves_and_the_others_read() {
     model(|| run_failing(&[Req::Waits, Req::Frees], 3, false, 0));
+}
+
+/// A wake-up is never lost, whether it comes before the waiter sleeps or after (loom
+/// reports a deadlock otherwise).
+#[test]
+fn a_wake_up_ends_a_blocking_wait() {
+    model(|| {
+        let w = vfscale_sync::Arc::new(Waiter::new(Precedence::WakeUp, ()));
+        let w2 = w.clone();
+        let h = loom::thread::spawn(move || w2.wake());
+        assert_eq!(w.wait(None), WaitOutcome::Woken);
+        h.join().unwrap();
+    });
+}
+
+/// A wake-up racing an interrupt ends the wait either way; once both arrived, the
+/// waiter's precedence decides, and a rearm clears only the wake-up.
+#[test]
+fn a_wake_up_and_an_interrupt_end_the_wait_by_precedence() {
+    for precedence in [Precedence::WakeUp, Precedence::Interrupt] {
+        model(move || {
+            let w = vfscale_sync::Arc::new(Waiter::new(precedence, ()));
+            let int = Interrupter::new(&w);
+            let w2 = w.clone();
+            let a = loom::thread::spawn(move || w2.wake());
+            let b = loom::thread::spawn(move || int.interrupt());
+            let out = w.wait(None);
+            assert_ne!(out, WaitOutcome::TimedOut);
+            a.join().unwrap();
+            b.join().unwrap();
+            let both = match precedence {
+                Precedence::WakeUp => WaitOutcome::Woken,
+                Precedence::Interrupt => WaitOutcome::Interrupted,
+            };
+            assert_eq!(w.poll(None), Some(both));
+            w.rearm();
+            assert!(!w.is_woken());
+            assert_eq!(w.wait(None), WaitOutcome::Interrupted);
+        });
+    }
+}
+
+/// A waker that a test thread sleeps on, as an executor's would.
+#[derive(Default)]
+struct Signal {
+    woken: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Signal {
+    fn wait(&self) {
+        let mut woken = self.woken.lock().unwrap();
+        while !*woken {
+            woken = self.cv.wait(woken).unwrap();
+        }
+        *woken = false;
+    }
+}
+
+impl std::task::Wake for Signal {
+    fn wake(self: std::sync::Arc<Self>) {
+        *self.woken.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+}
+
+/// A future that registered its waker is woken: the wake-up either comes before the
+/// poll, which sees it, or after, and calls the waker (loom reports a deadlock if it
+/// is lost).
+#[test]
+fn a_polled_wait_is_woken_through_its_waker() {
+    model(|| {
+        let w = vfscale_sync::Arc::new(Waiter::new(Precedence::Interrupt, ()));
+        let w2 = w.clone();
+        let h = loom::thread::spawn(move || w2.wake());
+        let signal = std::sync::Arc::new(Signal::default());
+        let waker = std::task::Waker::from(signal.clone());
+        let out = loop {
+            if let Some(o) = w.poll(Some(&waker)) {
+                break o;
+            }
+            signal.wait();
+        };
+        assert_eq!(out, WaitOutcome::Woken);
+        h.join().unwrap();
+    });
+}
+
+/// The user's state under the waiter's lock, written and followed by a wake-up, is
+/// seen by the waiter that the wake-up ends.
+#[test]
+fn state_written_before_a_wake_up_is_seen_by_the_waiter() {
+    model(|| {
+        let w = vfscale_sync::Arc::new(Waiter::new(Precedence::WakeUp, None::<u32>));
+        let w2 = w.clone();
+        let h = loom::thread::spawn(move || {
+            *w2.lock() = Some(7);
+            w2.wake();
+        });
+        let mut g = w.lock();
+        assert_eq!(g.wait(None), WaitOutcome::Woken);
+        assert_eq!(*g, Some(7));
+        drop(g);
+        h.join().unwrap();
+    });
 }

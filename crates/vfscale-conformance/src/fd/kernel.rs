@@ -71,6 +71,7 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 
 use crate::format::At;
 pub use crate::format::ReplayError;
+use crate::harness::{self, ScratchDir};
 
 /// Whether the kernel target can run here with the child program `child_exe`; `Err`
 /// says why not (no tmpfs at `/dev/shm`, no System V shared memory, no pidfds, the
@@ -675,38 +676,11 @@ impl Proc {
     }
 }
 
-/// The replay's scratch directory; dropping it removes it with its files.
-struct ScratchDir {
-    path: PathBuf,
-}
-
-impl ScratchDir {
-    fn create() -> Result<ScratchDir, String> {
-        use std::os::unix::fs::DirBuilderExt as _;
-        use std::sync::atomic::AtomicU64 as Serial;
-        static SERIAL: Serial = Serial::new(0);
-        let parent = Path::new(SCRATCH_PARENT);
-        let fs = nix::sys::statfs::statfs(parent).map_err(|e| format!("statfs {SCRATCH_PARENT}: {e}"))?;
-        if fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC {
-            return Err(format!("{SCRATCH_PARENT} is not on tmpfs"));
-        }
-        for _ in 0..100 {
-            let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
-            let path = parent.join(format!("vfscale-fd-{}-{serial}", std::process::id()));
-            match std::fs::DirBuilder::new().mode(0o700).create(&path) {
-                Ok(()) => return Ok(ScratchDir { path }),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(format!("mkdir {}: {e}", path.display())),
-            }
-        }
-        Err(format!("mkdir in {SCRATCH_PARENT}: all names taken"))
-    }
-}
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
+/// The replay's scratch directory on tmpfs; dropping it removes it with its files.
+fn scratch_dir() -> Result<ScratchDir, String> {
+    let parent = Path::new(SCRATCH_PARENT);
+    harness::check_tmpfs(parent).map_err(|e| e.to_string())?;
+    ScratchDir::create(parent, "vfscale-fd").map_err(|e| e.to_string())
 }
 
 /// The state of one replay. Fields drop in order: processes are killed and reaped (in
@@ -751,10 +725,10 @@ impl Runner {
     fn new(exe: &Path) -> Result<Runner, String> {
         subreaper()?;
         let seg = Segment::create()?;
-        let dir = ScratchDir::create()?;
-        let bytes = dir.path.as_os_str().as_encoded_bytes();
+        let dir = scratch_dir()?;
+        let bytes = dir.path().as_os_str().as_encoded_bytes();
         if bytes.len() >= DIR_LEN || bytes.contains(&0) {
-            return Err(format!("scratch path {} is too long", dir.path.display()));
+            return Err(format!("scratch path {} is too long", dir.path().display()));
         }
         let mut padded = [0u8; DIR_LEN];
         padded[..bytes.len()].copy_from_slice(bytes);
@@ -769,7 +743,7 @@ impl Runner {
         let mut names = HashMap::new();
         let open_std =
             |names: &mut HashMap<(u64, u64), String>, i: usize, write: bool| -> Result<File, String> {
-                let path = dir.path.join(STD_NAMES[i]);
+                let path = dir.path().join(STD_NAMES[i]);
                 let f = std::fs::OpenOptions::new()
                     .read(!write)
                     .write(write)
@@ -967,7 +941,7 @@ impl Runner {
             return Ok(*n);
         }
         let n = self.files.len();
-        let path = self.dir.path.join(format!("f{n}"));
+        let path = self.dir.path().join(format!("f{n}"));
         let f = File::create(&path).map_err(|e| at.kernel(format!("create {}: {e}", path.display())))?;
         let m = f
             .metadata()

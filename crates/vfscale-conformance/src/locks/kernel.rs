@@ -119,6 +119,7 @@ impl KernelOptions {
 
 use crate::format::At;
 pub use crate::format::ReplayError;
+use crate::harness::{self, ScratchDir};
 
 /// Replays `scn` against the running kernel with default options.
 pub fn replay(scn: &Scenario) -> Result<Vec<StepResult>, ReplayError> {
@@ -885,72 +886,21 @@ fn deadline_after(after: Duration) -> Instant {
         .unwrap_or(now)
 }
 
-/// The replay's scratch directory, open; dropping it removes it with its files.
-struct ScratchDir {
-    fd: OwnedFd,
-    path: PathBuf,
-}
-
 /// The scratch directory `scratch` as the directory `view` shows it.
 fn open_view(scratch: &ScratchDir, view: &Path) -> Result<OwnedFd, String> {
-    let name = scratch.path.file_name().unwrap_or_default();
+    let name = scratch.path().file_name().unwrap_or_default();
     open_dir(&view.join(name)).map_err(|e| {
         format!(
             "{} does not show the files of {}: {e}",
             view.display(),
-            scratch.path.parent().unwrap_or(Path::new("/")).display()
+            scratch.path().parent().unwrap_or(Path::new("/")).display()
         )
     })
 }
 
-impl ScratchDir {
-    /// Makes a fresh `vfscale-<pid>-<n>` directory (mode 0700) under `parent` and opens
-    /// it.
-    fn create(parent: &Path) -> Result<ScratchDir, String> {
-        use std::os::unix::fs::DirBuilderExt as _;
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static SERIAL: AtomicU64 = AtomicU64::new(0);
-
-        for _ in 0..100 {
-            // Unique among live processes; a stale one left by a process that had the
-            // same pid only costs another try.
-            let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
-            let path = parent.join(format!("vfscale-{}-{serial}", std::process::id()));
-            match std::fs::DirBuilder::new().mode(0o700).create(&path) {
-                Ok(()) => {
-                    return match open_dir(&path) {
-                        Ok(fd) => Ok(ScratchDir { fd, path }),
-                        Err(e) => {
-                            let _ = std::fs::remove_dir(&path);
-                            Err(e)
-                        }
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(format!("mkdir {}: {e}", path.display())),
-            }
-        }
-        Err(format!("mkdir in {}: all names taken", parent.display()))
-    }
-}
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
-}
-
 /// `Ok` when `dir` is on tmpfs.
 fn check_tmpfs(dir: &Path) -> Result<(), String> {
-    let fs = nix::sys::statfs::statfs(dir).map_err(|e| format!("statfs {}: {e}", dir.display()))?;
-    if fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC {
-        return Err(format!(
-            "{} is not on tmpfs (filesystem type {:#x})",
-            dir.display(),
-            fs.filesystem_type().0
-        ));
-    }
-    Ok(())
+    harness::check_tmpfs(dir).map_err(|e| e.to_string())
 }
 
 fn open_dir(dir: &Path) -> Result<OwnedFd, String> {
@@ -971,6 +921,8 @@ struct Runner<'a> {
     children: BTreeMap<String, Child>,
     /// The scratch directory through each of [`KernelOptions::views`].
     views: Vec<OwnedFd>,
+    /// The scratch directory, open; `dir` removes it with its files when dropped.
+    dir_fd: OwnedFd,
     dir: ScratchDir,
     /// How many processes have started.
     started: usize,
@@ -988,7 +940,7 @@ impl<'a> Runner<'a> {
         use std::os::unix::fs::MetadataExt as _;
         let mut files = HashMap::new();
         for (name, n) in &self.files {
-            let path = self.dir.path.join(format!("f{n}"));
+            let path = self.dir.path().join(format!("f{n}"));
             let m = std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
             let dev = m.dev();
             files.insert((libc::major(dev), libc::minor(dev), m.ino()), name.clone());
@@ -1003,7 +955,8 @@ impl<'a> Runner<'a> {
     }
 
     fn new(scn: &'a Scenario, opts: &'a KernelOptions, parent: &Path) -> Result<Self, String> {
-        let dir = ScratchDir::create(parent)?;
+        let dir = ScratchDir::create(parent, "vfscale").map_err(|e| e.to_string())?;
+        let dir_fd = open_dir(dir.path())?;
         let views = opts
             .views
             .iter()
@@ -1014,6 +967,7 @@ impl<'a> Runner<'a> {
             opts,
             children: BTreeMap::new(),
             views,
+            dir_fd,
             dir,
             started: 0,
             tracker: Tracker::new(),
@@ -1027,7 +981,7 @@ impl<'a> Runner<'a> {
         let i = super::mixed::dir_of(self.started, 1 + self.views.len());
         self.started += 1;
         match i.checked_sub(1) {
-            None => self.dir.fd.as_fd(),
+            None => self.dir_fd.as_fd(),
             Some(v) => self.views[v].as_fd(),
         }
     }

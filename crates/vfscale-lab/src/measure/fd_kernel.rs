@@ -1,6 +1,7 @@
-//! The kernel target of the descriptor-table workloads (seed 001): real system calls by
+//! The kernel target of the descriptor-table workloads (Mateusz Guzik's 2015 lock-free
+//! `fd_install`): real system calls by
 //! threads of this process, which share its descriptor table (`files_struct`) — the
-//! table whose `file_lock` the seed is about. Every thread closes only descriptors it
+//! table whose `file_lock` the upstream patch is about. Every thread closes only descriptors it
 //! created itself.
 //!
 //! # What each workload does (one op)
@@ -17,15 +18,17 @@
 //!
 //! `ops_per_sec` is the ops the threads counted when the measured interval ended, over
 //! that interval; threads start behind a gate and count in cache-line-padded slots (the
-//! harness is [`super::fd_library`]'s). Descriptors still open when the run ends
+//! harness's timed thread team, [`drive`]). Descriptors still open when the run ends
 //! (opensock's, dup1's source) are closed afterwards.
 
 use std::os::fd::AsRawFd;
 
 use libc::c_int;
 
-use super::fd_library::{check, drive, Rng};
-use super::{Config, Sample, Skip, Workload};
+use vfscale_conformance::harness::{drive, raise_nofile};
+
+use super::fd_library::{check, Rng};
+use super::{rate_sample, Config, Sample, Skip, Workload};
 
 pub use super::fd_library::OPENSOCK_FDS_PER_THREAD;
 
@@ -61,7 +64,7 @@ pub fn run(cfg: &Config) -> Result<Sample, Skip> {
     check(cfg)?;
     let out = match cfg.workload {
         Workload::Pipebench => {
-            ensure_nofile(cfg.tasks as u64 * 2 + 256)?;
+            raise_nofile(cfg.tasks as u64 * 2 + 256)?;
             drive(
                 cfg.tasks,
                 cfg.duration,
@@ -72,7 +75,7 @@ pub fn run(cfg: &Config) -> Result<Sample, Skip> {
             )?
         }
         Workload::Opensock => {
-            ensure_nofile((cfg.tasks * OPENSOCK_FDS_PER_THREAD) as u64 + 256)?;
+            raise_nofile((cfg.tasks * OPENSOCK_FDS_PER_THREAD) as u64 + 256)?;
             drive(
                 cfg.tasks,
                 cfg.duration,
@@ -101,7 +104,7 @@ pub fn run(cfg: &Config) -> Result<Sample, Skip> {
             )?
         }
         Workload::Dup1 => {
-            ensure_nofile(cfg.tasks as u64 + 256)?;
+            raise_nofile(cfg.tasks as u64 + 256)?;
             let null = dev_null()?;
             let fd = null.as_raw_fd();
             drive(
@@ -115,7 +118,7 @@ pub fn run(cfg: &Config) -> Result<Sample, Skip> {
         }
         w => return Err(Skip(format!("{} is not a descriptor-table workload", w.name()))),
     };
-    let sample = out.rate_sample();
+    let sample = rate_sample(&out);
     for mut w in out.states {
         w.close_own();
     }
@@ -181,33 +184,6 @@ fn dev_null() -> Result<std::fs::File, Skip> {
         .write(true)
         .open("/dev/null")
         .map_err(|e| Skip(format!("cannot open /dev/null: {e}")))
-}
-
-/// Raises the soft `RLIMIT_NOFILE` to at least `n` if the hard limit allows.
-fn ensure_nofile(n: u64) -> Result<(), Skip> {
-    let mut rl = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into the local.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
-        return Err(Skip(os_error("getrlimit")));
-    }
-    if rl.rlim_cur >= n {
-        return Ok(());
-    }
-    if rl.rlim_max < n {
-        return Err(Skip(format!(
-            "{n} open files needed, hard limit is {}",
-            rl.rlim_max
-        )));
-    }
-    rl.rlim_cur = n;
-    // SAFETY: setrlimit reads the local.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &rl) } != 0 {
-        return Err(Skip(os_error(&format!("setrlimit(RLIMIT_NOFILE, {n})"))));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -1,9 +1,9 @@
-//! The library target of the descriptor-table workloads (seed 001): `vfscale_fdtable`'s
+//! The library target of the descriptor-table workloads (Mateusz Guzik's 2015 lock-free
+//! `fd_install`): `vfscale_fdtable`'s
 //! [`FdTable`] shared by `tasks` threads, as threads of one process share
-//! `files_struct`. Also the timed-thread harness the kernel target of these workloads
-//! uses (`drive`).
+//! `files_struct`, driven by the harness's timed thread team ([`drive`]).
 //!
-//! `prepatch` selects the seed's base, `InstallMode::UnderLock` (install takes the table
+//! `prepatch` selects the design before the patch, `InstallMode::UnderLock` (install takes the table
 //! lock again, so allocating a descriptor takes it twice); otherwise `Settings::default()`
 //! (lockless install, lowest-fd policy). The table's `RLIMIT_NOFILE` is raised to
 //! [`RLIMIT_NOFILE`] so that no configuration runs out of descriptors.
@@ -37,14 +37,12 @@
 //!   counters, so lookups are measured on their own. Expected: 0.
 
 use std::hint::black_box;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
+use vfscale_conformance::harness::drive;
 use vfscale_fdtable::{Fd, FdTable, InstallMode, Settings, DEFAULT_NR_OPEN};
 
-use super::gate::{Gate, GateState, Padded};
-use super::{Config, Sample, Skip, Workload};
+use super::{rate_sample, Config, Sample, Skip, Workload};
 
 /// The library table's `RLIMIT_NOFILE`: far above what any configuration holds open.
 pub const RLIMIT_NOFILE: u32 = 1 << 16;
@@ -54,10 +52,6 @@ pub const OPENSOCK_FDS_PER_THREAD: usize = 64;
 pub const LOOKUPS: u64 = 4096;
 /// Descriptors closed to measure the lock cost of one close.
 const CLOSE_PROBES: u64 = 256;
-/// Worker stack size.
-const STACK: usize = 256 * 1024;
-/// How long all workers may take to set up and reach the start gate.
-const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What the library table holds: stands for a `struct file`, one allocation per open.
 #[derive(Debug)]
@@ -69,7 +63,8 @@ fn file(id: u64) -> Arc<File> {
     Arc::new(File { id })
 }
 
-/// The table settings: the seed's base (`UnderLock`) if `prepatch`, else the default.
+/// The table settings: the design before the patch (`UnderLock`) if `prepatch`, else
+/// the default.
 pub fn settings(prepatch: bool) -> Settings {
     if prepatch {
         Settings {
@@ -166,7 +161,7 @@ pub fn run(cfg: &Config, prepatch: bool) -> Result<Sample, Skip> {
     let close_cost = close_cost(t)?;
     let lookup_cost = lookup_cost(t)?;
     let (installs, closes) = (out.ops_total * per_op.0, out.ops_total * per_op.1);
-    let mut s = out.rate_sample()?;
+    let mut s = rate_sample(&out)?;
     s.insert(
         "table_lock_acquisitions_per_install".into(),
         (locks as f64 - closes as f64 * close_cost) / installs as f64,
@@ -258,140 +253,11 @@ impl Rng {
     }
 }
 
-// ---------------------------------------------------------------------------------------
-// The timed-thread harness (both targets of the descriptor-table workloads).
-// ---------------------------------------------------------------------------------------
-
-/// The result of [`drive`].
-pub(super) struct Outcome<S, B> {
-    /// Each worker's state after it stopped, for the caller to clean up.
-    pub states: Vec<S>,
-    /// What `before_go` returned (taken after every worker set up, before the gate opened).
-    pub before_go: B,
-    /// Ops counted when the measured interval ended.
-    pub ops_in_interval: u64,
-    /// Ops done in all, once every worker stopped.
-    pub ops_total: u64,
-    /// The measured interval.
-    pub interval: Duration,
-}
-
-impl<S, B> Outcome<S, B> {
-    /// `ops_per_sec` from the measured interval.
-    pub fn rate_sample(&self) -> Result<Sample, Skip> {
-        let secs = self.interval.as_secs_f64();
-        if self.ops_in_interval == 0 || secs <= 0.0 {
-            return Err(Skip(format!("no operations in the measured interval ({secs} s)")));
-        }
-        let mut s = Sample::new();
-        s.insert("ops_per_sec".into(), self.ops_in_interval as f64 / secs);
-        Ok(s)
-    }
-}
-
-/// Runs `tasks` worker threads: each calls `setup(i)`, waits at a start gate, then
-/// repeats `step` (one op), counting ops in its own cache-line-padded slot, until the
-/// stop flag. The caller's thread waits until every worker is at the gate, calls
-/// `before_go`, opens the gate, sleeps `duration`, snapshots the counters and sets the
-/// flag. A setup or step error, a thread that cannot be started or a start timeout is a
-/// [`Skip`]; then `cleanup` runs on every state there is. On success the states are
-/// returned, not cleaned up, so the caller can read counters before cleaning up.
-pub(super) fn drive<S: Send, B>(
-    tasks: usize,
-    duration: Duration,
-    setup: impl Fn(usize) -> Result<S, String> + Sync,
-    step: impl Fn(&mut S) -> Result<(), String> + Sync,
-    before_go: impl FnOnce() -> B,
-    cleanup: impl Fn(S),
-) -> Result<Outcome<S, B>, Skip> {
-    let counts: Vec<Padded> = (0..tasks).map(|_| Padded::default()).collect();
-    let stop = AtomicBool::new(false);
-    let failure: Mutex<Option<String>> = Mutex::new(None);
-    let fail = |why: String| {
-        let mut f = failure.lock().unwrap_or_else(|e| e.into_inner());
-        f.get_or_insert(why);
-    };
-    let gate = Gate::default();
-    let (results, measured) = std::thread::scope(|s| {
-        let mut handles = Vec::with_capacity(tasks);
-        for (i, count) in counts.iter().enumerate() {
-            let (setup, step, stop, fail, gate) = (&setup, &step, &stop, &fail, &gate);
-            let spawned = std::thread::Builder::new()
-                .stack_size(STACK)
-                .spawn_scoped(s, move || {
-                    let mut st = setup(i).map_err(|e| fail(format!("worker {i}: {e}"))).ok();
-                    if !gate.arrive_and_wait() {
-                        return (st, 0);
-                    }
-                    let Some(state) = st.as_mut() else {
-                        return (st, 0);
-                    };
-                    let mut n = 0u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        if let Err(e) = step(state) {
-                            fail(format!("worker {i}: {e}"));
-                            stop.store(true, Ordering::Relaxed);
-                            break;
-                        }
-                        n += 1;
-                        count.0.store(n, Ordering::Relaxed);
-                    }
-                    (st, n)
-                });
-            match spawned {
-                Ok(h) => handles.push(h),
-                Err(e) => {
-                    fail(format!("cannot start thread {i} of {tasks}: {e}"));
-                    break;
-                }
-            }
-        }
-        let mut measured = None;
-        if handles.len() == tasks {
-            match gate.wait_ready(tasks, START_TIMEOUT) {
-                Err(why) => fail(why),
-                Ok(()) if failure.lock().unwrap_or_else(|e| e.into_inner()).is_none() => {
-                    let b = before_go();
-                    let t0 = Instant::now();
-                    gate.set(GateState::Open);
-                    std::thread::sleep(duration);
-                    let ops: u64 = counts.iter().map(|c| c.0.load(Ordering::Relaxed)).sum();
-                    measured = Some((b, ops, t0.elapsed()));
-                }
-                Ok(()) => {}
-            }
-        }
-        stop.store(true, Ordering::Relaxed);
-        gate.set(GateState::Aborted);
-        let results: Vec<(Option<S>, u64)> = handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect();
-        (results, measured)
-    });
-    let ops_total = results.iter().map(|r| r.1).sum();
-    let states: Vec<S> = results.into_iter().filter_map(|r| r.0).collect();
-    let failed = failure.into_inner().unwrap_or_else(|e| e.into_inner());
-    match (failed, measured) {
-        (None, Some((before_go, ops_in_interval, interval))) => Ok(Outcome {
-            states,
-            before_go,
-            ops_in_interval,
-            ops_total,
-            interval,
-        }),
-        (why, _) => {
-            states.into_iter().for_each(cleanup);
-            Err(Skip(why.unwrap_or_else(|| "the workers did not start".into())))
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::measure::{LockMode, TaskKind};
-    use std::sync::atomic::AtomicU64;
+    use std::time::Duration;
 
     fn cfg(workload: Workload, tasks: usize) -> Config {
         Config {
@@ -478,30 +344,7 @@ mod tests {
     }
 
     #[test]
-    fn failures_are_skips_and_states_are_cleaned_up() {
-        let cleaned = AtomicU64::new(0);
-        let r = drive(
-            4,
-            Duration::from_millis(10),
-            |i| if i == 2 { Err("no".into()) } else { Ok(i) },
-            |_| Ok(()),
-            || (),
-            |_| {
-                cleaned.fetch_add(1, Ordering::Relaxed);
-            },
-        );
-        let why = r.err().expect("setup failed");
-        assert!(why.0.contains("worker 2: no"), "{why}");
-        assert_eq!(cleaned.load(Ordering::Relaxed), 3);
-        let r = drive(
-            2,
-            Duration::from_millis(10),
-            |_| Ok(()),
-            |_| Err("bad step".into()),
-            || (),
-            |_| {},
-        );
-        assert!(r.err().expect("step failed").0.contains("bad step"));
+    fn bad_configurations_are_skipped() {
         let mut c = cfg(Workload::Pipebench, 0);
         assert!(run(&c, false).is_err());
         c.tasks = 1;

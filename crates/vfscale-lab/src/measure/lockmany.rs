@@ -1,4 +1,4 @@
-//! The `lockmany` workload (issue 12): many locks held on one file, and what one more
+//! The `lockmany` workload: many locks held on one file, and what one more
 //! lock call costs.
 //!
 //! `held` (H) locks sit on non-adjacent one-byte ranges of one file, at bytes 0, 2, 4, …
@@ -28,7 +28,7 @@
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -38,12 +38,14 @@ use vfscale_locks::{
     Process, Settings,
 };
 
+use vfscale_conformance::harness::{raise_nofile, ScratchDir};
+
 use super::{Config, LockMode, Sample, Skip, Target, SHM_DIR};
 
 /// Whether `target` can run this workload here.
 pub fn available(target: Target) -> Result<(), Skip> {
     match target {
-        Target::Kernel => super::kernel::available(),
+        Target::Kernel => super::locks_kernel::available(),
         Target::Library | Target::LibraryList => Ok(()),
         t => Err(Skip(format!("lockmany has no {} target", t.name()))),
     }
@@ -246,59 +248,6 @@ fn flock_struct(ty: c_int, start: i64) -> libc::flock {
     fl
 }
 
-/// Raises `RLIMIT_NOFILE` to at least `n` (the hard limit too, up to `nr_open`, as root
-/// may), or says why it cannot.
-fn ensure_nofile(n: u64) -> Result<(), Skip> {
-    let mut rl = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into the local.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
-        return Err(Skip(format!("getrlimit: {}", std::io::Error::last_os_error())));
-    }
-    if rl.rlim_cur >= n {
-        return Ok(());
-    }
-    let nr_open: u64 = std::fs::read_to_string("/proc/sys/fs/nr_open")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(rl.rlim_max);
-    if n > rl.rlim_max.max(nr_open) {
-        return Err(Skip(format!(
-            "OFD locks at this H need {n} descriptors in one process; the system allows {} (fs.nr_open)",
-            rl.rlim_max.max(nr_open)
-        )));
-    }
-    let want = libc::rlimit {
-        rlim_cur: n,
-        rlim_max: rl.rlim_max.max(n),
-    };
-    // SAFETY: setrlimit reads the local.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) } != 0 {
-        return Err(Skip(format!(
-            "OFD locks at this H need {n} descriptors in one process; raising the limit from {} failed: {}",
-            rl.rlim_max,
-            std::io::Error::last_os_error()
-        )));
-    }
-    Ok(())
-}
-
-/// A fresh scratch directory under `base` (removed again once the file is open).
-fn scratch(base: &Path) -> Result<(PathBuf, PathBuf), Skip> {
-    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = base.join(format!("vfscale-lockmany.{}.{n}", std::process::id()));
-    std::fs::create_dir(&dir).map_err(|e| Skip(format!("{}: {e}", dir.display())))?;
-    let file = dir.join("f");
-    if let Err(e) = std::fs::write(&file, b"") {
-        let _ = std::fs::remove_dir(&dir);
-        return Err(Skip(format!("{}: {e}", file.display())));
-    }
-    Ok((dir, file))
-}
-
 /// The holder child: keeps only its two pipe ends (as 0 and 1: another workload's pipes
 /// must not stay open in it), sets the locks, reports on `ready_w` (`R`, or `E` and the
 /// errno and the lock index), then waits for `done_r` to close. Only async-signal-safe
@@ -366,18 +315,20 @@ fn kernel_setup(cfg: &Config) -> Result<KernelSetup, Skip> {
     let held = cfg.size as usize;
     let ofd = cfg.mode == LockMode::Ofd;
     if ofd {
-        ensure_nofile(held as u64 + 64)?;
+        raise_nofile(held as u64 + 64).map_err(|e| {
+            Skip(format!(
+                "OFD locks at this H need {} descriptors in one process: {e}",
+                held as u64 + 64
+            ))
+        })?;
     }
     let base = cfg.dir.clone().unwrap_or_else(|| PathBuf::from(SHM_DIR));
-    let (dir, file) = scratch(&base)?;
-    let cleanup = |e: Skip| {
-        let _ = std::fs::remove_file(&file);
-        let _ = std::fs::remove_dir(&dir);
-        e
-    };
-    let path = CString::new(file.as_os_str().as_bytes()).map_err(|e| cleanup(Skip(e.to_string())))?;
-    let (ready_r, ready_w) = pipe().map_err(cleanup)?;
-    let (done_r, done_w) = pipe().map_err(cleanup)?;
+    // Removed (on every path) once the holder and we have the file open.
+    let dir = ScratchDir::create(&base, "vfscale-lockmany")?;
+    let file = dir.create_file("f")?;
+    let path = CString::new(file.as_os_str().as_bytes()).map_err(|e| Skip(e.to_string()))?;
+    let (ready_r, ready_w) = pipe()?;
+    let (done_r, done_w) = pipe()?;
     // SAFETY: the child runs only `holder_child`, which keeps to async-signal-safe calls.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
@@ -395,7 +346,7 @@ fn kernel_setup(cfg: &Config) -> Result<KernelSetup, Skip> {
             libc::close(ready_r);
             libc::close(done_w);
         }
-        return Err(cleanup(Skip(format!("fork: {e}"))));
+        return Err(Skip(format!("fork: {e}")));
     }
     let mut setup = KernelSetup {
         key: (cfg.mode, held, cfg.dir.clone()),
@@ -433,16 +384,16 @@ fn kernel_setup(cfg: &Config) -> Result<KernelSetup, Skip> {
         let err = c_int::from_ne_bytes(msg[1..5].try_into().expect("4 bytes"));
         let at = u64::from_ne_bytes(msg[5..13].try_into().expect("8 bytes"));
         drop(setup);
-        return Err(cleanup(Skip(format!(
+        return Err(Skip(format!(
             "the holder failed at lock {at} of {held}: {}",
             std::io::Error::from_raw_os_error(err)
-        ))));
+        )));
     }
     // SAFETY: open on a NUL-terminated path.
     setup.fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
     let opened = std::io::Error::last_os_error();
     // Both have the file open: its name and directory can go.
-    let _ = cleanup(Skip(String::new()));
+    drop(dir);
     if setup.fd < 0 {
         return Err(Skip(format!("{}: {opened}", file.display())));
     }

@@ -1,20 +1,34 @@
-//! Measurement: the workloads of the seeds, run against each target.
+//! Measurement: the workloads that reproduce each upstream kernel change, run against
+//! each target.
 //!
 //! A workload run produces one [`Sample`]: metric name → value, for one repetition. The
-//! caller repeats it and summarizes (see `crate::stats`).
+//! caller repeats it and summarizes (see `crate::stats`). How workers start together,
+//! where their files go and the limits raised for them is
+//! `vfscale_conformance::harness`, shared with the kernel runners.
+//!
+//! | workloads | kernel target | library targets |
+//! |---|---|---|
+//! | lockperf, herd, will-it-scale lock1/lock2 | `locks_kernel.rs` | `locks_library.rs` (and the `partitioned` control of posix02/flock02) |
+//! | the herd's waits and fairness, both targets | `herd_metrics.rs` | |
+//! | lockmany | `lockmany.rs` | `lockmany.rs` |
+//! | pipebench, opensock, dup1 | `fd_kernel.rs` | `fd_library.rs` |
+//! | inodes | `inodes/kernel.rs` | `inodes/fs.rs` on `inodes/tables.rs`; the evict point `inodes/million.rs` |
+//! | loop | `loop_dev/sys.rs` (kernel) | `loop_dev/sys.rs` (library), driven by `loop_dev/mod.rs` |
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use vfscale_conformance::harness::Outcome;
+
 pub mod fd_kernel;
 pub mod fd_library;
-mod gate;
+mod herd_metrics;
 pub mod inodes;
-pub mod kernel;
-pub mod library;
 pub mod lockmany;
+pub mod locks_kernel;
+pub mod locks_library;
 pub mod loop_dev;
 
 /// One repetition's measurements, by metric name.
@@ -53,7 +67,7 @@ pub enum Target {
     Kernel,
     /// Real system calls on ext4 on a loop device the lab sets up and tears down (inodes).
     KernelExt4,
-    /// vfscale with the seed's "base" setting (the design before the patch).
+    /// vfscale with the kernel change switched back (the design before the patch).
     LibraryPrepatch,
     /// vfscale-locks with `LockIndex::List`, Linux's one list per inode (lockmany).
     LibraryList,
@@ -64,12 +78,14 @@ pub enum Target {
     Dashmap,
     /// The inode workload's filesystem on `moka` (`get_with` coalesces loads).
     Moka,
-    /// A control, not a design to pick: the inode workload's filesystem on one
-    /// `RwLock<HashMap>` per task, holding that task's files, so that tasks in their own
-    /// directories share nothing. Its N/1 ratios are how far this machine lets a table
-    /// with nothing shared scale, measured in the same run as the others.
+    /// A control, not a design to pick: the same work with nothing shared between
+    /// tasks. The inode workload's filesystem on one `RwLock<HashMap>` per task, holding
+    /// that task's files (tasks work in their own directories); lockperf's file-per-task
+    /// workloads (posix02, flock02) with each task's file in a lock manager of its own.
+    /// Its N/1 ratios are how far this machine lets tasks that share nothing scale,
+    /// measured in the same run as the others.
     Partitioned,
-    /// vfscale with the seeds' designs; threads act as the owners.
+    /// vfscale with the upstream designs; threads act as the owners.
     Library,
 }
 
@@ -174,25 +190,26 @@ pub enum Workload {
     Flock01,
     /// lockperf flock02: as flock01, each task on its own file.
     Flock02,
-    /// Seed 003's test: N contenders for one whole-file lock on a 0-byte file.
+    /// The wait tree's test (NeilBrown's 2018 "locks: avoid thundering-herd wake-ups"):
+    /// N contenders for one whole-file lock on a 0-byte file.
     Herd,
     /// will-it-scale lock1: each task a 1-byte write lock on its own file.
     Lock1,
     /// will-it-scale lock2: all tasks 1-byte write locks on one file, each its own byte.
     Lock2,
-    /// Many locks held on one file: set, unset and test one more (issue 12).
+    /// Many locks held on one file: set, unset and test one more.
     Lockmany,
-    /// Seed 001, Mateusz Guzik's pipebench: each thread creates a pipe and closes both ends.
+    /// Mateusz Guzik's pipebench (lock-free `fd_install`, 2015): each thread creates a pipe and closes both ends.
     Pipebench,
-    /// Seed 001, Eric Dumazet's opensock: each thread closes one of its own random
+    /// Eric Dumazet's opensock (lock-free `fd_install`, 2015): each thread closes one of its own random
     /// descriptors and creates a socket.
     Opensock,
     /// will-it-scale dup1: each thread `dup`s one shared descriptor and closes the copy.
     Dup1,
-    /// Seed 002, Dave Chinner's inode benchmark: create, walk, chmod, unlink and a cold
+    /// Dave Chinner's inode cache benchmark (2023): create, walk, chmod, unlink and a cold
     /// walk of F files per task.
     Inodes,
-    /// Seed 004: loop devices at boot, open/close storms, configure, churn and block I/O.
+    /// The loop device lock (Pasha Tatashin, 2021): loop devices at boot, open/close storms, configure, churn and block I/O.
     Loop,
 }
 
@@ -241,23 +258,23 @@ impl Workload {
     /// One line for `--help`: what the workload measures.
     pub fn about(self) -> &'static str {
         match self {
-            Workload::Posix01 => "seed 000 lockperf: N tasks lock/unlock one file's whole-file POSIX lock",
-            Workload::Posix02 => "seed 000 lockperf: as posix01, each task its own file",
-            Workload::Flock01 => "seed 000 lockperf: N tasks flock/unlock one file",
-            Workload::Flock02 => "seed 000 lockperf: as flock01, each task its own file",
-            Workload::Herd => "seed 003: N contenders for one whole-file lock (flock, ofd, posix)",
+            Workload::Posix01 => "lockperf (per-inode lock, 2013): N tasks lock/unlock one file's whole-file POSIX lock",
+            Workload::Posix02 => "lockperf (per-inode lock, 2013): as posix01, each task its own file",
+            Workload::Flock01 => "lockperf (per-inode lock, 2013): N tasks flock/unlock one file",
+            Workload::Flock02 => "lockperf (per-inode lock, 2013): as flock01, each task its own file",
+            Workload::Herd => "the wait tree (2018): N contenders for one whole-file lock (flock, ofd, posix)",
             Workload::Lock1 => "will-it-scale lock1: 1-byte lock, each task its own file",
             Workload::Lock2 => "will-it-scale lock2: 1-byte locks, all tasks one file",
             Workload::Lockmany => {
-                "issue 12: H locks held on one file; set/unset and test one more (ofd, posix)"
+                "H locks held on one file; set/unset and test one more (ofd, posix)"
             }
-            Workload::Pipebench => "seed 001: each thread creates a pipe and closes both ends",
+            Workload::Pipebench => "lock-free fd_install (2015): each thread creates a pipe and closes both ends",
             Workload::Opensock => {
-                "seed 001: each thread closes a random descriptor of its own and opens a socket"
+                "lock-free fd_install (2015): each thread closes a random descriptor of its own and opens a socket"
             }
             Workload::Dup1 => "will-it-scale dup1: dup one shared descriptor and close the copy",
-            Workload::Inodes => "seed 002: create, walk, chmod, unlink and a cold walk of F files per task",
-            Workload::Loop => "seed 004: loop devices at boot, open/close, configure, churn, block I/O",
+            Workload::Inodes => "inode cache scalability (2023): create, walk, chmod, unlink and a cold walk of F files per task",
+            Workload::Loop => "loop device lock (2021): loop devices at boot, open/close, configure, churn, block I/O",
         }
     }
 
@@ -276,6 +293,7 @@ impl Workload {
                 Partitioned,
                 Library,
             ],
+            Workload::Posix02 | Workload::Flock02 => &[Kernel, LibraryPrepatch, Partitioned, Library],
             _ => &[Kernel, LibraryPrepatch, Library],
         }
     }
@@ -314,7 +332,7 @@ impl Workload {
         }
     }
 
-    /// Whether the workload exercises the descriptor table (seed 001) rather than locks.
+    /// Whether the workload exercises the descriptor table rather than locks.
     pub fn is_fd_table(self) -> bool {
         matches!(self, Workload::Pipebench | Workload::Opensock | Workload::Dup1)
     }
@@ -392,6 +410,24 @@ impl fmt::Display for Skip {
     }
 }
 
+/// A harness error (its message says what failed and where) is a reason to skip.
+impl From<std::io::Error> for Skip {
+    fn from(e: std::io::Error) -> Skip {
+        Skip(e.to_string())
+    }
+}
+
+/// `ops_per_sec` of a timed thread team, over its measured interval.
+pub(crate) fn rate_sample<S, B>(out: &Outcome<S, B>) -> Result<Sample, Skip> {
+    let secs = out.interval.as_secs_f64();
+    if out.ops_in_interval == 0 || secs <= 0.0 {
+        return Err(Skip(format!("no operations in the measured interval ({secs} s)")));
+    }
+    let mut s = Sample::new();
+    s.insert("ops_per_sec".into(), out.ops_in_interval as f64 / secs);
+    Ok(s)
+}
+
 /// Whether `target` can run `workload` here: checked once per run, before measuring.
 pub fn available(workload: Workload, target: Target) -> Result<(), Skip> {
     if !workload.targets().contains(&target) {
@@ -410,7 +446,7 @@ pub fn available(workload: Workload, target: Target) -> Result<(), Skip> {
             _ => Ok(()),
         },
         _ => match target {
-            Target::Kernel => kernel::available(),
+            Target::Kernel => locks_kernel::available(),
             _ => Ok(()),
         },
     }
@@ -446,9 +482,10 @@ pub fn run_once(target: Target, cfg: &Config) -> Result<Sample, Skip> {
         };
     }
     match target {
-        Target::Kernel => kernel::run(cfg),
-        Target::Library => library::run(cfg, false),
-        Target::LibraryPrepatch => library::run(cfg, true),
+        Target::Kernel => locks_kernel::run(cfg),
+        Target::Library => locks_library::run(cfg, false),
+        Target::LibraryPrepatch => locks_library::run(cfg, true),
+        Target::Partitioned => locks_library::run_partitioned(cfg),
         t => Err(Skip(format!(
             "{} has no {} target",
             cfg.workload.name(),

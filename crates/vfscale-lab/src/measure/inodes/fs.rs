@@ -10,7 +10,7 @@ use std::sync::{Arc, Barrier, RwLock};
 use vfscale_icache::Settings;
 
 use super::tables::{Attrs, Counts, Dashmap, Disk, Icache, Moka, Partitioned, RwlockHashmap, Table};
-use super::{bump, Span, StartGate, PHASES};
+use super::{bump, open_phase, phase_gates, Span, PHASES};
 use crate::measure::{Sample, Skip, Target};
 
 /// What `readdir` gives: the names in one buffer, and (start, end, ino) per entry.
@@ -194,19 +194,24 @@ fn pass(target: Target, tasks: usize, files: u64) -> Result<Sample, Skip> {
     let start = Arc::new(Barrier::new(tasks + 1));
     let end = Arc::new(Barrier::new(tasks + 1));
     let span = Arc::new(Span::new(tasks));
-    let gate = Arc::new(StartGate::default());
+    let gates = Arc::new(phase_gates());
     let mut s = Sample::new();
     std::thread::scope(|scope| {
         let mut handles = Vec::with_capacity(tasks);
         for t in 0..tasks {
-            let (fs, start, end, span, gate) =
-                (fs.clone(), start.clone(), end.clone(), span.clone(), gate.clone());
+            let (fs, start, end, span, gates) = (
+                fs.clone(),
+                start.clone(),
+                end.clone(),
+                span.clone(),
+                gates.clone(),
+            );
             handles.push(scope.spawn(move || {
                 // Room for the cold walk's largest directory (every one is `files` long).
                 let mut buf = Dents::with_room(files as usize, 2 + files.to_string().len());
                 for (k, p) in PHASES.into_iter().enumerate() {
                     start.wait();
-                    gate.wait(k);
+                    gates[k].arrive_and_spin();
                     let a = Span::start();
                     fs.phase(p, t, &mut buf, &span);
                     span.record(a);
@@ -221,7 +226,7 @@ fn pass(target: Target, tasks: usize, files: u64) -> Result<Sample, Skip> {
             }
             let before = fs.totals();
             start.wait();
-            gate.open(k, tasks);
+            open_phase(&gates[k], tasks);
             end.wait();
             let per_task = if p == "cold-walk" {
                 tasks as u64 * files

@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
+use vfscale_conformance::harness::ScratchDir;
+
 use crate::measure::{Sample, Skip, SHM_DIR, SKIP_PREFIX};
 
 /// Whether the tmpfs scratch directory can be used.
@@ -38,15 +40,6 @@ fn errno_skip(what: &str, p: &Path) -> Skip {
         p.display(),
         std::io::Error::last_os_error()
     ))
-}
-
-/// Removes the scratch directory when dropped.
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Task `t`'s part of phase `p` in its directory `dir`; each operation done ticks `span`.
@@ -146,14 +139,8 @@ fn can_drop_caches() -> bool {
 /// Runs the phases in a fresh directory under `base`; `drop_caches`: also the cold walk,
 /// after dropping the kernel's caches.
 fn run_in(tasks: usize, files: u64, phases: &[&str], base: &Path, drop_caches: bool) -> Result<Sample, Skip> {
-    static PASS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let root = base.join(format!(
-        "vfscale-inodes.{}.{}",
-        std::process::id(),
-        PASS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
-    std::fs::create_dir(&root).map_err(|e| Skip(format!("mkdir {}: {e}", root.display())))?;
-    let _scratch = Scratch(root.clone());
+    let scratch = ScratchDir::create(base, "vfscale-inodes")?;
+    let root = scratch.path();
     let dirs: Vec<PathBuf> = (0..tasks).map(|t| root.join(format!("d{t}"))).collect();
     for d in &dirs {
         std::fs::create_dir(d).map_err(|e| Skip(format!("mkdir {}: {e}", d.display())))?;
@@ -167,7 +154,7 @@ fn run_in(tasks: usize, files: u64, phases: &[&str], base: &Path, drop_caches: b
     let start = Arc::new(Barrier::new(tasks + 1));
     let end = Arc::new(Barrier::new(tasks + 1));
     let span = Arc::new(super::Span::new(tasks));
-    let gate = Arc::new(super::StartGate::default());
+    let gates = Arc::new(super::phase_gates());
     let mut s = Sample::new();
     let mut failed: Option<Skip> = None;
     std::thread::scope(|scope| {
@@ -175,18 +162,18 @@ fn run_in(tasks: usize, files: u64, phases: &[&str], base: &Path, drop_caches: b
             .iter()
             .enumerate()
             .map(|(t, d)| {
-                let (start, end, kp, span, gate) = (
+                let (start, end, kp, span, gates) = (
                     start.clone(),
                     end.clone(),
                     kernel_phases.clone(),
                     span.clone(),
-                    gate.clone(),
+                    gates.clone(),
                 );
                 scope.spawn(move || {
                     let mut err = None;
                     for (k, p) in kp.into_iter().enumerate() {
                         start.wait();
-                        gate.wait(k);
+                        gates[k].arrive_and_spin();
                         let a = super::Span::start();
                         if err.is_none() {
                             err = phase(p, d, files, dirs, (&span, t)).err();
@@ -205,7 +192,7 @@ fn run_in(tasks: usize, files: u64, phases: &[&str], base: &Path, drop_caches: b
                 }
             }
             start.wait();
-            gate.open(k, dirs.len());
+            super::open_phase(&gates[k], dirs.len());
             end.wait();
             let per_task = if *p == "cold-walk" {
                 files * tasks as u64

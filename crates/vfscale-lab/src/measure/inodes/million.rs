@@ -1,4 +1,4 @@
-//! `inodes --mode evict`: issue 9's 1,000,000-inode point. Not one of the default
+//! `inodes --mode evict`: the 1,000,000-inode point. Not one of the default
 //! phases (`vfscale run` never runs it): `vfscale bench inodes --mode evict --files
 //! 1000000,4000000` caches `--files` inodes in all (split over the tasks, each task
 //! caching its share the way a lookup of a linked file does: `iget_locked` miss, fill,
@@ -6,7 +6,7 @@
 //! `evict_inodes` of every one of them, timed.
 //!
 //! Memory, measured three ways and cross-checked:
-//! * `bytes_per_inode`: everything, the figure issue 9 bounds (≤ 128):
+//! * `bytes_per_inode`: everything, the figure the cache's budget bounds (≤ 128):
 //!   `inode_bytes_per_inode` + `hash_table_bytes_per_inode`.
 //! * `inode_bytes_per_inode`: the allocator's bytes in use (glibc `mallinfo2`: `uordblks +
 //!   hblkhd`, every arena, chunk headers and the slack of grown vectors included) grown
@@ -28,8 +28,7 @@
 //! `cache_ns_per_inode` (filling, for scale). Linearity is read across sizes (the
 //! headline divides ns/inode at the largest size by ns/inode at the smallest of the
 //! sizes that do not fit the last-level cache, `llc_bytes`, read from sysfs: below it
-//! a walk hits the cache and costs a third of what it costs beyond; session 6 measured
-//! 74, 150, 231, 235, 246 ns per inode at 250k, 500k, 1M, 2M, 4M with a 32 MiB L3).
+//! a walk hits the cache and costs a third of what it costs beyond).
 
 use std::hint::black_box;
 use std::time::Instant;

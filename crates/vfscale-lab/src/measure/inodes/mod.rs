@@ -1,4 +1,5 @@
-//! W4 `inodes`: seed 002's experiment, after Dave Chinner's benchmark. Each of N tasks
+//! The `inodes` workload: the inode cache experiment, after the benchmark of Dave
+//! Chinner's 2023 "vfs: inode cache scalability improvements". Each of N tasks
 //! creates F files in its own directory, walks them (readdir + stat of each), chmods
 //! each, and unlinks each, every phase timed on its own; plus a cold walk before the
 //! unlink: the inode cache is dropped, then every task walks every task's directory in
@@ -6,16 +7,16 @@
 //! `I_NEW` path.
 //!
 //! Targets: `kernel` (real system calls on a private tmpfs directory, or `--dir`; its cold
-//! walk is skipped: tmpfs pins its inodes), `kernel-ext4` (ext4 on a loop
-//! device the lab sets up and tears down; its cold walk drops the kernel's caches), and a small in-memory filesystem (`fs.rs`) on five inode tables:
-//! `library` (vfscale-icache), `library-prepatch` (every mechanism of seed 002 switched
-//! back), `rwlock-hashmap`, `dashmap`, `moka` (`tables.rs`); and a control on a sixth,
+//! walk is skipped: tmpfs pins its inodes), `kernel-ext4` (ext4 on a loop device the lab
+//! sets up and tears down; its cold walk drops the kernel's caches), and a small
+//! in-memory filesystem (`fs.rs`) on five inode tables: `library` (vfscale-icache),
+//! `library-prepatch` (every mechanism of the inode cache change switched back),
+//! `rwlock-hashmap`, `dashmap`, `moka` (`tables.rs`); and a control on a sixth,
 //! `partitioned`: a table per task, so that tasks in their own directories share
 //! nothing. No filesystem could use it (its inodes are reached by their creator only);
 //! its N/1 ratios show, in the same run, how far this machine lets tasks that share
-//! nothing scale (on this 2-vCPU guest 1.3–2.1 per phase from set to set by the span's
-//! rate, not 2: each vCPU's speed changes by up to 2× for hundreds of milliseconds at a
-//! time, independently, and a 2-task phase lasts as long as its slower task).
+//! nothing scale (on a shared 2-vCPU guest not 2: each vCPU's speed changes on its own,
+//! and a 2-task phase lasts as long as its slower task).
 //!
 //! Metrics per phase (`phase/metric`): `ops_per_sec`, the rate while every task runs
 //! (first start to first end, over the operations all tasks completed by then: will-it-
@@ -29,11 +30,9 @@
 //! the phase (`Span`): `on_cpu` (their CPU time over their time) and, with more than one
 //! task, `task_time_spread` (the slowest task's time over the fastest's). A 2-task phase
 //! lasts as long as its slower task, so a short 2/1 ratio with a spread well above 1 and
-//! `on_cpu` at 1 is tasks running at different speeds, not waiting for each other (on
-//! this 2-vCPU guest a task's speed over a whole phase was seen to differ by 2× between
-//! two tasks of one process with nothing shared, each on its own CPU all along).
+//! `on_cpu` at 1 is tasks running at different speeds, not waiting for each other.
 //!
-//! Not a default phase: `--mode evict` ([`million`]), issue 9's 1,000,000-inode point
+//! Not a default phase: `--mode evict` ([`million`]), the 1,000,000-inode point
 //! (`--files` = inodes cached in all; bytes of bookkeeping per cached inode and
 //! `evict_inodes` time per inode), `library` and `library-prepatch` only.
 //!
@@ -42,10 +41,9 @@
 //! A phase at the default 200,000 files per task lasts 30–150 ms, so what the process did
 //! before it shows. Run consecutively in one process, a target's figures depended on the
 //! runs and targets before it: a process's first run paid the kernel's page faults for
-//! its whole heap (12,600 minor faults in a 1-task `library` create, none by the fourth
-//! run), `readdir`'s megabyte buffers came from fresh `mmap`s (1,490 faults per walk)
-//! until glibc's dynamic mmap threshold rose, and later targets inherited the heap that
-//! earlier ones (moka's 85 MB, prepatch's fragmentation) left. So each run ([`run`]) is,
+//! its whole heap, `readdir`'s megabyte buffers came from fresh `mmap`s until glibc's
+//! dynamic mmap threshold rose, and later targets inherited the heap that earlier ones
+//! (moka's, prepatch's fragmentation) left. So each run ([`run`]) is,
 //! for every target alike:
 //!
 //! 1. a fresh child process forked from the lab (which runs no pass itself), so no run
@@ -74,6 +72,8 @@ mod fs;
 mod kernel;
 pub mod million;
 mod tables;
+
+use vfscale_conformance::harness::StartGate;
 
 use super::{Config, Sample, Skip, Target, SKIP_PREFIX};
 
@@ -252,43 +252,21 @@ impl Span {
     }
 }
 
-/// Where a phase starts: the tasks spin at it (yielding now and then, so that the driver
-/// gets a CPU) until the driver opens it, which it does once every task is spinning, so
-/// that every task is running when the phase starts. The tasks reach it from a futex
-/// barrier, which wakes its sleepers one after the other: on this 2-vCPU guest the second
-/// task of an in-memory phase of `vfscale run` (2–6 ms at 30,000 files) started up to a
-/// millisecond after the first, and the span ([`Span`]: first start to last end) of a
-/// 2-task walk or chmod was then as long as a 1-task one (2/1 read 1.0–1.2×).
-#[derive(Default)]
-pub(super) struct StartGate {
-    arrived: std::sync::atomic::AtomicUsize,
-    opened: std::sync::atomic::AtomicUsize,
+/// Where each phase starts, one gate per phase: the tasks spin at it
+/// ([`StartGate::arrive_and_spin`], yielding now and then, so that the driver gets a
+/// CPU) until the driver opens it ([`open_phase`]), which it does once every task is
+/// spinning, so that every task is running when the phase starts. The tasks reach it
+/// from a futex barrier, which wakes its sleepers one after the other: the last could
+/// start a millisecond late, longer than a short phase's difference between 1 and 2
+/// tasks.
+pub(super) fn phase_gates() -> Vec<StartGate> {
+    PHASES.iter().map(|_| StartGate::new()).collect()
 }
 
-impl StartGate {
-    /// A task waits at phase `k` (0, 1, ... in order) until the driver opens it.
-    pub(super) fn wait(&self, k: usize) {
-        use std::sync::atomic::Ordering;
-        self.arrived.fetch_add(1, Ordering::AcqRel);
-        let mut spins = 0u32;
-        while self.opened.load(Ordering::Acquire) <= k {
-            spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(64) {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
-        }
-    }
-
-    /// The driver opens phase `k` once all `tasks` tasks wait at it.
-    pub(super) fn open(&self, k: usize, tasks: usize) {
-        use std::sync::atomic::Ordering;
-        while self.arrived.load(Ordering::Acquire) < tasks * (k + 1) {
-            std::thread::yield_now();
-        }
-        self.opened.store(k + 1, Ordering::Release);
-    }
+/// The driver opens a phase's gate once all `tasks` tasks spin at it.
+pub(super) fn open_phase(gate: &StartGate, tasks: usize) {
+    gate.yield_until_arrived(tasks);
+    gate.open();
 }
 
 /// The phases, in the order one run performs them (the cold walk needs the files, so it
@@ -558,14 +536,14 @@ mod tests {
     #[test]
     fn the_start_gate_holds_every_task_until_it_opens() {
         use std::sync::atomic::{AtomicUsize, Ordering};
-        let gate = StartGate::default();
+        let gates = phase_gates();
         let opened = AtomicUsize::new(0);
         let passed = AtomicUsize::new(0);
         std::thread::scope(|s| {
             for _ in 0..3 {
                 s.spawn(|| {
-                    for k in 0..4 {
-                        gate.wait(k);
+                    for (k, gate) in gates.iter().enumerate().take(4) {
+                        assert!(gate.arrive_and_spin());
                         assert!(
                             opened.load(Ordering::SeqCst) > k,
                             "passed phase {k} before it opened"
@@ -574,7 +552,7 @@ mod tests {
                     }
                 });
             }
-            for k in 0..4 {
+            for (k, gate) in gates.iter().enumerate().take(4) {
                 std::thread::sleep(std::time::Duration::from_millis(5));
                 assert_eq!(
                     passed.load(Ordering::SeqCst),
@@ -582,7 +560,7 @@ mod tests {
                     "a task ran ahead of phase {k}"
                 );
                 opened.store(k + 1, Ordering::SeqCst);
-                gate.open(k, 3);
+                open_phase(gate, 3);
                 while passed.load(Ordering::SeqCst) < 3 * (k + 1) {
                     std::thread::yield_now();
                 }

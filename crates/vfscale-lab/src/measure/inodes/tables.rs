@@ -1,4 +1,4 @@
-//! The inode tables the in-memory filesystem can sit on: vfscale-icache (the seed's
+//! The inode tables the in-memory filesystem can sit on: vfscale-icache (the upstream
 //! design, or every mechanism switched back), and what a Rust user would pick instead:
 //! `RwLock<HashMap>` (the virtiofsd / libfuse passthrough pattern), `dashmap`, `moka`;
 //! and a control, `partitioned`: one `RwLock<HashMap>` per task, so that tasks working in

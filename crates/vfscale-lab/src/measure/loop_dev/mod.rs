@@ -1,4 +1,4 @@
-//! The `loop` workload (issue 10, seed 004): loop devices at boot, open/close storms,
+//! The `loop` workload (Pasha Tatashin's 2021 "scale loop device lock"): loop devices at boot, open/close storms,
 //! configure/clear, registry churn and block I/O, against `vfscale-loop`
 //! (`library`: a lock per device; `library-prepatch`: [`vfscale_loop::CtlLock::Global`],
 //! every operation under the one control lock as before Linux 5.12) and the running
@@ -6,7 +6,7 @@
 //!
 //! # The modes (one per configuration)
 //!
-//! * **boot** (the seed's measurement): `size` devices (69 by default), each with its
+//! * **boot** (the upstream patch's measurement): `size` devices (69 by default), each with its
 //!   own small read-only image ([`IMAGE_BYTES`], as a squashfs image would be). One boot:
 //!   `tasks` tasks take devices from a shared counter and, per device, do what losetup,
 //!   udev, blkid and mount do: open it and `LOOP_CONFIGURE` it read-only, close; open,
@@ -33,9 +33,9 @@
 //! * `ops_per_sec`: operations per second (boot: over the timed boots; churn: every
 //!   add+remove over the time from starting the tasks to the last one stopping; io: the
 //!   device reads over the time of the device phases; the other modes: over the
-//!   measured interval, see `fd_library::drive`).
+//!   measured interval, see the harness's `drive`).
 //! * `lock_wait_sec`: time the tasks spent waiting for the control lock and the device
-//!   locks (boot: per boot, the seed's 18.8 s figure; timed modes: over the run).
+//!   locks (boot: per boot, the upstream patch's 18.8 s figure; timed modes: over the run).
 //! * `ctl_lock_acquisitions_per_op`, `validate_lock_acquisitions_per_op`: control-lock
 //!   and loop-on-loop validation-lock acquisitions per operation.
 //! * boot: `boot_sec` (the wall time of one boot) and `devices`; io:
@@ -63,9 +63,10 @@ use std::time::{Duration, Instant};
 use vfscale_conformance::loop_dev::kernel as kernel_runner;
 use vfscale_loop::LoopStats;
 
-use super::fd_library::{check, drive, Outcome, Rng};
-use super::gate::Padded;
-use super::{Config, Sample, Skip, Target, SHM_DIR};
+use vfscale_conformance::harness::{drive, Counter, Outcome, ScratchDir};
+
+use super::fd_library::{check, Rng};
+use super::{rate_sample, Config, Sample, Skip, Target, SHM_DIR};
 use sys::{pick_free, KernelLab, Library, LoopSys, Open};
 
 /// Bytes of a boot image and of the devices of open-close and configure.
@@ -252,7 +253,7 @@ impl Locks {
 fn timed_sample<S: LoopSys, W>(sys: &S, out: Outcome<W, Option<LoopStats>>) -> Result<Sample, String> {
     interrupted()?;
     let after = sys.stats();
-    let mut s = out.rate_sample().map_err(|e| e.0)?;
+    let mut s = rate_sample(&out).map_err(|e| e.0)?;
     let mut locks = Locks::default();
     locks.add(&out.before_go, &after, out.ops_total);
     locks.insert(after.is_some(), &mut s, 1);
@@ -262,20 +263,14 @@ fn timed_sample<S: LoopSys, W>(sys: &S, out: Outcome<W, Option<LoopStats>>) -> R
 // ---------------------------------------------------------------------------------------
 // Backing files
 
-/// A fresh scratch directory, removed when dropped.
+/// A fresh scratch directory for backing files, removed when dropped.
 struct Scratch {
-    dir: PathBuf,
+    dir: ScratchDir,
 }
 
 impl Scratch {
     fn new(parent: &Path) -> Result<Scratch, String> {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let dir = parent.join(format!(
-            "vfscale-loop-lab-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let dir = ScratchDir::create(parent, "vfscale-loop-lab").map_err(|e| e.to_string())?;
         Ok(Scratch { dir })
     }
 
@@ -284,7 +279,7 @@ impl Scratch {
     fn images(&self, tag: &str, count: usize, bytes: u64, writable: bool) -> Result<Vec<File>, String> {
         (0..count)
             .map(|k| {
-                let path = self.dir.join(format!("{tag}{k}"));
+                let path = self.dir.path().join(format!("{tag}{k}"));
                 let data: Vec<u8> = (0..bytes)
                     .map(|b| (k as u64 * 31 + b / BLOCK * 7 + b % 251) as u8)
                     .collect();
@@ -296,12 +291,6 @@ impl Scratch {
                     .map_err(|e| format!("{}: {e}", path.display()))
             })
             .collect()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -564,7 +553,7 @@ fn open_close<S: LoopSys>(sys: &S, scratch: &Scratch, idx: &[u32], cfg: &Config)
         || sys.stats(),
         |_| {},
     )
-    .map_err(|e| e.0)?;
+    .map_err(|e| e.to_string())?;
     timed_sample(sys, out)
 }
 
@@ -609,7 +598,7 @@ fn configure<S: LoopSys>(sys: &S, scratch: &Scratch, idx: &[u32], cfg: &Config) 
         || sys.stats(),
         |_| {},
     )
-    .map_err(|e| e.0)?;
+    .map_err(|e| e.to_string())?;
     timed_sample(sys, out)
 }
 
@@ -629,7 +618,7 @@ fn churn<S: LoopSys>(sys: &S, idx: &[u32], cfg: &Config) -> Result<Sample, Strin
         || sys.stats(),
         |_| {},
     )
-    .map_err(|e| e.0)?;
+    .map_err(|e| e.to_string())?;
     let wall = t0.elapsed();
     interrupted()?;
     let after = sys.stats();
@@ -665,7 +654,7 @@ fn io<S: LoopSys>(sys: &S, scratch: &Scratch, index: u32, cfg: &Config) -> Resul
     let rounds = Rounds::default();
     let through_device = AtomicBool::new(false);
     let stop = AtomicBool::new(false);
-    let counts: Vec<Padded> = (0..cfg.tasks).map(|_| Padded::default()).collect();
+    let counts: Vec<Counter> = (0..cfg.tasks).map(|_| Counter::default()).collect();
     let failure = Failure::default();
     // (reads, time) through the device and directly; lock counters over device phases.
     let mut device = (0u64, Duration::ZERO);

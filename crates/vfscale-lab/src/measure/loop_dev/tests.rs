@@ -59,7 +59,7 @@ fn library_runs_every_mode_with_its_metrics() {
                 if mode == "boot" {
                     assert_eq!(s["devices"], 5.0, "{what}");
                 }
-                // Seed 004: the per-device design never takes the control lock to open,
+                // The per-device design never takes the control lock to open,
                 // close, configure, clear or do I/O; before it, every open, close and
                 // ioctl took it. The registry (churn) takes it in both.
                 let ctl = s["ctl_lock_acquisitions_per_op"];

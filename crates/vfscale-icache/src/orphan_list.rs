@@ -1,15 +1,15 @@
 //! A lock-free list of batches of retired memory (a Treiber stack that is only ever
-//! emptied whole, so it has no ABA problem): the orphan list of `epoch.rs`, holding the
-//! stamped batches of threads that exited (or that queued more than they keep) before
-//! their grace period ended, for whichever thread reclaims next. The loom model below
-//! checks it.
+//! emptied whole, so it has no ABA problem): the orphan list of `deferred_free.rs`,
+//! holding the stamped batches of threads that exited (or that queued more than they
+//! keep) before their grace period ended, for whichever thread reclaims next. The loom
+//! model below checks it.
 
 // Under the models only the loom test uses it (the epoch there is a model of its own).
 #![cfg_attr(any(vfscale_loom, vfscale_shuttle), allow(dead_code))]
 
 use crate::sync::{AtomicPtr, Ordering};
 
-/// One entry of a [`Ready`] list.
+/// One entry of an [`OrphanList`].
 pub(crate) struct Link<T> {
     next: *mut Link<T>,
     /// The batch.
@@ -26,21 +26,21 @@ impl<T> Link<T> {
 }
 
 /// A list of batches (see the module docs).
-pub(crate) struct Ready<T> {
+pub(crate) struct OrphanList<T> {
     head: AtomicPtr<Link<T>>,
 }
 
 // SAFETY: the list owns its links (boxes of `T`) and hands each to exactly one taker:
 // sending it between threads sends the `T`s.
-unsafe impl<T: Send> Send for Ready<T> {}
+unsafe impl<T: Send> Send for OrphanList<T> {}
 // SAFETY: as above; every access to the head is atomic.
-unsafe impl<T: Send> Sync for Ready<T> {}
+unsafe impl<T: Send> Sync for OrphanList<T> {}
 
-impl<T> Ready<T> {
+impl<T> OrphanList<T> {
     /// An empty list (`const`: the orphan list is a `static`).
     #[cfg(not(any(vfscale_loom, vfscale_shuttle)))]
     pub(crate) const fn new() -> Self {
-        Ready {
+        OrphanList {
             head: AtomicPtr::new(std::ptr::null_mut()),
         }
     }
@@ -48,7 +48,7 @@ impl<T> Ready<T> {
     /// An empty list.
     #[cfg(any(vfscale_loom, vfscale_shuttle))]
     pub(crate) fn new() -> Self {
-        Ready {
+        OrphanList {
             head: AtomicPtr::new(std::ptr::null_mut()),
         }
     }
@@ -96,13 +96,13 @@ impl<T> Ready<T> {
     }
 }
 
-impl<T> Drop for Ready<T> {
+impl<T> Drop for OrphanList<T> {
     fn drop(&mut self) {
         drop(self.swap_all());
     }
 }
 
-/// Batches taken from a [`Ready`] list; each is dropped unless consumed.
+/// Batches taken from a [`OrphanList`] list; each is dropped unless consumed.
 pub(crate) struct Taken<T>(*mut Link<T>);
 
 impl<T> Iterator for Taken<T> {
@@ -126,7 +126,7 @@ impl<T> Drop for Taken<T> {
 }
 
 #[cfg(all(test, vfscale_loom))]
-mod loom_ready {
+mod loom_orphan_list {
     use super::*;
     use crate::sync::AtomicUsize;
     use loom::cell::UnsafeCell;
@@ -168,7 +168,7 @@ mod loom_ready {
     #[test]
     fn pushes_race_take_and_the_last_drop() {
         loom::model(|| {
-            let ready = Arc::new(Ready::<Contents>::new());
+            let ready = Arc::new(OrphanList::<Contents>::new());
             let dropped = Arc::new(AtomicUsize::new(0));
             let pushers: Vec<_> = (0..2)
                 .map(|i| {
