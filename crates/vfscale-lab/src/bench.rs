@@ -362,8 +362,7 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
                 live.push((c, target));
             }
         }
-        // Per (configuration, target): metric name → samples, per mode (a run measuring
-        // several modes names its metrics `mode/metric`).
+        // Per (configuration, target): mode → metric name → samples.
         type Samples = BTreeMap<String, BTreeMap<String, Vec<f64>>>;
         let mut by_unit: BTreeMap<(usize, Target), Samples> = BTreeMap::new();
         for (c, target) in run_order(w, &live, plan.runs) {
@@ -378,19 +377,14 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
             let samples = by_unit.entry((c, target)).or_default();
             match measure::run_once(target, cfg) {
                 Ok(s) => {
-                    for (k, v) in s {
-                        if let Some(reason) = k.strip_prefix(measure::SKIP_PREFIX) {
-                            note_skip(&mut skipped, cfg, target, reason.to_string());
-                            continue;
-                        }
-                        let (mode, metric) = match k.split_once('/') {
-                            Some((m, k)) => (m.to_string(), k.to_string()),
-                            None => (cfg.mode_label().to_string(), k),
-                        };
+                    for why in s.skipped() {
+                        note_skip(&mut skipped, cfg, target, why.clone());
+                    }
+                    for (mode, metric, v) in s.metrics() {
                         samples
-                            .entry(mode)
+                            .entry(mode.unwrap_or(cfg.mode_label()).to_string())
                             .or_default()
-                            .entry(metric)
+                            .entry(metric.to_string())
                             .or_default()
                             .push(v);
                     }

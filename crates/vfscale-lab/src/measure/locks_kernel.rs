@@ -713,8 +713,8 @@ mod tests {
         let mut want = keys.to_vec();
         want.sort_unstable();
         assert_eq!(got, want, "{what}");
-        for (k, v) in s {
-            assert!(v.is_finite() && *v >= 0.0, "{what}: {k} = {v}");
+        for (_, k, v) in s.metrics() {
+            assert!(v.is_finite() && v >= 0.0, "{what}: {k} = {v}");
         }
     }
 

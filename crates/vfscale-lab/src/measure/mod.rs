@@ -15,7 +15,6 @@
 //! | inodes | `inodes/kernel.rs` | `inodes/fs.rs` on `inodes/tables.rs`; the evict point `inodes/million.rs` |
 //! | loop | `loop_dev/sys.rs` (kernel) | `loop_dev/sys.rs` (library), driven by `loop_dev/mod.rs` |
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -30,18 +29,9 @@ pub mod lockmany;
 pub mod locks_kernel;
 pub mod locks_library;
 pub mod loop_dev;
+mod sample;
 
-/// One repetition's measurements, by metric name.
-///
-/// A run that measures several modes at once (the inodes phases) names its metrics
-/// `mode/metric`, and the caller makes one row per mode. A key that starts with
-/// [`SKIP_PREFIX`] is not a metric: the rest of it says why a part of the run could not
-/// be measured here (`skip:cold-walk: tmpfs pins its inodes`), and is listed with the
-/// skipped configurations.
-pub type Sample = BTreeMap<String, f64>;
-
-/// See [`Sample`].
-pub const SKIP_PREFIX: &str = "skip:";
+pub use sample::Sample;
 
 /// Tests that start child processes (fork, or programs such as `mkfs`) hold this, so a
 /// test that checks no child is left is not confused by another test's child.
@@ -351,7 +341,7 @@ pub struct Config {
     pub kind: TaskKind,
     /// The modes this configuration measures, for workloads whose modes are not lock
     /// families (inodes: phases, loop: modes). One run may measure several: it then
-    /// returns its metrics as `mode/metric` (see [`run_once`]). Empty for the others.
+    /// returns its metrics per mode ([`Sample::insert_in`]). Empty for the others.
     pub modes: Vec<&'static str>,
     /// Lock/unlock pairs per task (lockperf workloads).
     pub iterations: u64,
@@ -461,7 +451,7 @@ pub fn finish(workload: Workload) {
 }
 
 /// Measures `cfg` once on `target`. A run that measures several modes (inodes phases)
-/// names its metrics `mode/metric`; the caller makes one row per mode of them.
+/// returns its metrics per mode ([`Sample::insert_in`]); the caller makes a row per mode.
 pub fn run_once(target: Target, cfg: &Config) -> Result<Sample, Skip> {
     match cfg.workload {
         Workload::Inodes => return inodes::run(target, cfg),
