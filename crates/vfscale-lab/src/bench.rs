@@ -7,7 +7,7 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::measure::{self, Config, LockMode, Target, TaskKind, Workload};
-use crate::result::{Meta, Report, Row, Skipped, Summary};
+use crate::result::{Meta, Metric, Report, Row, Skipped, Summary};
 
 /// What to measure: configurations × targets, each `runs` times.
 #[derive(Clone, Debug)]
@@ -421,7 +421,7 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
                 row.fs = fs.clone();
                 row.metrics = metrics
                     .iter()
-                    .map(|(k, v)| (k.clone(), Summary::of(k, v)))
+                    .map(|(k, v)| (Metric::from(k.as_str()), Summary::of(k, v)))
                     .collect();
                 results.push(row);
             }

@@ -117,9 +117,11 @@ fn find<'a>(rows: &[(String, &'a Row)], key: &str) -> Option<&'a Row> {
 fn compare_rows(comparison: &mut Comparison, key: &str, a: &Row, b: &Row) {
     for (name, summary_a) in &a.metrics {
         match b.metrics.get(name) {
-            Some(summary_b) => comparison
-                .metrics
-                .push(compare_metric(key, name, summary_a, summary_b)),
+            Some(summary_b) => {
+                comparison
+                    .metrics
+                    .push(compare_metric(key, name.name(), summary_a, summary_b))
+            }
             None => comparison.only_in_a.push(format!("{key} {name}")),
         }
     }
@@ -151,7 +153,7 @@ pub fn mark(metric: &str, ratio: &Ratio) -> Mark {
     if !stands_out {
         return Mark::Same;
     }
-    if (ratio.value > 1.0) == Metric::higher_is_better(metric) {
+    if (ratio.value > 1.0) == Metric::from(metric).higher_is_better() {
         Mark::Better
     } else {
         Mark::Worse
@@ -213,9 +215,9 @@ mod tests {
     use crate::result::Meta;
 
     fn row(target: &str, tasks: usize, metrics: &[(&str, &[f64])]) -> Row {
-        let metrics: BTreeMap<String, Summary> = metrics
+        let metrics: BTreeMap<Metric, Summary> = metrics
             .iter()
-            .map(|(n, s)| (n.to_string(), Summary::of(n, s)))
+            .map(|(n, s)| (Metric::from(*n), Summary::of(n, s)))
             .collect();
         Row {
             workload: "herd".into(),

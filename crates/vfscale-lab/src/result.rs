@@ -4,6 +4,7 @@
 //! configuration (workload × target × mode × tasks), each metric summarized over the
 //! repeated runs ([`Summary`]).
 
+use std::borrow::{Borrow, Cow};
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -51,21 +52,37 @@ pub struct Summary {
 impl Summary {
     /// Summarizes `samples` of metric `name`.
     pub fn of(name: &str, samples: &[f64]) -> Summary {
-        stats::summarize(samples, Metric::is_rate(name))
+        stats::summarize(samples, Metric::from(name).is_rate())
     }
 }
 
-/// Metric names and their meaning.
-pub struct Metric;
+/// A metric's name (`ops_per_sec`, `set_unset_ns`, ...), which says what it measures:
+/// its [`Unit`], whether it is a rate and which way is better all follow from it, here
+/// and nowhere else. Compares and borrows as its name, so a row's metrics can be looked
+/// up by a `&str`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Metric(Cow<'static, str>);
 
 impl Metric {
-    /// Whether a metric is a rate (per second), averaged with the harmonic mean.
-    pub fn is_rate(name: &str) -> bool {
-        Metric::unit(name) == Unit::Rate
+    /// The metric named `name`.
+    pub const fn named(name: &'static str) -> Metric {
+        Metric(Cow::Borrowed(name))
     }
 
-    /// What metric `name` measures, read off its name: the lab's one unit classifier.
-    pub fn unit(name: &str) -> Unit {
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether it is a rate (per second), averaged with the harmonic mean.
+    pub fn is_rate(&self) -> bool {
+        self.unit() == Unit::Rate
+    }
+
+    /// What it measures, read off its name: the lab's one unit classifier.
+    pub fn unit(&self) -> Unit {
+        let name = self.name();
         if name.ends_with("_per_sec") {
             Unit::Rate
         } else if name.ends_with("_seconds") || name.ends_with("_sec") {
@@ -80,8 +97,33 @@ impl Metric {
     }
 
     /// Whether larger is better (rates and counts of work done), for comparisons.
-    pub fn higher_is_better(name: &str) -> bool {
+    pub fn higher_is_better(&self) -> bool {
+        let name = self.name();
         name.ends_with("_per_sec") || name.ends_with("_per_worker")
+    }
+}
+
+impl From<&str> for Metric {
+    fn from(name: &str) -> Metric {
+        Metric(Cow::Owned(name.to_string()))
+    }
+}
+
+impl From<String> for Metric {
+    fn from(name: String) -> Metric {
+        Metric(Cow::Owned(name))
+    }
+}
+
+impl Borrow<str> for Metric {
+    fn borrow(&self) -> &str {
+        self.name()
+    }
+}
+
+impl std::fmt::Display for Metric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -146,9 +188,9 @@ pub struct Row {
     /// (`tmpfs tmpfs`, `fuse.vfscalefs /srv`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fs: Option<String>,
-    /// Every metric, by its full name.
+    /// Every metric, by its name.
     #[serde(flatten)]
-    pub metrics: BTreeMap<String, Summary>,
+    pub metrics: BTreeMap<Metric, Summary>,
 }
 
 impl Row {
@@ -215,12 +257,6 @@ pub struct Skipped {
     pub target: Target,
     /// Why.
     pub reason: String,
-}
-
-impl std::fmt::Display for Target {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
 }
 
 /// A [`Target`] in results.json and results.csv: by its name, as the command line takes it.

@@ -256,7 +256,7 @@ pub fn ratio_with_error(a: &Summary, b: &Summary) -> (f64, f64) {
 /// the reciprocal of the reciprocals' mean; the test then asks whether the reported
 /// means differ.
 pub fn test_values(metric: &str, summary: &Summary) -> Vec<f64> {
-    if Metric::is_rate(metric) {
+    if Metric::from(metric).is_rate() {
         summary.samples.iter().map(|x| 1.0 / x).collect()
     } else {
         summary.samples.clone()

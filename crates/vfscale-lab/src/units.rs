@@ -43,7 +43,7 @@ pub fn format_pm(mean: f64, error: f64, unit: Unit) -> String {
 
 /// A summary as `mean ± sd` in the unit of metric `name`.
 pub fn format_summary(name: &str, s: &Summary) -> String {
-    format_pm(s.mean, s.stddev, Metric::unit(name))
+    format_pm(s.mean, s.stddev, Metric::from(name).unit())
 }
 
 /// A ratio: `25.9×`, `0.0072×`.

@@ -28,7 +28,7 @@ fn row(workload: &str, target: &str, mode: &str, tasks: usize, metrics: &[(&str,
     );
     for (name, mean) in metrics {
         let s = [mean * 0.95, *mean, mean * 1.05];
-        r.metrics.insert(name.to_string(), Summary::of(name, &s));
+        r.metrics.insert(name.to_string().into(), Summary::of(name, &s));
     }
     r
 }

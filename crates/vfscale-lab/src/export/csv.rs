@@ -31,7 +31,7 @@ pub fn to_string(report: &Report) -> io::Result<String> {
     writer.write_record(COLUMNS)?;
     for row in &report.results {
         for (name, summary) in &row.metrics {
-            writer.write_record(record(row, name, summary))?;
+            writer.write_record(record(row, name.name(), summary))?;
         }
     }
     let bytes = writer.into_inner().map_err(|e| e.into_error())?;
@@ -46,7 +46,7 @@ fn record(row: &Row, name: &str, s: &Summary) -> [String; 14] {
         row.mode.clone(),
         row.tasks.to_string(),
         name.to_string(),
-        Metric::unit(name).symbol().to_string(),
+        Metric::from(name).unit().symbol().to_string(),
         s.mean.to_string(),
         s.stddev.to_string(),
         s.n.to_string(),
@@ -73,10 +73,10 @@ mod tests {
     fn one_line_per_row_and_metric_with_quoting() {
         let metrics = BTreeMap::from([
             (
-                "total_lock_seconds".to_string(),
+                "total_lock_seconds".into(),
                 Summary::of("total_lock_seconds", &[1.5, 2.5]),
             ),
-            ("b".to_string(), Summary::of("b", &[])),
+            ("b".into(), Summary::of("b", &[])),
         ]);
         let report = Report {
             meta: Meta {

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use crate::measure::Target;
-use crate::result::{Meta, Report, Row, Skipped, Summary};
+use crate::result::{Meta, Metric, Report, Row, Skipped, Summary};
 
 /// The report as pretty-printed JSON (no trailing newline, so it can be `println!`ed).
 pub fn to_string(report: &Report) -> String {
@@ -92,7 +92,7 @@ impl LenientRow {
             metrics: self
                 .metrics
                 .into_iter()
-                .map(|(k, s)| (k, s.into_summary()))
+                .map(|(k, s)| (Metric::from(k), s.into_summary()))
                 .collect(),
         }
     }
@@ -118,7 +118,7 @@ mod tests {
     use super::*;
 
     fn report(samples: &[f64]) -> Report {
-        let metrics = BTreeMap::from([("ops_per_sec".to_string(), Summary::of("ops_per_sec", samples))]);
+        let metrics = BTreeMap::from([("ops_per_sec".into(), Summary::of("ops_per_sec", samples))]);
         Report {
             meta: Meta {
                 nproc: 4,

@@ -116,7 +116,7 @@ pub fn format_summary(name: &str, summary: &Summary) -> String {
 
 /// A metric's column header: its name and unit, `acquisitions_per_sec (/s)`.
 pub fn metric_header(name: &str) -> String {
-    match Metric::unit(name).header() {
+    match Metric::from(name).unit().header() {
         "" => name.to_string(),
         unit => format!("{name} ({unit})"),
     }
@@ -149,7 +149,9 @@ fn preferred_metric(workload: &str) -> Option<&'static str> {
 
 /// Every metric name in `rows`, sorted.
 pub fn metric_names(rows: &[&Row]) -> BTreeSet<String> {
-    rows.iter().flat_map(|r| r.metrics.keys().cloned()).collect()
+    rows.iter()
+        .flat_map(|r| r.metrics.keys().map(|m| m.to_string()))
+        .collect()
 }
 
 /// The workloads of a report's results, in order of first appearance.
@@ -324,7 +326,7 @@ fn row_cells(
     ];
     cells.extend(metrics.iter().map(|m| {
         row.metrics
-            .get(m)
+            .get(m.as_str())
             .map_or_else(|| "-".to_string(), |s| format_summary(m, s))
     }));
     cells.extend(bases.iter().map(|b| {
@@ -437,9 +439,9 @@ mod tests {
     }
 
     fn row(workload: &str, target: &str, tasks: usize, metrics: &[(&str, &[f64])]) -> Row {
-        let metrics: BTreeMap<String, Summary> = metrics
+        let metrics: BTreeMap<Metric, Summary> = metrics
             .iter()
-            .map(|(n, s)| (n.to_string(), Summary::of(n, s)))
+            .map(|(n, s)| (Metric::from(*n), Summary::of(n, s)))
             .collect();
         Row {
             workload: workload.into(),

@@ -267,7 +267,7 @@ fn group_table(report: &Report, g: &Group) -> Option<Table> {
             keys.push(k);
         }
     }
-    let unit = Metric::unit(metric);
+    let unit = Metric::from(metric).unit();
     let unit_note = match unit.header() {
         "" => String::new(),
         u => format!(" ({u})"),

@@ -291,7 +291,7 @@ mod tests {
         let row = |target: Target, tasks: usize, m: &[(&str, &[f64])]| {
             let mut r = Row::new("posix02", target, "posix", tasks);
             for (k, v) in m {
-                r.metrics.insert(k.to_string(), Summary::of(k, v));
+                r.metrics.insert(k.to_string().into(), Summary::of(k, v));
             }
             r
         };

@@ -213,7 +213,7 @@ mod tests {
             }
         };
         for (k, v) in metrics {
-            rows[i].metrics.insert(k.to_string(), Summary::of(k, v));
+            rows[i].metrics.insert(k.to_string().into(), Summary::of(k, v));
         }
     }
 

@@ -153,7 +153,7 @@ pub fn skip_reason(report: &Report, workload: &str, target: Target) -> Option<St
 
 /// A metric's mean in its unit: `12.6 M/s`.
 pub fn show(name: &str, s: &Summary) -> String {
-    units::format(s.mean, Metric::unit(name))
+    units::format(s.mean, Metric::from(name).unit())
 }
 
 /// The control that shares nothing, where a workload has one: each task its own table
