@@ -254,23 +254,23 @@ impl Workload {
     /// One line for `--help`: what the workload measures.
     pub fn about(self) -> &'static str {
         match self {
-            Workload::Posix01 => "lockperf (per-inode lock, 2013): N tasks lock/unlock one file's whole-file POSIX lock",
-            Workload::Posix02 => "lockperf (per-inode lock, 2013): as posix01, each task its own file",
-            Workload::Flock01 => "lockperf (per-inode lock, 2013): N tasks flock/unlock one file",
-            Workload::Flock02 => "lockperf (per-inode lock, 2013): as flock01, each task its own file",
-            Workload::Herd => "the wait tree (2018): N contenders for one whole-file lock (flock, ofd, posix)",
+            Workload::Posix01 => "lockperf, per-inode file locks (Layton, 2013): N tasks lock/unlock one file's whole-file POSIX lock",
+            Workload::Posix02 => "lockperf, per-inode file locks (Layton, 2013): as posix01, each task its own file",
+            Workload::Flock01 => "lockperf, per-inode file locks (Layton, 2013): N tasks flock/unlock one file",
+            Workload::Flock02 => "lockperf, per-inode file locks (Layton, 2013): as flock01, each task its own file",
+            Workload::Herd => "wait tree of fs/locks.c (NeilBrown, 2018): N contenders for one whole-file lock (flock, ofd, posix)",
             Workload::Lock1 => "will-it-scale lock1: 1-byte lock, each task its own file",
             Workload::Lock2 => "will-it-scale lock2: 1-byte locks, all tasks one file",
             Workload::Lockmany => {
-                "H locks held on one file; set/unset and test one more (ofd, posix)"
+                "many locks on one file: H held; set/unset and test one more (ofd, posix)"
             }
-            Workload::Pipebench => "lock-free fd_install (2015): each thread creates a pipe and closes both ends",
+            Workload::Pipebench => "lock-free fd_install (Guzik, 2015): each thread creates a pipe and closes both ends",
             Workload::Opensock => {
-                "lock-free fd_install (2015): each thread closes a random descriptor of its own and opens a socket"
+                "lock-free fd_install (Guzik, 2015): each thread closes a random descriptor of its own and opens a socket"
             }
             Workload::Dup1 => "will-it-scale dup1: dup one shared descriptor and close the copy",
-            Workload::Inodes => "inode cache scalability (2023): create, walk, chmod, unlink and a cold walk of F files per task",
-            Workload::Loop => "loop device lock (2021): loop devices at boot, open/close, configure, churn, block I/O",
+            Workload::Inodes => "inode cache scalability (Chinner, 2023): create, walk, chmod, unlink and a cold walk of F files per task",
+            Workload::Loop => "per-device loop lock (Tatashin, 2021): loop devices at boot, open/close, configure, churn, block I/O",
         }
     }
 
