@@ -363,7 +363,7 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
             }
         }
         // Per (configuration, target): mode → metric name → samples.
-        type Samples = BTreeMap<String, BTreeMap<String, Vec<f64>>>;
+        type Samples = BTreeMap<String, BTreeMap<Metric, Vec<f64>>>;
         let mut by_unit: BTreeMap<(usize, Target), Samples> = BTreeMap::new();
         for (c, target) in run_order(w, &live, plan.runs) {
             let cfg = &group[c];
@@ -384,7 +384,7 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
                         samples
                             .entry(mode.unwrap_or(cfg.mode_label()).to_string())
                             .or_default()
-                            .entry(metric.to_string())
+                            .entry(metric.clone())
                             .or_default()
                             .push(v);
                     }
@@ -421,7 +421,7 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
                 row.fs = fs.clone();
                 row.metrics = metrics
                     .iter()
-                    .map(|(k, v)| (Metric::from(k.as_str()), Summary::of(k, v)))
+                    .map(|(k, v)| (k.clone(), Summary::of(k.name(), v)))
                     .collect();
                 results.push(row);
             }

@@ -709,7 +709,7 @@ mod tests {
     }
 
     fn assert_metrics(s: &Sample, keys: &[&str], what: &str) {
-        let got: Vec<&str> = s.keys().map(String::as_str).collect();
+        let got: Vec<&str> = s.keys().map(crate::result::Metric::name).collect();
         let mut want = keys.to_vec();
         want.sort_unstable();
         assert_eq!(got, want, "{what}");

@@ -3,14 +3,16 @@
 use std::collections::BTreeMap;
 use std::ops::Index;
 
-/// One repetition's measurements: metric name → value for the configuration's own mode,
+use crate::result::Metric;
+
+/// One repetition's measurements: metric → value for the configuration's own mode,
 /// the same per mode for a run that measures several modes at once (the inodes phases,
 /// each of which becomes its own result row), and the parts of the run that could not
 /// be measured here, each with why (listed with the skipped configurations).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Sample {
-    own: BTreeMap<String, f64>,
-    modes: BTreeMap<String, BTreeMap<String, f64>>,
+    own: BTreeMap<Metric, f64>,
+    modes: BTreeMap<String, BTreeMap<Metric, f64>>,
     skipped: Vec<String>,
 }
 
@@ -21,12 +23,12 @@ impl Sample {
     }
 
     /// Records `metric` of the configuration's own mode.
-    pub fn insert(&mut self, metric: String, value: f64) {
+    pub fn insert(&mut self, metric: Metric, value: f64) {
         self.own.insert(metric, value);
     }
 
     /// Records `metric` of `mode`, for a run that measures several modes at once.
-    pub fn insert_in(&mut self, mode: &str, metric: String, value: f64) {
+    pub fn insert_in(&mut self, mode: &str, metric: Metric, value: f64) {
         self.modes
             .entry(mode.to_string())
             .or_default()
@@ -55,7 +57,7 @@ impl Sample {
     }
 
     /// The own mode's metric names, sorted.
-    pub fn keys(&self) -> impl Iterator<Item = &String> {
+    pub fn keys(&self) -> impl Iterator<Item = &Metric> {
         self.own.keys()
     }
 
@@ -71,12 +73,12 @@ impl Sample {
 
     /// Every metric: `(None, name, value)` for the own mode, `(Some(mode), ...)` for the
     /// others.
-    pub fn metrics(&self) -> impl Iterator<Item = (Option<&str>, &str, f64)> {
-        let own = self.own.iter().map(|(k, v)| (None, k.as_str(), *v));
+    pub fn metrics(&self) -> impl Iterator<Item = (Option<&str>, &Metric, f64)> {
+        let own = self.own.iter().map(|(k, v)| (None, k, *v));
         let modes = self
             .modes
             .iter()
-            .flat_map(|(m, ms)| ms.iter().map(move |(k, v)| (Some(m.as_str()), k.as_str(), *v)));
+            .flat_map(|(m, ms)| ms.iter().map(move |(k, v)| (Some(m.as_str()), k, *v)));
         own.chain(modes)
     }
 
@@ -121,7 +123,7 @@ mod tests {
         assert_eq!(s.get_in("walk", "ops_per_sec"), Some(3.0));
         assert_eq!(s.keys().count(), 1);
         assert_eq!(s.skipped(), ["cold-walk: tmpfs pins its inodes"]);
-        let all: Vec<_> = s.metrics().collect();
+        let all: Vec<_> = s.metrics().map(|(m, k, v)| (m, k.name(), v)).collect();
         assert_eq!(
             all,
             [(None, "ops_per_sec", 2.0), (Some("walk"), "ops_per_sec", 3.0)]

@@ -414,7 +414,11 @@ mod child {
                 let mut m = String::from("O");
                 for (mode, k, v) in s.metrics() {
                     let mode = mode.unwrap_or(OWN_MODE);
-                    m.push_str(&format!("{:016x} {mode} {}\n", v.to_bits(), k.replace('\n', " ")));
+                    m.push_str(&format!(
+                        "{:016x} {mode} {}\n",
+                        v.to_bits(),
+                        k.name().replace('\n', " ")
+                    ));
                 }
                 for why in s.skipped() {
                     m.push_str(&format!("{SKIP_LINE}{}\n", why.replace('\n', " ")));
@@ -505,8 +509,8 @@ mod child {
                     };
                     let v = f64::from_bits(bits);
                     match mode {
-                        OWN_MODE => s.insert(k.to_string(), v),
-                        mode => s.insert_in(mode, k.to_string(), v),
+                        OWN_MODE => s.insert(k.into(), v),
+                        mode => s.insert_in(mode, k.into(), v),
                     }
                 }
                 Ok(s)

@@ -21,7 +21,7 @@ fn modes() -> &'static [&'static str] {
 }
 
 fn keys(s: &Sample) -> Vec<&str> {
-    s.keys().map(String::as_str).collect()
+    s.keys().map(crate::result::Metric::name).collect()
 }
 
 #[test]
