@@ -43,8 +43,8 @@ impl Mark {
 pub struct MetricComparison {
     /// The configuration, [`Row::key`].
     pub configuration: String,
-    /// The metric's name.
-    pub metric: String,
+    /// The metric.
+    pub metric: Metric,
     /// The metric in report A.
     pub a: Summary,
     /// The metric in report B.
@@ -117,11 +117,9 @@ fn find<'a>(rows: &[(String, &'a Row)], key: &str) -> Option<&'a Row> {
 fn compare_rows(comparison: &mut Comparison, key: &str, a: &Row, b: &Row) {
     for (name, summary_a) in &a.metrics {
         match b.metrics.get(name) {
-            Some(summary_b) => {
-                comparison
-                    .metrics
-                    .push(compare_metric(key, name.name(), summary_a, summary_b))
-            }
+            Some(summary_b) => comparison
+                .metrics
+                .push(compare_metric(key, name, summary_a, summary_b)),
             None => comparison.only_in_a.push(format!("{key} {name}")),
         }
     }
@@ -132,11 +130,11 @@ fn compare_rows(comparison: &mut Comparison, key: &str, a: &Row, b: &Row) {
 }
 
 /// Compares one metric.
-pub fn compare_metric(configuration: &str, metric: &str, a: &Summary, b: &Summary) -> MetricComparison {
+pub fn compare_metric(configuration: &str, metric: &Metric, a: &Summary, b: &Summary) -> MetricComparison {
     let ratio = Ratio::unpaired(metric, b, a);
     MetricComparison {
         configuration: configuration.to_string(),
-        metric: metric.to_string(),
+        metric: metric.clone(),
         a: a.clone(),
         b: b.clone(),
         ratio,
@@ -147,13 +145,13 @@ pub fn compare_metric(configuration: &str, metric: &str, a: &Summary, b: &Summar
 /// The verdict on a ratio B/A: a change only when significant (p < [`SIGNIFICANCE`]) and
 /// larger than the noise (|ratio − 1| above twice its error and above [`MIN_CHANGE`]);
 /// its direction then comes from [`Metric::higher_is_better`]. NaN anywhere gives `~`.
-pub fn mark(metric: &str, ratio: &Ratio) -> Mark {
+pub fn mark(metric: &Metric, ratio: &Ratio) -> Mark {
     let change = (ratio.value - 1.0).abs();
     let stands_out = ratio.p < SIGNIFICANCE && change > 2.0 * ratio.error && change > MIN_CHANGE;
     if !stands_out {
         return Mark::Same;
     }
-    if (ratio.value > 1.0) == Metric::from(metric).higher_is_better() {
+    if (ratio.value > 1.0) == metric.higher_is_better() {
         Mark::Better
     } else {
         Mark::Worse
@@ -177,9 +175,9 @@ pub fn render_comparison(c: &Comparison) -> String {
     for m in &c.metrics {
         table.add_row([
             m.configuration.clone(),
-            m.metric.clone(),
-            units::format_summary(&m.metric, &m.a),
-            units::format_summary(&m.metric, &m.b),
+            m.metric.to_string(),
+            units::format_summary(m.metric.name(), &m.a),
+            units::format_summary(m.metric.name(), &m.b),
             units::format_ratio_pm(m.ratio.value, m.ratio.error),
             units::format_p(m.ratio.p),
             m.mark.as_str().to_string(),
@@ -279,7 +277,7 @@ mod tests {
     }
 
     fn find<'a>(c: &'a Comparison, metric: &str) -> &'a MetricComparison {
-        c.metrics.iter().find(|m| m.metric == metric).unwrap()
+        c.metrics.iter().find(|m| m.metric.name() == metric).unwrap()
     }
 
     #[test]
@@ -332,14 +330,17 @@ mod tests {
     #[test]
     fn small_or_noisy_changes_are_not_marked() {
         // Significant but only 1%: below MIN_CHANGE.
-        assert_eq!(mark(TIME, &r(1.01, 0.001, 1e-9)), Mark::Same);
+        assert_eq!(mark(&Metric::from(TIME), &r(1.01, 0.001, 1e-9)), Mark::Same);
         // Large but within twice its error.
-        assert_eq!(mark(TIME, &r(1.5, 0.3, 0.01)), Mark::Same);
+        assert_eq!(mark(&Metric::from(TIME), &r(1.5, 0.3, 0.01)), Mark::Same);
         // Large and precise but not significant.
-        assert_eq!(mark(TIME, &r(1.5, 0.01, 0.2)), Mark::Same);
-        assert_eq!(mark(TIME, &r(f64::NAN, f64::NAN, f64::NAN)), Mark::Same);
-        assert_eq!(mark(TIME, &r(0.5, 0.01, 0.001)), Mark::Better);
-        assert_eq!(mark(RATE, &r(0.5, 0.01, 0.001)), Mark::Worse);
+        assert_eq!(mark(&Metric::from(TIME), &r(1.5, 0.01, 0.2)), Mark::Same);
+        assert_eq!(
+            mark(&Metric::from(TIME), &r(f64::NAN, f64::NAN, f64::NAN)),
+            Mark::Same
+        );
+        assert_eq!(mark(&Metric::from(TIME), &r(0.5, 0.01, 0.001)), Mark::Better);
+        assert_eq!(mark(&Metric::from(RATE), &r(0.5, 0.01, 0.001)), Mark::Worse);
     }
 
     #[test]

@@ -50,9 +50,9 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// Summarizes `samples` of metric `name`.
-    pub fn of(name: &str, samples: &[f64]) -> Summary {
-        stats::summarize(samples, Metric::from(name).is_rate())
+    /// Summarizes `samples` of metric `metric` (a [`Metric`] or its name).
+    pub fn of(metric: impl AsRef<str>, samples: &[f64]) -> Summary {
+        stats::summarize(samples, Metric::from(metric.as_ref()).is_rate())
     }
 }
 
@@ -69,6 +69,67 @@ impl Metric {
     pub const fn named(name: &'static str) -> Metric {
         Metric(Cow::Borrowed(name))
     }
+
+    // The metrics the headline and the exporters read by name.
+    /// `ops_per_sec`.
+    pub const OPS_PER_SEC: &'static Metric = &Metric::named("ops_per_sec");
+    /// `total_lock_seconds`.
+    pub const TOTAL_LOCK_SECONDS: &'static Metric = &Metric::named("total_lock_seconds");
+    /// `set_unset_ns`.
+    pub const SET_UNSET_NS: &'static Metric = &Metric::named("set_unset_ns");
+    /// `acquisitions_per_sec`.
+    pub const ACQUISITIONS_PER_SEC: &'static Metric = &Metric::named("acquisitions_per_sec");
+    /// `lock_wait_sec`.
+    pub const LOCK_WAIT_SEC: &'static Metric = &Metric::named("lock_wait_sec");
+    /// `jain_index`.
+    pub const JAIN_INDEX: &'static Metric = &Metric::named("jain_index");
+    /// `getlk_ns`.
+    pub const GETLK_NS: &'static Metric = &Metric::named("getlk_ns");
+    /// `ctl_lock_acquisitions_per_op`.
+    pub const CTL_LOCK_ACQUISITIONS_PER_OP: &'static Metric = &Metric::named("ctl_lock_acquisitions_per_op");
+    /// `bytes_per_inode`.
+    pub const BYTES_PER_INODE: &'static Metric = &Metric::named("bytes_per_inode");
+    /// `wait_p99_sec`.
+    pub const WAIT_P99_SEC: &'static Metric = &Metric::named("wait_p99_sec");
+    /// `unused_inodes`.
+    pub const UNUSED_INODES: &'static Metric = &Metric::named("unused_inodes");
+    /// `table_lock_acquisitions_per_install`.
+    pub const TABLE_LOCK_ACQUISITIONS_PER_INSTALL: &'static Metric =
+        &Metric::named("table_lock_acquisitions_per_install");
+    /// `min_per_worker`.
+    pub const MIN_PER_WORKER: &'static Metric = &Metric::named("min_per_worker");
+    /// `llc_bytes`.
+    pub const LLC_BYTES: &'static Metric = &Metric::named("llc_bytes");
+    /// `left_after_umount`.
+    pub const LEFT_AFTER_UMOUNT: &'static Metric = &Metric::named("left_after_umount");
+    /// `global_lock_acquisitions_per_op`.
+    pub const GLOBAL_LOCK_ACQUISITIONS_PER_OP: &'static Metric =
+        &Metric::named("global_lock_acquisitions_per_op");
+    /// `evicted_inodes`.
+    pub const EVICTED_INODES: &'static Metric = &Metric::named("evicted_inodes");
+    /// `evict_ns_per_inode`.
+    pub const EVICT_NS_PER_INODE: &'static Metric = &Metric::named("evict_ns_per_inode");
+    /// `direct_ops_per_sec`.
+    pub const DIRECT_OPS_PER_SEC: &'static Metric = &Metric::named("direct_ops_per_sec");
+    /// `devices`.
+    pub const DEVICES: &'static Metric = &Metric::named("devices");
+    /// `data_bytes_per_inode`.
+    pub const DATA_BYTES_PER_INODE: &'static Metric = &Metric::named("data_bytes_per_inode");
+    /// `bytes_per_lock`.
+    pub const BYTES_PER_LOCK: &'static Metric = &Metric::named("bytes_per_lock");
+    /// `wakeups_per_acquisition`.
+    pub const WAKEUPS_PER_ACQUISITION: &'static Metric = &Metric::named("wakeups_per_acquisition");
+    /// `table_lock_acquisitions_per_lookup`.
+    pub const TABLE_LOCK_ACQUISITIONS_PER_LOOKUP: &'static Metric =
+        &Metric::named("table_lock_acquisitions_per_lookup");
+    /// `mean_per_worker`.
+    pub const MEAN_PER_WORKER: &'static Metric = &Metric::named("mean_per_worker");
+    /// `loads_per_distinct_inode`.
+    pub const LOADS_PER_DISTINCT_INODE: &'static Metric = &Metric::named("loads_per_distinct_inode");
+    /// `inode_bytes_per_inode`.
+    pub const INODE_BYTES_PER_INODE: &'static Metric = &Metric::named("inode_bytes_per_inode");
+    /// `hash_table_bytes_per_inode`.
+    pub const HASH_TABLE_BYTES_PER_INODE: &'static Metric = &Metric::named("hash_table_bytes_per_inode");
 
     /// Its name.
     pub fn name(&self) -> &str {
@@ -112,6 +173,18 @@ impl From<&str> for Metric {
 impl From<String> for Metric {
     fn from(name: String) -> Metric {
         Metric(Cow::Owned(name))
+    }
+}
+
+impl From<&Metric> for Metric {
+    fn from(m: &Metric) -> Metric {
+        m.clone()
+    }
+}
+
+impl AsRef<str> for Metric {
+    fn as_ref(&self) -> &str {
+        self.name()
     }
 }
 

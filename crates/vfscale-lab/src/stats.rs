@@ -255,8 +255,8 @@ pub fn ratio_with_error(a: &Summary, b: &Summary) -> (f64, f64) {
 /// their reciprocals (time per unit of work), since a rate's mean is the harmonic mean,
 /// the reciprocal of the reciprocals' mean; the test then asks whether the reported
 /// means differ.
-pub fn test_values(metric: &str, summary: &Summary) -> Vec<f64> {
-    if Metric::from(metric).is_rate() {
+pub fn test_values(metric: &Metric, summary: &Summary) -> Vec<f64> {
+    if metric.is_rate() {
         summary.samples.iter().map(|x| 1.0 / x).collect()
     } else {
         summary.samples.clone()
@@ -278,7 +278,7 @@ impl Ratio {
     /// `a / b` of metric `metric`, the two sides taken as independent: the ratio of the
     /// means with its propagated error ([`ratio_with_error`]) and Welch's test on
     /// [`test_values`].
-    pub fn unpaired(metric: &str, a: &Summary, b: &Summary) -> Ratio {
+    pub fn unpaired(metric: &Metric, a: &Summary, b: &Summary) -> Ratio {
         let (value, error) = ratio_with_error(a, b);
         let (_, _, p) = welch_t_test(&test_values(metric, a), &test_values(metric, b));
         Ratio { value, error, p }
@@ -328,7 +328,7 @@ impl Ratio {
 
     /// `a / b` paired run by run where the rows allow it ([`Ratio::paired`]), else
     /// unpaired ([`Ratio::unpaired`]).
-    pub fn paired_or_unpaired(metric: &str, a: &Summary, b: &Summary) -> Ratio {
+    pub fn paired_or_unpaired(metric: &Metric, a: &Summary, b: &Summary) -> Ratio {
         Ratio::paired(a, b).unwrap_or_else(|| Ratio::unpaired(metric, a, b))
     }
 
@@ -553,7 +553,7 @@ mod tests {
         let rates = |x: &[f64]| summarize(x, true);
         let a = rates(&[11.0, 11.0, 5.5, 5.5, 11.0]);
         let b = rates(&[10.0, 10.0, 5.0, 5.0, 10.0]);
-        assert!(Ratio::unpaired("ops_per_sec", &a, &b).p > 0.05);
+        assert!(Ratio::unpaired(Metric::OPS_PER_SEC, &a, &b).p > 0.05);
         let r = Ratio::paired(&a, &b).unwrap();
         assert!((r.value - 1.1).abs() < 1e-9 && r.p == 0.0, "{r:?}");
         // Noise that is not shared stays noise.

@@ -344,7 +344,11 @@ fn ratio(rows: &[&Row], row: &Row, base: Target, metric: &str) -> Option<(f64, f
     let other = rows
         .iter()
         .find(|o| o.target == base && o.mode == row.mode && o.tasks == row.tasks && o.size() == row.size())?;
-    let r = Ratio::unpaired(metric, row.metrics.get(metric)?, other.metrics.get(metric)?);
+    let r = Ratio::unpaired(
+        &Metric::from(metric),
+        row.metrics.get(metric)?,
+        other.metrics.get(metric)?,
+    );
     Some((r.value, r.error))
 }
 

@@ -319,9 +319,9 @@ fn group_table(report: &Report, g: &Group) -> Option<Table> {
             let cell = match (find(k, Target::Library), find(k, *b)) {
                 (Some(l), Some(o)) => {
                     let r = if paired_runs(k.0) {
-                        Ratio::paired_or_unpaired(metric, l, o)
+                        Ratio::paired_or_unpaired(&Metric::from(metric), l, o)
                     } else {
-                        Ratio::unpaired(metric, l, o)
+                        Ratio::unpaired(&Metric::from(metric), l, o)
                     };
                     let mark = if r.significant() { "" } else { " ~" };
                     format!("{}{mark}", units::format_ratio_pm(r.value, r.error))

@@ -4,7 +4,7 @@
 use super::{metric, task_counts, Finding, Targets};
 use crate::experiment::Experiment;
 use crate::measure::Target;
-use crate::result::Report;
+use crate::result::{Metric, Report};
 use crate::stats::Ratio;
 use crate::units::{self, Unit};
 
@@ -12,7 +12,7 @@ use crate::units::{self, Unit};
 /// the table-lock counters (exactly 1 per install, 0 per lookup; 2 per install before
 /// the upstream change).
 pub fn findings(report: &Report) -> Vec<Finding> {
-    let rate = "ops_per_sec";
+    let rate = Metric::OPS_PER_SEC;
     let counts = task_counts(report, "pipebench", Target::Library, "threads");
     if counts.is_empty() {
         return Vec::new();
@@ -43,15 +43,18 @@ pub fn findings(report: &Report) -> Vec<Finding> {
     let n = *counts.last().expect("not empty");
     let c = |target, m| metric(report, "pipebench", target, "threads", n, m).map(|s| s.mean);
     if let (Some(inst), Some(look)) = (
-        c(Target::Library, "table_lock_acquisitions_per_install"),
-        c(Target::Library, "table_lock_acquisitions_per_lookup"),
+        c(Target::Library, Metric::TABLE_LOCK_ACQUISITIONS_PER_INSTALL),
+        c(Target::Library, Metric::TABLE_LOCK_ACQUISITIONS_PER_LOOKUP),
     ) {
         text.push_str(&format!(
             "; table-lock acquisitions per install {}, per lookup {}",
             units::format(inst, Unit::Plain),
             units::format(look, Unit::Plain)
         ));
-        if let Some(pre) = c(Target::LibraryPrepatch, "table_lock_acquisitions_per_install") {
+        if let Some(pre) = c(
+            Target::LibraryPrepatch,
+            Metric::TABLE_LOCK_ACQUISITIONS_PER_INSTALL,
+        ) {
             text.push_str(&format!(
                 " (prepatch {} per install)",
                 units::format(pre, Unit::Plain)

@@ -33,12 +33,12 @@
 use super::{metric, task_counts, Finding, Targets, MIN_OF_CONTROL};
 use crate::experiment::Experiment;
 use crate::measure::Target;
-use crate::result::Report;
+use crate::result::{Metric, Report};
 use crate::stats::Ratio;
 use crate::units::{self, Unit};
 
 const W: &str = "inodes";
-const RATE: &str = "ops_per_sec";
+const RATE: &Metric = Metric::OPS_PER_SEC;
 const PHASES: [&str; 5] = ["create", "walk", "chmod", "unlink", "cold-walk"];
 const ALTERNATIVES: [Target; 3] = [Target::RwlockHashmap, Target::Dashmap, Target::Moka];
 /// The control (`partitioned`: a table per task, nothing shared): not a design a
@@ -80,17 +80,18 @@ fn evict(report: &Report) -> Vec<Finding> {
             .iter()
             .filter(|r| r.workload == W && r.target == target && r.mode == MODE)
             .filter_map(|r| {
-                let m = |k: &str| r.metrics.get(k).map(|s| s.mean);
+                let m = |k: &Metric| r.metrics.get(k).map(|s| s.mean);
                 Some((
                     r.files?,
                     r.tasks,
-                    m("bytes_per_inode")?,
-                    m("evict_ns_per_inode")?,
-                    m("evicted_inodes")? == m("unused_inodes")? && m("left_after_umount")? == 0.0,
-                    m("inode_bytes_per_inode").zip(m("hash_table_bytes_per_inode")),
-                    m("llc_bytes").map(|llc| {
-                        let per =
-                            m("bytes_per_inode").unwrap_or(0.0) + m("data_bytes_per_inode").unwrap_or(0.0);
+                    m(Metric::BYTES_PER_INODE)?,
+                    m(Metric::EVICT_NS_PER_INODE)?,
+                    m(Metric::EVICTED_INODES)? == m(Metric::UNUSED_INODES)?
+                        && m(Metric::LEFT_AFTER_UMOUNT)? == 0.0,
+                    m(Metric::INODE_BYTES_PER_INODE).zip(m(Metric::HASH_TABLE_BYTES_PER_INODE)),
+                    m(Metric::LLC_BYTES).map(|llc| {
+                        let per = m(Metric::BYTES_PER_INODE).unwrap_or(0.0)
+                            + m(Metric::DATA_BYTES_PER_INODE).unwrap_or(0.0);
                         (per * r.files.unwrap_or(0) as f64 >= 2.0 * llc, llc)
                     }),
                 ))
@@ -289,7 +290,7 @@ fn phases(report: &Report) -> Vec<Finding> {
     // Line 2: counters.
     let mut t = Targets::new();
     let mut parts = Vec::new();
-    let per_op = "global_lock_acquisitions_per_op";
+    let per_op = Metric::GLOBAL_LOCK_ACQUISITIONS_PER_OP;
     let max_over = |target: Target| {
         PHASES
             .iter()
@@ -313,7 +314,7 @@ fn phases(report: &Report) -> Vec<Finding> {
         parts.push(format!("prepatch ≥ {}", units::format(pre, Unit::Plain)));
         t.check(pre >= 1.0, "prepatch under 1 global lock per op");
     }
-    let loads = "loads_per_distinct_inode";
+    let loads = Metric::LOADS_PER_DISTINCT_INODE;
     if let Some(l) = metric(report, W, Target::Library, "cold-walk", n, loads) {
         let mut s = format!(
             "cold-walk loads/inode library {}",
@@ -391,15 +392,15 @@ mod tests {
                     crate::result::Row::new(W, Target::Library, crate::measure::inodes::million::MODE, 1);
                 r.files = Some(n);
                 let mut m = vec![
-                    ("bytes_per_inode", 96.8),
-                    ("data_bytes_per_inode", 32.0),
-                    ("evict_ns_per_inode", ns),
-                    ("evicted_inodes", n as f64),
-                    ("unused_inodes", n as f64),
-                    ("left_after_umount", 0.0),
+                    (Metric::BYTES_PER_INODE, 96.8),
+                    (Metric::DATA_BYTES_PER_INODE, 32.0),
+                    (Metric::EVICT_NS_PER_INODE, ns),
+                    (Metric::EVICTED_INODES, n as f64),
+                    (Metric::UNUSED_INODES, n as f64),
+                    (Metric::LEFT_AFTER_UMOUNT, 0.0),
                 ];
                 if let Some(l) = llc {
-                    m.push(("llc_bytes", l));
+                    m.push((Metric::LLC_BYTES, l));
                 }
                 for (k, v) in m {
                     r.metrics.insert(k.into(), Summary::of(k, &[v]));

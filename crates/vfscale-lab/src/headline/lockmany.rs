@@ -7,7 +7,7 @@
 use super::{show, skip_reason, Finding, Status, Targets};
 use crate::experiment::Experiment;
 use crate::measure::Target;
-use crate::result::{Report, Summary};
+use crate::result::{Metric, Report, Summary};
 use crate::stats::Ratio;
 use crate::units::{self, Unit};
 
@@ -24,7 +24,7 @@ fn held_counts(report: &Report, target: Target, mode: &str) -> Vec<u64> {
     v
 }
 
-fn get<'a>(report: &'a Report, target: Target, mode: &str, held: u64, m: &str) -> Option<&'a Summary> {
+fn get<'a>(report: &'a Report, target: Target, mode: &str, held: u64, m: &Metric) -> Option<&'a Summary> {
     report
         .results
         .iter()
@@ -43,7 +43,7 @@ pub fn findings(report: &Report) -> Vec<Finding> {
         };
         let mut t = Targets::new();
         let mut parts = Vec::new();
-        for (m, what) in [("set_unset_ns", "set+unset"), ("getlk_ns", "test")] {
+        for (m, what) in [(Metric::SET_UNSET_NS, "set+unset"), (Metric::GETLK_NS, "test")] {
             let Some(lib) = get(report, Target::Library, mode, h, m) else {
                 continue;
             };
@@ -77,9 +77,9 @@ pub fn findings(report: &Report) -> Vec<Finding> {
             continue;
         }
         let mut text = format!("lockmany {mode}, {h} held: library {}", parts.join("; "));
-        if let Some(b) = get(report, Target::Library, mode, h, "bytes_per_lock") {
+        if let Some(b) = get(report, Target::Library, mode, h, Metric::BYTES_PER_LOCK) {
             text.push_str(&format!("; {}/lock", units::format(b.mean, Unit::Bytes)));
-            if let Some(k) = get(report, Target::Kernel, mode, h, "bytes_per_lock") {
+            if let Some(k) = get(report, Target::Kernel, mode, h, Metric::BYTES_PER_LOCK) {
                 text.push_str(&format!(" (kernel {})", units::format(k.mean, Unit::Bytes)));
             }
             t.check(
@@ -88,7 +88,7 @@ pub fn findings(report: &Report) -> Vec<Finding> {
             );
         }
         let mut status = t.status();
-        if get(report, Target::Kernel, mode, h, "set_unset_ns").is_none() {
+        if get(report, Target::Kernel, mode, h, Metric::SET_UNSET_NS).is_none() {
             if let Some(why) = skip_reason(report, "lockmany", Target::Kernel) {
                 if status == Status::Info {
                     status = Status::Skipped(format!("kernel: {why}"));
@@ -107,7 +107,7 @@ pub fn findings(report: &Report) -> Vec<Finding> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::result::Row;
+    use crate::result::{Metric, Row};
 
     fn report(rows: &[(Target, u64, &[f64], &[f64])]) -> Report {
         super::super::test_report(
@@ -115,9 +115,12 @@ mod tests {
                 .map(|&(target, held, set, test)| {
                     let mut r = Row::new("lockmany", target, "ofd", 1);
                     r.held = Some(held);
+                    r.metrics.insert(
+                        Metric::SET_UNSET_NS.into(),
+                        Summary::of(Metric::SET_UNSET_NS, set),
+                    );
                     r.metrics
-                        .insert("set_unset_ns".into(), Summary::of("set_unset_ns", set));
-                    r.metrics.insert("getlk_ns".into(), Summary::of("getlk_ns", test));
+                        .insert(Metric::GETLK_NS.into(), Summary::of(Metric::GETLK_NS, test));
                     r
                 })
                 .collect(),

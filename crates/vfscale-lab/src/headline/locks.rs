@@ -5,14 +5,14 @@
 use super::{metric, show, skip_reason, task_counts, Finding, Status, Targets, CONTROL, MIN_OF_CONTROL};
 use crate::experiment::Experiment;
 use crate::measure::Target;
-use crate::result::{Report, Summary};
+use crate::result::{Metric, Report, Summary};
 use crate::stats::Ratio;
 use crate::units::{self, Unit};
 
 /// lockperf on one shared file (01) and on a file per task (02).
 pub fn lockperf(report: &Report) -> Vec<Finding> {
     let mut out = Vec::new();
-    let time = "total_lock_seconds";
+    let time = Metric::TOTAL_LOCK_SECONDS;
     // One shared file: the library's total locking time against the kernel's, at the
     // largest task count (the upstream benchmark's contended case).
     for (workloads, what) in [
@@ -53,7 +53,7 @@ pub fn lockperf(report: &Report) -> Vec<Finding> {
             // no lock manager at all do. Judged against that control, measured in the
             // same run, at 2 tasks (the lab's machines have 2 CPUs; else the most both
             // ran): a fixed 2/1 bound would only report the machine.
-            let rate = "ops_per_sec";
+            let rate = Metric::OPS_PER_SEC;
             let mut kept = Vec::new();
             for w in workloads {
                 let mode = if w.starts_with("posix") { "posix" } else { "flock" };
@@ -84,7 +84,7 @@ pub fn lockperf(report: &Report) -> Vec<Finding> {
                 let mode = if w.starts_with("posix") { "posix" } else { "flock" };
                 let rate = |n| metric(report, w, Target::Library, mode, n, rate);
                 if let (Some(one), Some(two)) = (rate(1), rate(2)) {
-                    let r = Ratio::unpaired("ops_per_sec", two, one);
+                    let r = Ratio::unpaired(Metric::OPS_PER_SEC, two, one);
                     scaling.push(format!("{} ({w})", units::format_ratio(r.value)));
                 }
             }
@@ -109,7 +109,7 @@ pub fn lockperf(report: &Report) -> Vec<Finding> {
                     target,
                     "posix",
                     2,
-                    "global_lock_acquisitions_per_op",
+                    Metric::GLOBAL_LOCK_ACQUISITIONS_PER_OP,
                 )
                 .map(|s| units::format(s.mean, Unit::Plain))
             };
@@ -143,7 +143,7 @@ struct Herd<'a> {
 }
 
 impl<'a> Herd<'a> {
-    fn get(&self, n: usize, m: &str) -> Option<&'a Summary> {
+    fn get(&self, n: usize, m: &Metric) -> Option<&'a Summary> {
         metric(self.report, "herd", self.target, self.mode, n, m)
     }
 }
@@ -151,7 +151,7 @@ impl<'a> Herd<'a> {
 /// The herd, one line per mode at the largest contender count; with the fairness
 /// figures where the run has them.
 pub fn herd(report: &Report) -> Vec<Finding> {
-    let rate = "acquisitions_per_sec";
+    let rate = Metric::ACQUISITIONS_PER_SEC;
     let mut out = Vec::new();
     for mode in ["flock", "ofd", "posix"] {
         let counts = task_counts(report, "herd", Target::Library, mode);
@@ -198,7 +198,7 @@ pub fn herd(report: &Report) -> Vec<Finding> {
                 t.check_ratio(&f, 0.9, true, &format!("rate at {n}/at {b}"));
             }
         }
-        if let Some(w) = lib.get(n, "wakeups_per_acquisition") {
+        if let Some(w) = lib.get(n, Metric::WAKEUPS_PER_ACQUISITION) {
             text.push_str(&format!("; wake-ups per acquisition {}", units::plain(w.mean, 2)));
             t.check(
                 w.mean <= 1.1,
@@ -222,14 +222,14 @@ pub fn herd(report: &Report) -> Vec<Finding> {
 /// gets ≥ 1% of the mean and no less than the kernel's; p99 wait ≤ the kernel's; Jain's
 /// index ≥ 0.9 and ≥ the kernel's.
 fn herd_fairness(lib: &Herd<'_>, ker: &Herd<'_>, n: usize, text: &mut String, t: &mut Targets) {
-    let Some(min) = lib.get(n, "min_per_worker") else {
+    let Some(min) = lib.get(n, Metric::MIN_PER_WORKER) else {
         return;
     };
     text.push_str(&format!(
         "; least-served worker {}",
         units::format(min.mean, Unit::Plain)
     ));
-    if let Some(mean) = lib.get(n, "mean_per_worker").map(|s| s.mean) {
+    if let Some(mean) = lib.get(n, Metric::MEAN_PER_WORKER).map(|s| s.mean) {
         let share = if mean > 0.0 { min.mean / mean } else { 0.0 };
         text.push_str(&format!(" ({}% of mean)", units::plain(share * 100.0, 2)));
         t.check(
@@ -240,27 +240,27 @@ fn herd_fairness(lib: &Herd<'_>, ker: &Herd<'_>, n: usize, text: &mut String, t:
             ),
         );
     }
-    let fairness_run = lib.get(n, "jain_index").is_some();
-    if let Some(k) = ker.get(n, "min_per_worker") {
+    let fairness_run = lib.get(n, Metric::JAIN_INDEX).is_some();
+    if let Some(k) = ker.get(n, Metric::MIN_PER_WORKER) {
         text.push_str(&format!(" (kernel {})", units::format(k.mean, Unit::Plain)));
         if fairness_run {
             t.check(min.mean >= k.mean, "least-served below the kernel's");
         }
     }
-    if let Some(p99) = lib.get(n, "wait_p99_sec") {
+    if let Some(p99) = lib.get(n, Metric::WAIT_P99_SEC) {
         text.push_str(&format!(", p99 wait {}", units::format(p99.mean, Unit::Seconds)));
-        if let Some(k) = ker.get(n, "wait_p99_sec") {
+        if let Some(k) = ker.get(n, Metric::WAIT_P99_SEC) {
             text.push_str(&format!(" (kernel {})", units::format(k.mean, Unit::Seconds)));
             t.check(p99.mean <= k.mean, "p99 wait above the kernel's");
         }
     }
-    if let Some(j) = lib.get(n, "jain_index") {
+    if let Some(j) = lib.get(n, Metric::JAIN_INDEX) {
         text.push_str(&format!(", Jain {}", units::plain(j.mean, 2)));
         t.check(
             j.mean >= 0.9,
             format!("Jain index {} (target ≥ 0.9)", units::plain(j.mean, 2)),
         );
-        if let Some(k) = ker.get(n, "jain_index") {
+        if let Some(k) = ker.get(n, Metric::JAIN_INDEX) {
             text.push_str(&format!(" (kernel {})", units::plain(k.mean, 2)));
             t.check(j.mean >= k.mean, "Jain index below the kernel's");
         }
@@ -278,7 +278,7 @@ mod tests {
             rows.iter()
                 .map(|&(n, rates)| {
                     let mut r = Row::new("herd", Target::Library, "flock", n);
-                    let name = "acquisitions_per_sec";
+                    let name = Metric::ACQUISITIONS_PER_SEC;
                     r.metrics.insert(name.into(), Summary::of(name, rates));
                     r
                 })
@@ -288,7 +288,7 @@ mod tests {
 
     /// posix02 at 2 tasks: the library's and the control's rates, and the kernel's time.
     fn lockperf_report(lib: &[f64], control: &[f64]) -> Report {
-        let row = |target: Target, tasks: usize, m: &[(&str, &[f64])]| {
+        let row = |target: Target, tasks: usize, m: &[(&Metric, &[f64])]| {
             let mut r = Row::new("posix02", target, "posix", tasks);
             for (k, v) in m {
                 r.metrics.insert(k.to_string().into(), Summary::of(k, v));
@@ -297,14 +297,18 @@ mod tests {
         };
         let time: &[f64] = &[1.0, 1.0, 1.0];
         super::super::test_report(vec![
-            row(Target::Kernel, 2, &[("total_lock_seconds", &[10.0, 10.0, 10.0])]),
-            row(Target::Library, 1, &[("ops_per_sec", &[1e6, 1e6, 1e6])]),
+            row(
+                Target::Kernel,
+                2,
+                &[(Metric::TOTAL_LOCK_SECONDS, &[10.0, 10.0, 10.0])],
+            ),
+            row(Target::Library, 1, &[(Metric::OPS_PER_SEC, &[1e6, 1e6, 1e6])]),
             row(
                 Target::Library,
                 2,
-                &[("ops_per_sec", lib), ("total_lock_seconds", time)],
+                &[(Metric::OPS_PER_SEC, lib), (Metric::TOTAL_LOCK_SECONDS, time)],
             ),
-            row(CONTROL, 2, &[("ops_per_sec", control)]),
+            row(CONTROL, 2, &[(Metric::OPS_PER_SEC, control)]),
         ])
     }
 

@@ -8,7 +8,7 @@
 use super::{metric, skip_reason, task_counts, Finding, Status, Targets};
 use crate::experiment::Experiment;
 use crate::measure::Target;
-use crate::result::Report;
+use crate::result::{Metric, Report};
 use crate::stats::Ratio;
 use crate::units::{self, Unit};
 
@@ -45,7 +45,7 @@ fn plain(x: f64) -> String {
     }
 }
 
-fn mean(report: &Report, target: Target, mode: &str, n: usize, m: &str) -> Option<f64> {
+fn mean(report: &Report, target: Target, mode: &str, n: usize, m: &Metric) -> Option<f64> {
     metric(report, W, target, mode, n, m).map(|s| s.mean)
 }
 
@@ -53,7 +53,7 @@ fn mean(report: &Report, target: Target, mode: &str, n: usize, m: &str) -> Optio
 /// control-lock acquisitions per operation (0 for open/close and configure/clear on the
 /// library, ≥ 1 prepatch).
 fn locks(report: &Report) -> Option<Finding> {
-    let wait = "lock_wait_sec";
+    let wait = Metric::LOCK_WAIT_SEC;
     let mut t = Targets::new();
     let mut parts = Vec::new();
     let boot_tasks: Vec<usize> = task_counts(report, W, Target::Library, "boot")
@@ -79,7 +79,7 @@ fn locks(report: &Report) -> Option<Finding> {
                 );
             }
         }
-        let devices = mean(report, Target::Library, "boot", boot_tasks[0], "devices").unwrap_or(0.0);
+        let devices = mean(report, Target::Library, "boot", boot_tasks[0], Metric::DEVICES).unwrap_or(0.0);
         if lib.iter().all(|l| l == "0 s") {
             lib = vec!["0 s".to_string()];
         }
@@ -90,7 +90,7 @@ fn locks(report: &Report) -> Option<Finding> {
             slashed(&pre)
         ));
     }
-    let ctl = "ctl_lock_acquisitions_per_op";
+    let ctl = Metric::CTL_LOCK_ACQUISITIONS_PER_OP;
     let mut acq = Vec::new();
     for (mode, what) in [("open-close", "open-close"), ("configure", "configure")] {
         let counts = task_counts(report, W, Target::Library, mode);
@@ -140,7 +140,7 @@ fn slashed<T: ToString>(v: impl IntoIterator<Item = T>) -> String {
 /// The open/close storm on own devices from 1 to 2 tasks (≥ 1.8×, the kernel's beside
 /// it) and reads through the library at ≥ 90% of `pread` on the backing file.
 fn speed(report: &Report) -> Option<Finding> {
-    let rate = "ops_per_sec";
+    let rate = Metric::OPS_PER_SEC;
     let mut t = Targets::new();
     let mut parts = Vec::new();
     let scaling = |target: Target| {
@@ -165,7 +165,7 @@ fn speed(report: &Report) -> Option<Finding> {
         .into_iter()
         .filter_map(|n| {
             let dev = mean(report, Target::Library, "io", n, rate)?;
-            let direct = mean(report, Target::Library, "io", n, "direct_ops_per_sec")?;
+            let direct = mean(report, Target::Library, "io", n, Metric::DIRECT_OPS_PER_SEC)?;
             Some((n, dev / direct))
         })
         .collect();
@@ -188,7 +188,7 @@ fn speed(report: &Report) -> Option<Finding> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::result::{Meta, Row, Summary};
+    use crate::result::{Meta, Metric, Row, Summary};
 
     fn meta() -> Meta {
         Meta {
@@ -201,7 +201,7 @@ mod tests {
     }
 
     /// Adds metrics to the row of (target, mode, tasks), making it if needed.
-    fn put(rows: &mut Vec<Row>, target: Target, mode: &str, tasks: usize, metrics: &[(&str, &[f64])]) {
+    fn put(rows: &mut Vec<Row>, target: Target, mode: &str, tasks: usize, metrics: &[(&Metric, &[f64])]) {
         let i = match rows
             .iter()
             .position(|r| r.target == target && r.mode == mode && r.tasks == tasks)
@@ -225,14 +225,14 @@ mod tests {
                 Target::Library,
                 "boot",
                 n,
-                &[("lock_wait_sec", &[lib_wait]), ("devices", &[69.0])],
+                &[(Metric::LOCK_WAIT_SEC, &[lib_wait]), (Metric::DEVICES, &[69.0])],
             );
             put(
                 &mut rows,
                 Target::LibraryPrepatch,
                 "boot",
                 n,
-                &[("lock_wait_sec", &[1e-3])],
+                &[(Metric::LOCK_WAIT_SEC, &[1e-3])],
             );
         }
         for mode in ["open-close", "configure"] {
@@ -241,14 +241,14 @@ mod tests {
                 Target::Library,
                 mode,
                 1,
-                &[("ctl_lock_acquisitions_per_op", &[0.0])],
+                &[(Metric::CTL_LOCK_ACQUISITIONS_PER_OP, &[0.0])],
             );
             put(
                 &mut rows,
                 Target::LibraryPrepatch,
                 mode,
                 1,
-                &[("ctl_lock_acquisitions_per_op", &[2.0])],
+                &[(Metric::CTL_LOCK_ACQUISITIONS_PER_OP, &[2.0])],
             );
         }
         put(
@@ -256,21 +256,24 @@ mod tests {
             Target::Library,
             "open-close",
             1,
-            &[("ops_per_sec", &[1e6, 1e6])],
+            &[(Metric::OPS_PER_SEC, &[1e6, 1e6])],
         );
         put(
             &mut rows,
             Target::Library,
             "open-close",
             2,
-            &[("ops_per_sec", &[two_tasks, two_tasks])],
+            &[(Metric::OPS_PER_SEC, &[two_tasks, two_tasks])],
         );
         put(
             &mut rows,
             Target::Library,
             "io",
             1,
-            &[("ops_per_sec", &[io * 1e6]), ("direct_ops_per_sec", &[1e6])],
+            &[
+                (Metric::OPS_PER_SEC, &[io * 1e6]),
+                (Metric::DIRECT_OPS_PER_SEC, &[1e6]),
+            ],
         );
         Report {
             meta: meta(),

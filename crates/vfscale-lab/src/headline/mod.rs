@@ -124,7 +124,7 @@ pub fn metric<'a>(
     target: Target,
     mode: &str,
     tasks: usize,
-    name: &str,
+    name: &Metric,
 ) -> Option<&'a Summary> {
     row(report, workload, target, mode, tasks)?.metrics.get(name)
 }
@@ -152,8 +152,8 @@ pub fn skip_reason(report: &Report, workload: &str, target: Target) -> Option<St
 }
 
 /// A metric's mean in its unit: `12.6 M/s`.
-pub fn show(name: &str, s: &Summary) -> String {
-    units::format(s.mean, Metric::from(name).unit())
+pub fn show(name: &Metric, s: &Summary) -> String {
+    units::format(s.mean, name.unit())
 }
 
 /// The control that shares nothing, where a workload has one: each task its own table
