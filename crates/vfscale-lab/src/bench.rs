@@ -7,7 +7,7 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::measure::{self, Config, LockMode, Target, TaskKind, Workload};
-use crate::result::{Meta, Report, Row, Skipped, Summary};
+use crate::result::{Meta, Metric, Report, Row, Skipped, Summary};
 
 /// What to measure: configurations × targets, each `runs` times.
 #[derive(Clone, Debug)]
@@ -42,7 +42,7 @@ pub struct Scale {
 }
 
 impl Scale {
-    /// The defaults of `vfscale bench WORKLOAD`, the seeds' own where they fit.
+    /// The defaults of `vfscale bench WORKLOAD`, the upstream benchmarks' own where they fit.
     pub fn default_for(w: Workload) -> Scale {
         let base = Scale {
             tasks: vec![1],
@@ -63,7 +63,7 @@ impl Scale {
                 duration: Duration::from_millis(500),
                 ..base
             },
-            // Seed 001 ran 16 threads for 10 s; 1 s per run is enough for a stable rate.
+            // Guzik's pipebench ran 16 threads for 10 s; 1 s per run is enough for a stable rate.
             Workload::Pipebench | Workload::Opensock | Workload::Dup1 => Scale {
                 tasks: vec![1, 2, 4, 16],
                 ..base
@@ -76,11 +76,11 @@ impl Scale {
             Workload::Inodes => Scale {
                 tasks: vec![1, 2],
                 sizes: vec![200_000],
-                // Not `evict` (issue 9's 1,000,000-inode point): only with --mode evict.
+                // Not `evict` (the 1,000,000-inode point): only with --mode evict.
                 modes: crate::measure::inodes::PHASES.to_vec(),
                 ..base
             },
-            // Seed 004: 69 devices at boot; half a second per run keeps the whole bench
+            // Tatashin's boot had 69 devices; half a second per run keeps the whole bench
             // (6 modes x 4 task counts x 3 targets x 5 runs) to a few minutes.
             Workload::Loop => Scale {
                 tasks: vec![1, 2, 8, 64],
@@ -102,7 +102,7 @@ impl Scale {
     /// every workload, all its targets, about seven minutes in all on 2 cores (under a
     /// minute quick). The lockperf workloads do the same total work at every task count
     /// (1M lock/unlock pairs, split across the tasks), so the 1- and 2-task runs are long
-    /// enough to compare; `vfscale bench` keeps the seed's per-task counts.
+    /// enough to compare; `vfscale bench` keeps lockperf's own per-task counts.
     pub fn for_run(w: Workload, quick: bool) -> Vec<Scale> {
         let mut s = Scale::default_for(w);
         if quick {
@@ -111,7 +111,7 @@ impl Scale {
         let ms = |full: u64, q: u64| Duration::from_millis(if quick { q } else { full });
         match w {
             Workload::Herd if quick => s.duration = ms(750, 100),
-            // Issue 12's fairness targets are set at 1,000 contenders over 3 s (a 0.75 s
+            // The herd's fairness targets are set at 1,000 contenders over 3 s (a 0.75 s
             // window is too short for every one of 1,000 waiters to reach the head of the
             // queue); the flat ratio 1000/20 compares the 1,000 herd with the 20 herd, so
             // both run 3 s (the same transients on both sides); 2 and 100 keep 0.75 s.
@@ -145,8 +145,8 @@ impl Scale {
             }
             // 30,000 files per task (3,000 quick), kernel-ext4 10,000 (not in quick): its
             // own loop device, mkfs, mount and drop_caches per run, and ~45k creates/s,
-            // make it most of the part's time. At 10,000 files for every target (before
-            // session 6) an in-memory target's phase lasted 1–3 ms, and its 2-task ratios
+            // make it most of the part's time. At 10,000 files for every target (as
+            // once tried) an in-memory target's phase lasted 1–3 ms, and its 2-task ratios
             // moved ±50–150% from run to run on this 2-core VM: a scheduler tick is a
             // third of such a phase. About 35 s on 2 cores in all.
             Workload::Inodes => {
@@ -167,7 +167,7 @@ impl Scale {
                 };
                 return if quick { vec![rest] } else { vec![rest, ext4] };
             }
-            // Boot at the seed's 69 devices and the task counts its targets name; the
+            // Boot at the upstream benchmark's 69 devices and the task counts its targets name; the
             // other modes at 1 and 2 tasks (quick: the ones the headline needs). A kernel
             // run also adds and removes its devices (a removal waits ~50 ms).
             Workload::Loop => {
@@ -216,7 +216,7 @@ impl Scale {
 /// The configurations of workload `w` at `scale`, in report order.
 pub fn configs(w: Workload, scale: &Scale) -> Vec<Config> {
     let iterations = scale.iterations.unwrap_or(match w {
-        // lockperf: 10k on the shared file, 20k on private files (seed 000).
+        // lockperf: 10k on the shared file, 20k on private files (lockperf's defaults).
         Workload::Posix01 | Workload::Flock01 => 10_000,
         _ => 20_000,
     });
@@ -274,9 +274,9 @@ pub fn configs(w: Workload, scale: &Scale) -> Vec<Config> {
 /// 10,000 held over 10) take their configurations and targets run by run (run 1 of
 /// every (configuration, target), then run 2 of each, ...), so a drift of the machine
 /// (another job starting) falls on both sides of a ratio alike, and run i of two rows
-/// can be compared as a pair (`headline::paired`). A shared 2-core machine moved the
+/// can be compared as a pair ([`crate::stats::Ratio::paired`]). A shared 2-core machine moved the
 /// herd's 1000/20 ratio by ±15% between runs taken unit by unit.
-fn interleaved(w: Workload) -> bool {
+pub fn interleaved(w: Workload) -> bool {
     matches!(w, Workload::Inodes | Workload::Herd | Workload::Lockmany)
 }
 
@@ -294,11 +294,11 @@ fn run_order<T: Copy>(w: Workload, units: &[T], runs: usize) -> Vec<T> {
 fn note_skip(skipped: &mut Vec<Skipped>, cfg: &Config, target: Target, reason: String) {
     if !skipped
         .iter()
-        .any(|s| s.workload == cfg.workload.name() && s.target == target.name() && s.reason == reason)
+        .any(|s| s.workload == cfg.workload.name() && s.target == target && s.reason == reason)
     {
         skipped.push(Skipped {
             workload: cfg.workload.name().into(),
-            target: target.name().into(),
+            target,
             reason,
         });
     }
@@ -362,9 +362,8 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
                 live.push((c, target));
             }
         }
-        // Per (configuration, target): metric name → samples, per mode (a run measuring
-        // several modes names its metrics `mode/metric`).
-        type Samples = BTreeMap<String, BTreeMap<String, Vec<f64>>>;
+        // Per (configuration, target): mode → metric name → samples.
+        type Samples = BTreeMap<String, BTreeMap<Metric, Vec<f64>>>;
         let mut by_unit: BTreeMap<(usize, Target), Samples> = BTreeMap::new();
         for (c, target) in run_order(w, &live, plan.runs) {
             let cfg = &group[c];
@@ -378,19 +377,14 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
             let samples = by_unit.entry((c, target)).or_default();
             match measure::run_once(target, cfg) {
                 Ok(s) => {
-                    for (k, v) in s {
-                        if let Some(reason) = k.strip_prefix(measure::SKIP_PREFIX) {
-                            note_skip(&mut skipped, cfg, target, reason.to_string());
-                            continue;
-                        }
-                        let (mode, metric) = match k.split_once('/') {
-                            Some((m, k)) => (m.to_string(), k.to_string()),
-                            None => (cfg.mode_label().to_string(), k),
-                        };
+                    for why in s.skipped() {
+                        note_skip(&mut skipped, cfg, target, why.clone());
+                    }
+                    for (mode, metric, v) in s.metrics() {
                         samples
-                            .entry(mode)
+                            .entry(mode.unwrap_or(cfg.mode_label()).to_string())
                             .or_default()
-                            .entry(metric)
+                            .entry(metric.clone())
                             .or_default()
                             .push(v);
                     }
@@ -418,7 +412,7 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
             modes.sort_by_key(|m| order.iter().position(|o| o == m).unwrap_or(usize::MAX));
             for mode in modes {
                 let metrics = &samples[&mode];
-                let mut row = Row::new(cfg.workload.name(), target.name(), &mode, cfg.tasks);
+                let mut row = Row::new(cfg.workload.name(), target, &mode, cfg.tasks);
                 match cfg.workload {
                     Workload::Lockmany => row.held = Some(cfg.size),
                     Workload::Inodes => row.files = Some(cfg.size),
@@ -427,7 +421,7 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
                 row.fs = fs.clone();
                 row.metrics = metrics
                     .iter()
-                    .map(|(k, v)| (k.clone(), Summary::of(k, v)))
+                    .map(|(k, v)| (k.clone(), Summary::of(k.name(), v)))
                     .collect();
                 results.push(row);
             }
@@ -528,7 +522,7 @@ mod tests {
         let rows: Vec<(&str, &str)> = r
             .results
             .iter()
-            .map(|r| (r.target.as_str(), r.mode.as_str()))
+            .map(|r| (r.target.name(), r.mode.as_str()))
             .collect();
         let phases = ["create", "walk", "cold-walk", "chmod", "unlink"];
         let want: Vec<(&str, &str)> = ["dashmap", "library"]

@@ -18,7 +18,7 @@ pub struct Cli {
 /// Top-level commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run every seed experiment (about seven minutes on 2 cores; --quick: under one),
+    /// Run every experiment (about seven minutes on 2 cores; --quick: under one),
     /// print what it found — a headline per experiment, then summary tables — and write
     /// the full report to a directory.
     Run(RunArgs),
@@ -113,7 +113,7 @@ pub enum Against {
     Both,
 }
 
-/// How the library wakes waiters (seed 003's experiment setting).
+/// How the library wakes waiters (the herd's setting: NeilBrown's 2018 wait tree, or before it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Wake {
     /// The wait tree (patched).
@@ -203,24 +203,31 @@ pub struct RunArgs {
 
 /// The workloads, for `vfscale bench --help`.
 const WORKLOADS_HELP: &str = "Workloads:
-  posix01, posix02    seed 000 lockperf: whole-file POSIX lock/unlock (01: one file, 02: a file each)
-  flock01, flock02    seed 000 lockperf: flock/unlock (01: one file, 02: a file each)
-  herd                seed 003: N contenders for one lock; modes flock, ofd, posix
+  posix01, posix02    lockperf, per-inode file locks (Layton, 2013): whole-file POSIX
+                      lock/unlock (01: one file, 02: a file each)
+  flock01, flock02    lockperf, per-inode file locks (Layton, 2013): flock/unlock
+                      (01: one file, 02: a file each)
+  herd                wait tree of fs/locks.c (NeilBrown, 2018): N contenders for one
+                      lock; modes flock, ofd, posix
   lock1, lock2        will-it-scale: 1-byte locks (1: a file each, 2: one file)
-  lockmany            many locks held on one file (--held); modes ofd, posix
-  pipebench, opensock seed 001: descriptor allocation and install
+  lockmany            many locks held on one file (--held), the O(log n) index Linux
+                      lacks; modes ofd, posix
+  pipebench, opensock lock-free fd_install (Guzik, 2015): descriptor allocation and install
   dup1                will-it-scale dup1
-  inodes              seed 002: create, walk, cold-walk, chmod, unlink (--files per task);
-                      each run is a fresh child process: an untimed warm-up pass, then
-                      the measured pass; targets and task counts take turns run by run;
+  inodes              inode cache scalability (Chinner, 2023): create, walk, cold-walk,
+                      chmod, unlink (--files per task); each run is a fresh child
+                      process: an untimed warm-up pass, then the measured pass;
+                      targets and task counts take turns run by run;
                       --mode evict: --files N,... inodes cached in all, bytes of
                       bookkeeping per inode and evict_inodes ns per inode (library only)
-  loop                seed 004: boot, open-close, open-close-same, configure, churn, io
+  loop                per-device loop lock (Tatashin, 2021): boot, open-close,
+                      open-close-same, configure, churn, io
 
 Targets: kernel (real system calls; run as root where a workload needs it), kernel-ext4,
-library (vfscale), library-prepatch (vfscale with the seed's base design), library-list,
-rwlock-hashmap, dashmap, moka (what a Rust user would pick instead), partitioned (inodes'
-control: a table per task, nothing shared; how far this machine lets such tasks scale).
+library (vfscale), library-prepatch (vfscale with the design before the upstream change),
+library-list, rwlock-hashmap, dashmap, moka (what a Rust user would pick instead),
+partitioned (inodes' control: a table per task, nothing shared; how far this machine lets
+such tasks scale).
 Each workload has its own set; without --target every one of them runs.";
 
 /// `vfscale bench`.

@@ -8,12 +8,10 @@ use std::path::Path;
 
 use comfy_table::{presets, CellAlignment, Table};
 
-use crate::export::{json, units};
+use crate::export::json;
 use crate::result::{Metric, Report, Row, Summary};
-use crate::stats;
-
-/// p-value below which a difference is significant.
-pub const SIGNIFICANCE: f64 = 0.05;
+use crate::stats::{Ratio, SIGNIFICANCE};
+use crate::units;
 
 /// Smallest relative change called a change, whatever the p-value.
 pub const MIN_CHANGE: f64 = 0.02;
@@ -45,18 +43,14 @@ impl Mark {
 pub struct MetricComparison {
     /// The configuration, [`Row::key`].
     pub configuration: String,
-    /// The metric's name.
-    pub metric: String,
+    /// The metric.
+    pub metric: Metric,
     /// The metric in report A.
     pub a: Summary,
     /// The metric in report B.
     pub b: Summary,
-    /// B's mean over A's.
-    pub ratio: f64,
-    /// The ratio's standard error (see [`stats::ratio_with_error`]).
-    pub ratio_error: f64,
-    /// Two-sided p-value of Welch's t-test (see [`test_values`] for what is tested).
-    pub p_value: f64,
+    /// B's mean over A's, unpaired ([`Ratio::unpaired`]: two reports are two runs).
+    pub ratio: Ratio,
     /// The verdict.
     pub mark: Mark,
 }
@@ -136,42 +130,28 @@ fn compare_rows(comparison: &mut Comparison, key: &str, a: &Row, b: &Row) {
 }
 
 /// Compares one metric.
-pub fn compare_metric(configuration: &str, metric: &str, a: &Summary, b: &Summary) -> MetricComparison {
-    let (ratio, ratio_error) = stats::ratio_with_error(b, a);
-    let (_, _, p_value) = stats::welch_t_test(&test_values(metric, a), &test_values(metric, b));
+pub fn compare_metric(configuration: &str, metric: &Metric, a: &Summary, b: &Summary) -> MetricComparison {
+    let ratio = Ratio::unpaired(metric, b, a);
     MetricComparison {
         configuration: configuration.to_string(),
-        metric: metric.to_string(),
+        metric: metric.clone(),
         a: a.clone(),
         b: b.clone(),
         ratio,
-        ratio_error,
-        p_value,
-        mark: mark(metric, ratio, ratio_error, p_value),
-    }
-}
-
-/// The values Welch's test compares: the samples, or for a rate their reciprocals
-/// (time per unit of work), since a rate's mean is the harmonic mean, the reciprocal of
-/// the reciprocals' mean; the test then asks whether the reported means differ.
-pub fn test_values(metric: &str, summary: &Summary) -> Vec<f64> {
-    if Metric::is_rate(metric) {
-        summary.samples.iter().map(|x| 1.0 / x).collect()
-    } else {
-        summary.samples.clone()
+        mark: mark(metric, &ratio),
     }
 }
 
 /// The verdict on a ratio B/A: a change only when significant (p < [`SIGNIFICANCE`]) and
 /// larger than the noise (|ratio − 1| above twice its error and above [`MIN_CHANGE`]);
 /// its direction then comes from [`Metric::higher_is_better`]. NaN anywhere gives `~`.
-pub fn mark(metric: &str, ratio: f64, ratio_error: f64, p_value: f64) -> Mark {
-    let change = (ratio - 1.0).abs();
-    let stands_out = p_value < SIGNIFICANCE && change > 2.0 * ratio_error && change > MIN_CHANGE;
+pub fn mark(metric: &Metric, ratio: &Ratio) -> Mark {
+    let change = (ratio.value - 1.0).abs();
+    let stands_out = ratio.p < SIGNIFICANCE && change > 2.0 * ratio.error && change > MIN_CHANGE;
     if !stands_out {
         return Mark::Same;
     }
-    if (ratio > 1.0) == Metric::higher_is_better(metric) {
+    if (ratio.value > 1.0) == metric.higher_is_better() {
         Mark::Better
     } else {
         Mark::Worse
@@ -195,11 +175,11 @@ pub fn render_comparison(c: &Comparison) -> String {
     for m in &c.metrics {
         table.add_row([
             m.configuration.clone(),
-            m.metric.clone(),
-            units::format_summary(&m.metric, &m.a),
-            units::format_summary(&m.metric, &m.b),
-            units::format_ratio_pm(m.ratio, m.ratio_error),
-            units::format_p(m.p_value),
+            m.metric.to_string(),
+            units::format_summary(m.metric.name(), &m.a),
+            units::format_summary(m.metric.name(), &m.b),
+            units::format_ratio_pm(m.ratio.value, m.ratio.error),
+            units::format_p(m.ratio.p),
             m.mark.as_str().to_string(),
         ]);
     }
@@ -229,16 +209,17 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+    use crate::measure::Target;
     use crate::result::Meta;
 
     fn row(target: &str, tasks: usize, metrics: &[(&str, &[f64])]) -> Row {
-        let metrics: BTreeMap<String, Summary> = metrics
+        let metrics: BTreeMap<Metric, Summary> = metrics
             .iter()
-            .map(|(n, s)| (n.to_string(), Summary::of(n, s)))
+            .map(|(n, s)| (Metric::from(*n), Summary::of(n, s)))
             .collect();
         Row {
             workload: "herd".into(),
-            target: target.into(),
+            target: Target::from_name(target).expect("a target"),
             mode: "flock".into(),
             tasks,
             held: None,
@@ -296,7 +277,7 @@ mod tests {
     }
 
     fn find<'a>(c: &'a Comparison, metric: &str) -> &'a MetricComparison {
-        c.metrics.iter().find(|m| m.metric == metric).unwrap()
+        c.metrics.iter().find(|m| m.metric.name() == metric).unwrap()
     }
 
     #[test]
@@ -306,14 +287,14 @@ mod tests {
         assert_eq!(c.metrics.len(), 3);
         let rate = find(&c, RATE);
         assert_eq!(rate.mark, Mark::Better);
-        assert!((rate.ratio - 1.5).abs() < 1e-3);
-        assert!(rate.p_value < 1e-6);
+        assert!((rate.ratio.value - 1.5).abs() < 1e-3);
+        assert!(rate.ratio.p < 1e-6);
         let time = find(&c, TIME);
         assert_eq!(time.mark, Mark::Same);
-        assert!(time.p_value > 0.5);
+        assert!(time.ratio.p > 0.5);
         let wait = find(&c, WAIT);
         assert_eq!(wait.mark, Mark::Worse);
-        assert!((wait.ratio - 1.5).abs() < 1e-12);
+        assert!((wait.ratio.value - 1.5).abs() < 1e-12);
     }
 
     #[test]
@@ -342,17 +323,24 @@ mod tests {
         assert_eq!(c.only_in_b, ["herd/kernel/flock/2 acquisitions_per_sec"]);
     }
 
+    fn r(value: f64, error: f64, p: f64) -> Ratio {
+        Ratio { value, error, p }
+    }
+
     #[test]
     fn small_or_noisy_changes_are_not_marked() {
         // Significant but only 1%: below MIN_CHANGE.
-        assert_eq!(mark(TIME, 1.01, 0.001, 1e-9), Mark::Same);
+        assert_eq!(mark(&Metric::from(TIME), &r(1.01, 0.001, 1e-9)), Mark::Same);
         // Large but within twice its error.
-        assert_eq!(mark(TIME, 1.5, 0.3, 0.01), Mark::Same);
+        assert_eq!(mark(&Metric::from(TIME), &r(1.5, 0.3, 0.01)), Mark::Same);
         // Large and precise but not significant.
-        assert_eq!(mark(TIME, 1.5, 0.01, 0.2), Mark::Same);
-        assert_eq!(mark(TIME, f64::NAN, f64::NAN, f64::NAN), Mark::Same);
-        assert_eq!(mark(TIME, 0.5, 0.01, 0.001), Mark::Better);
-        assert_eq!(mark(RATE, 0.5, 0.01, 0.001), Mark::Worse);
+        assert_eq!(mark(&Metric::from(TIME), &r(1.5, 0.01, 0.2)), Mark::Same);
+        assert_eq!(
+            mark(&Metric::from(TIME), &r(f64::NAN, f64::NAN, f64::NAN)),
+            Mark::Same
+        );
+        assert_eq!(mark(&Metric::from(TIME), &r(0.5, 0.01, 0.001)), Mark::Better);
+        assert_eq!(mark(&Metric::from(RATE), &r(0.5, 0.01, 0.001)), Mark::Worse);
     }
 
     #[test]
@@ -360,7 +348,7 @@ mod tests {
         let a = report(vec![row("kernel", 2, &[(TIME, &[1.0])])]);
         let b = report(vec![row("kernel", 2, &[(TIME, &[2.0])])]);
         let c = compare(&a, &b);
-        assert!(c.metrics[0].p_value.is_nan());
+        assert!(c.metrics[0].ratio.p.is_nan());
         assert_eq!(c.metrics[0].mark, Mark::Same);
         let empty = compare(&report(vec![]), &report(vec![]));
         assert!(empty.metrics.is_empty());

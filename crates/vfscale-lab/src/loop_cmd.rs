@@ -46,7 +46,7 @@ pub struct LoopReplayArgs {
     /// Replay against the library, the kernel, or both (exit 1 when they differ).
     #[arg(long, value_enum, default_value_t = Against::Library)]
     pub against: Against,
-    /// The library's control lock: per-device (seed 004) or global (before it).
+    /// The library's control lock: per-device (Tatashin, 2021) or global (before it).
     #[arg(long, default_value = "per-device", value_parser = ["per-device", "global"])]
     pub ctl_lock: String,
 }

@@ -1,6 +1,7 @@
 //! Statistics over repeated runs: mean, sample standard deviation, Student-t confidence
-//! intervals, the harmonic mean for rates, modified Z-score outliers, Welch's t-test and
-//! the error of a ratio of two means.
+//! intervals, the harmonic mean for rates, modified Z-score outliers, Welch's t-test, and
+//! [`Ratio`]: the ratio of two metrics with its error and significance, unpaired or
+//! paired run by run. Every Student-t computation of the lab lives here.
 //!
 //! Nothing here panics: empty input gives NaN, one sample gives a zero spread and a
 //! point interval, and a NaN sample propagates into the mean and spread (it is also
@@ -8,7 +9,10 @@
 
 use statrs::distribution::{ContinuousCDF, StudentsT};
 
-use crate::result::Summary;
+use crate::result::{Metric, Summary};
+
+/// p-value below which a difference is significant.
+pub const SIGNIFICANCE: f64 = 0.05;
 
 /// Modified Z-score above which a sample is flagged as an outlier (Iglewicz and Hoaglin).
 pub const OUTLIER_THRESHOLD: f64 = 3.5;
@@ -247,6 +251,113 @@ pub fn ratio_with_error(a: &Summary, b: &Summary) -> (f64, f64) {
     (ratio, (var_a + var_b).sqrt())
 }
 
+/// The values Welch's test compares for metric `metric`: the samples, or for a rate
+/// their reciprocals (time per unit of work), since a rate's mean is the harmonic mean,
+/// the reciprocal of the reciprocals' mean; the test then asks whether the reported
+/// means differ.
+pub fn test_values(metric: &Metric, summary: &Summary) -> Vec<f64> {
+    if metric.is_rate() {
+        summary.samples.iter().map(|x| 1.0 / x).collect()
+    } else {
+        summary.samples.clone()
+    }
+}
+
+/// `a / b` of one metric, with its error and whether the two differ significantly.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Ratio {
+    /// `ā / b̄` (the geometric mean of the per-run ratios when paired).
+    pub value: f64,
+    /// Its standard error.
+    pub error: f64,
+    /// Two-sided p-value of the test behind it (NaN with fewer than two samples a side).
+    pub p: f64,
+}
+
+impl Ratio {
+    /// `a / b` of metric `metric`, the two sides taken as independent: the ratio of the
+    /// means with its propagated error ([`ratio_with_error`]) and Welch's test on
+    /// [`test_values`].
+    pub fn unpaired(metric: &Metric, a: &Summary, b: &Summary) -> Ratio {
+        let (value, error) = ratio_with_error(a, b);
+        let (_, _, p) = welch_t_test(&test_values(metric, a), &test_values(metric, b));
+        Ratio { value, error, p }
+    }
+
+    /// `a / b` of two rows' metrics paired run by run: `bench` interleaves the runs of
+    /// the workloads whose targets are ratios between rows (inodes, herd, lockmany: run i
+    /// of every configuration and target, one after the other), so run i of `a` and of
+    /// `b` saw the same state of the machine, and the ratio of each pair cancels a drift
+    /// both saw (on a shared 2-core machine another job's load moved every target's
+    /// rates by up to ×2 from one run to the next, burying a 10–20% difference in an
+    /// unpaired test). The value is the geometric mean of the per-run ratios; `error` its
+    /// standard error (first order from the logs' spread); `p` a two-sided one-sample
+    /// t-test of the mean log ratio against 0. `None` unless both sides have the same
+    /// number (≥ 2) of positive samples.
+    pub fn paired(a: &Summary, b: &Summary) -> Option<Ratio> {
+        let n = a.samples.len();
+        if n < 2
+            || b.samples.len() != n
+            || a.samples
+                .iter()
+                .chain(&b.samples)
+                .any(|x| !x.is_finite() || *x <= 0.0)
+        {
+            return None;
+        }
+        let logs: Vec<f64> = a
+            .samples
+            .iter()
+            .zip(&b.samples)
+            .map(|(x, y)| (x / y).ln())
+            .collect();
+        let m = mean(&logs);
+        let se = stddev(&logs) / (n as f64).sqrt();
+        let value = m.exp();
+        let p = if se > 0.0 {
+            two_sided_p(m / se, (n - 1) as f64)
+        } else {
+            degenerate_t_test(m, (n - 1) as f64).2
+        };
+        Some(Ratio {
+            value,
+            error: value * se,
+            p,
+        })
+    }
+
+    /// `a / b` paired run by run where the rows allow it ([`Ratio::paired`]), else
+    /// unpaired ([`Ratio::unpaired`]).
+    pub fn paired_or_unpaired(metric: &Metric, a: &Summary, b: &Summary) -> Ratio {
+        Ratio::paired(a, b).unwrap_or_else(|| Ratio::unpaired(metric, a, b))
+    }
+
+    /// Whether the difference is significant (p < [`SIGNIFICANCE`]; a single sample a
+    /// side is taken at face value).
+    pub fn significant(&self) -> bool {
+        self.p.is_nan() || self.p < SIGNIFICANCE
+    }
+
+    /// The ratio with its p-value taken against `bound` instead of against 1: a
+    /// two-sided z-test of the ratio's distance to the bound in units of its error
+    /// (normal approximation), so a ratio that clears the bound by less than its noise is
+    /// not called significant, and one on the right side by more than its noise is,
+    /// however close to 1 it is. Why not the mean ratio alone: at 200,000 files an inodes
+    /// phase lasts 30–150 ms and a 1-task run on a shared 2-core machine varies by
+    /// 10–45%, so a mean ratio of 1.85 from five runs each side can sit well within noise
+    /// of 1.8. A single sample a side (no error) is taken at face value, as
+    /// [`Ratio::significant`] does.
+    pub fn against_bound(self, bound: f64) -> Ratio {
+        let p = if self.error.is_finite() && self.error > 0.0 && self.value.is_finite() {
+            let z = (self.value - bound) / self.error;
+            statrs::function::erf::erfc(z.abs() / std::f64::consts::SQRT_2)
+        } else {
+            f64::NAN
+        };
+        Ratio { p, ..self }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,6 +544,23 @@ mod tests {
         let (r, e) = ratio_with_error(&summary(200.0, 20.0, 4), &summary(100.0, 5.0, 25));
         assert!(close(r, 2.0, 1e-12));
         assert!(close(e, 0.101980, 1e-6), "{e}");
+    }
+
+    #[test]
+    fn paired_runs_cancel_a_drift_both_saw() {
+        // The machine's load halves both targets' rates in runs 3 and 4; a is 10% faster
+        // in every run. Unpaired, the drift buries it; paired, it is plain.
+        let rates = |x: &[f64]| summarize(x, true);
+        let a = rates(&[11.0, 11.0, 5.5, 5.5, 11.0]);
+        let b = rates(&[10.0, 10.0, 5.0, 5.0, 10.0]);
+        assert!(Ratio::unpaired(Metric::OPS_PER_SEC, &a, &b).p > 0.05);
+        let r = Ratio::paired(&a, &b).unwrap();
+        assert!((r.value - 1.1).abs() < 1e-9 && r.p == 0.0, "{r:?}");
+        // Noise that is not shared stays noise.
+        let r = Ratio::paired(&rates(&[11.0, 9.0, 10.5, 9.5]), &rates(&[10.0, 10.0, 10.0, 10.0])).unwrap();
+        assert!(r.p > 0.05, "{r:?}");
+        // Different run counts: no pairing.
+        assert!(Ratio::paired(&rates(&[1.0, 2.0]), &rates(&[1.0, 2.0, 3.0])).is_none());
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The inodes workload's evict point (issue 9's 1,000,000-inode point) at a small size.
+//! The inodes workload's evict point (the 1,000,000-inode point) at a small size.
 //!
 //! In a test binary of its own: `bytes_per_inode` is the allocator's process-wide growth
 //! while the inodes are cached, so no other test may allocate or free beside it (the
@@ -11,7 +11,7 @@ use vfscale_lab::measure::Target;
 fn every_cached_inode_is_evicted_and_bookkeeping_is_counted() {
     for (target, tasks) in [(Target::Library, 2), (Target::LibraryPrepatch, 1)] {
         let s = run(target, tasks, 20_000).unwrap();
-        let g = |k: &str| s[&format!("{MODE}/{k}")];
+        let g = |k: &str| s.get_in(MODE, k).unwrap_or_else(|| panic!("no {k} in {s:?}"));
         assert_eq!(g("cached_inodes"), 20_000.0, "{}", target.name());
         assert_eq!(g("unused_inodes"), 20_000.0, "{}", target.name());
         assert_eq!(g("evicted_inodes"), 20_000.0, "{}", target.name());

@@ -12,13 +12,14 @@ use std::fs;
 use std::path::PathBuf;
 
 use vfscale_lab::export::{self, csv, html, json, markdown, plot};
-use vfscale_lab::result::{Meta, Report, Row, Skipped, Summary};
+use vfscale_lab::measure::Target;
+use vfscale_lab::result::{Meta, Metric, Report, Row, Skipped, Summary};
 
 /// A row of the fixture; `metrics` are (name, samples).
 fn row(workload: &str, target: &str, mode: &str, tasks: usize, metrics: &[(&str, &[f64])]) -> Row {
     Row {
         workload: workload.to_string(),
-        target: target.to_string(),
+        target: Target::from_name(target).expect("a target"),
         mode: mode.to_string(),
         tasks,
         held: None,
@@ -26,7 +27,7 @@ fn row(workload: &str, target: &str, mode: &str, tasks: usize, metrics: &[(&str,
         fs: None,
         metrics: metrics
             .iter()
-            .map(|(name, samples)| (name.to_string(), Summary::of(name, samples)))
+            .map(|(name, samples)| (Metric::from(*name), Summary::of(name, samples)))
             .collect(),
     }
 }
@@ -151,7 +152,7 @@ fn fixture() -> Report {
         ],
         skipped: vec![Skipped {
             workload: "herd".to_string(),
-            target: "kernel".to_string(),
+            target: Target::Kernel,
             reason: "mode ofd: F_OFD_SETLKW is not supported by this kernel".to_string(),
         }],
     }
@@ -343,7 +344,7 @@ fn metric_objects_carry_every_summary_field() {
     let wait = &value["results"][1]["max_wait_ns"];
     assert_eq!(wait["outliers"], serde_json::json!([4]));
     assert_eq!(wait["samples"].as_array().map(Vec::len), Some(5));
-    let metrics: BTreeMap<String, Summary> = serde_json::from_value(value["results"][1].clone())
+    let metrics: BTreeMap<Metric, Summary> = serde_json::from_value(value["results"][1].clone())
         .map(|r: Row| r.metrics)
         .unwrap();
     assert_eq!(metrics.len(), 2);

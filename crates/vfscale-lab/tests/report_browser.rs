@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use vfscale_lab::export::{self, plot, summary};
+use vfscale_lab::measure::Target;
 use vfscale_lab::result::{Meta, Report, Row, Summary};
 
 fn say(msg: &str) {
@@ -19,15 +20,20 @@ fn say(msg: &str) {
 
 /// A row whose samples are `mean` ± 5%.
 fn row(workload: &str, target: &str, mode: &str, tasks: usize, metrics: &[(&str, f64)]) -> Row {
-    let mut r = Row::new(workload, target, mode, tasks);
+    let mut r = Row::new(
+        workload,
+        Target::from_name(target).expect("a target"),
+        mode,
+        tasks,
+    );
     for (name, mean) in metrics {
         let s = [mean * 0.95, *mean, mean * 1.05];
-        r.metrics.insert(name.to_string(), Summary::of(name, &s));
+        r.metrics.insert(name.to_string().into(), Summary::of(name, &s));
     }
     r
 }
 
-/// A report shaped like a full `vfscale run`: every seed experiment, every target, the
+/// A report shaped like a full `vfscale run`: every experiment, every target, the
 /// run's task counts.
 fn full_run_like() -> Report {
     let mut results = Vec::new();
@@ -109,13 +115,13 @@ fn stdout_leads_with_the_headline_and_fits_the_budget() {
     let first = lines
         .iter()
         .take(15)
-        .filter(|l| l.contains("seed 003: herd"))
+        .filter(|l| l.contains("(NeilBrown, 2018): herd"))
         .count();
     assert_eq!(
         first, 3,
         "the herd headline is not within the first 15 lines:\n{out}"
     );
-    assert!(lines[..15].iter().any(|l| l.contains("seed 000")), "{out}");
+    assert!(lines[..15].iter().any(|l| l.contains("(Layton, 2013)")), "{out}");
     let findings = vfscale_lab::headline::findings(&report).len();
     let in_first_15 = lines[..15]
         .iter()
@@ -175,13 +181,13 @@ fn with_quick_inodes(mut report: Report) -> Report {
     }
     report.skipped.push(vfscale_lab::result::Skipped {
         workload: "inodes".into(),
-        target: "kernel".into(),
+        target: Target::Kernel,
         reason: "cold-walk: tmpfs pins its inodes (no cache to drop)".into(),
     });
     report
 }
 
-/// Issue 9: the inode part adds at most 15 lines to `run --quick` (its table goes to
+/// The inode part adds at most 15 lines to `run --quick` (its table goes to
 /// report.md; its headline lines stay), while `run` keeps the table.
 #[test]
 fn quick_output_adds_at_most_15_lines_for_the_inode_cache() {
@@ -191,13 +197,16 @@ fn quick_output_adds_at_most_15_lines_for_the_inode_cache() {
     let quick = summary::render_quick(&with);
     let added = quick.lines().count() - summary::render_quick(&base).lines().count();
     assert!(added <= 15, "{added} lines:\n{quick}");
-    assert!(quick.contains("seed 002: inodes library 2/1"), "{quick}");
+    assert!(quick.contains("(Chinner, 2023): inodes library 2/1"), "{quick}");
     assert!(
-        quick.contains("In report.md only: inode cache (seed 002)"),
+        quick.contains("In report.md only: inode cache scalability (Chinner, 2023)"),
         "{quick}"
     );
     let full = summary::render(&with);
-    assert!(full.contains("\ninode cache (seed 002)"), "{full}");
+    assert!(
+        full.contains("\ninode cache scalability (Chinner, 2023)"),
+        "{full}"
+    );
     say(&format!("the inode part of run --quick: {added} lines"));
 }
 

@@ -31,7 +31,7 @@ pub fn to_string(report: &Report) -> io::Result<String> {
     writer.write_record(COLUMNS)?;
     for row in &report.results {
         for (name, summary) in &row.metrics {
-            writer.write_record(record(row, name, summary))?;
+            writer.write_record(record(row, name.name(), summary))?;
         }
     }
     let bytes = writer.into_inner().map_err(|e| e.into_error())?;
@@ -42,11 +42,11 @@ pub fn to_string(report: &Report) -> io::Result<String> {
 fn record(row: &Row, name: &str, s: &Summary) -> [String; 14] {
     [
         row.workload.clone(),
-        row.target.clone(),
+        row.target.name().to_string(),
         row.mode.clone(),
         row.tasks.to_string(),
         name.to_string(),
-        Metric::unit(name).to_string(),
+        Metric::from(name).unit().symbol().to_string(),
         s.mean.to_string(),
         s.stddev.to_string(),
         s.n.to_string(),
@@ -73,10 +73,10 @@ mod tests {
     fn one_line_per_row_and_metric_with_quoting() {
         let metrics = BTreeMap::from([
             (
-                "total_lock_seconds".to_string(),
+                "total_lock_seconds".into(),
                 Summary::of("total_lock_seconds", &[1.5, 2.5]),
             ),
-            ("b".to_string(), Summary::of("b", &[])),
+            ("b".into(), Summary::of("b", &[])),
         ]);
         let report = Report {
             meta: Meta {
@@ -88,8 +88,8 @@ mod tests {
             },
             results: vec![Row {
                 workload: "posix01".into(),
-                target: "a,b".into(),
-                mode: "posix".into(),
+                target: crate::measure::Target::Kernel,
+                mode: "a,b".into(),
                 tasks: 3,
                 held: None,
                 files: None,
@@ -101,8 +101,8 @@ mod tests {
         let text = to_string(&report).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], COLUMNS.join(","));
-        assert_eq!(lines[1], "posix01,\"a,b\",posix,3,b,,NaN,NaN,0,NaN,NaN,NaN,NaN,");
-        assert!(lines[2].starts_with("posix01,\"a,b\",posix,3,total_lock_seconds,s,2,0.7071067811865476,2,"));
+        assert_eq!(lines[1], "posix01,kernel,\"a,b\",3,b,,NaN,NaN,0,NaN,NaN,NaN,NaN,");
+        assert!(lines[2].starts_with("posix01,kernel,\"a,b\",3,total_lock_seconds,s,2,0.7071067811865476,2,"));
         assert_eq!(lines.len(), 3);
     }
 }

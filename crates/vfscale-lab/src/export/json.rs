@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::result::{Meta, Report, Row, Skipped, Summary};
+use crate::measure::Target;
+use crate::result::{Meta, Metric, Report, Row, Skipped, Summary};
 
 /// The report as pretty-printed JSON (no trailing newline, so it can be `println!`ed).
 pub fn to_string(report: &Report) -> String {
@@ -36,7 +37,8 @@ struct LenientReport {
 #[derive(Deserialize)]
 struct LenientRow {
     workload: String,
-    target: String,
+    #[serde(with = "crate::result::target_name")]
+    target: Target,
     mode: String,
     tasks: usize,
     #[serde(default)]
@@ -90,7 +92,7 @@ impl LenientRow {
             metrics: self
                 .metrics
                 .into_iter()
-                .map(|(k, s)| (k, s.into_summary()))
+                .map(|(k, s)| (Metric::from(k), s.into_summary()))
                 .collect(),
         }
     }
@@ -116,7 +118,7 @@ mod tests {
     use super::*;
 
     fn report(samples: &[f64]) -> Report {
-        let metrics = BTreeMap::from([("ops_per_sec".to_string(), Summary::of("ops_per_sec", samples))]);
+        let metrics = BTreeMap::from([("ops_per_sec".into(), Summary::of("ops_per_sec", samples))]);
         Report {
             meta: Meta {
                 nproc: 4,
@@ -127,7 +129,7 @@ mod tests {
             },
             results: vec![Row {
                 workload: "lock1".into(),
-                target: "kernel".into(),
+                target: Target::Kernel,
                 mode: "threads".into(),
                 tasks: 2,
                 held: None,

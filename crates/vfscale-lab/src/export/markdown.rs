@@ -18,7 +18,7 @@ pub fn render(report: &Report) -> String {
     out.push_str("\n## What it found\n\n");
     let findings = headline::findings(report);
     if findings.is_empty() {
-        out.push_str("No seed experiment in this run.\n");
+        out.push_str("No experiment in this run.\n");
     }
     for f in &findings {
         out.push_str(&format!("- {}\n", inline(&f.line())));

@@ -12,8 +12,10 @@ use std::fs;
 use std::io;
 use std::path::Path;
 
-use crate::result::{Meta, Report, Row, Summary};
-use crate::stats;
+use crate::measure::Target;
+use crate::result::{Meta, Metric, Report, Row, Summary};
+use crate::stats::Ratio;
+use crate::units;
 
 pub mod csv;
 pub mod html;
@@ -21,7 +23,6 @@ pub mod json;
 pub mod markdown;
 pub mod plot;
 pub mod summary;
-pub mod units;
 
 /// Significant digits of the values shown in tables.
 pub const TABLE_DIGITS: usize = 4;
@@ -115,7 +116,7 @@ pub fn format_summary(name: &str, summary: &Summary) -> String {
 
 /// A metric's column header: its name and unit, `acquisitions_per_sec (/s)`.
 pub fn metric_header(name: &str) -> String {
-    match units::Unit::of(name).header() {
+    match Metric::from(name).unit().header() {
         "" => name.to_string(),
         unit => format!("{name} ({unit})"),
     }
@@ -135,7 +136,7 @@ pub fn main_metric(workload: &str, rows: &[&Row]) -> Option<String> {
         .or_else(|| names.into_iter().next())
 }
 
-/// The metric the seeds report for a workload.
+/// The metric the upstream benchmarks report for a workload.
 fn preferred_metric(workload: &str) -> Option<&'static str> {
     match workload {
         "herd" => Some("acquisitions_per_sec"),
@@ -148,7 +149,9 @@ fn preferred_metric(workload: &str) -> Option<&'static str> {
 
 /// Every metric name in `rows`, sorted.
 pub fn metric_names(rows: &[&Row]) -> BTreeSet<String> {
-    rows.iter().flat_map(|r| r.metrics.keys().cloned()).collect()
+    rows.iter()
+        .flat_map(|r| r.metrics.keys().map(|m| m.to_string()))
+        .collect()
 }
 
 /// The workloads of a report's results, in order of first appearance.
@@ -179,11 +182,11 @@ fn first_appearances<'a>(items: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
 }
 
 /// Where a target goes in tables and legends: the kernel, the alternatives, then the
-/// library ([`crate::measure::Target::ALL`]'s order); unknown targets last.
-pub fn target_rank(target: &str) -> usize {
-    crate::measure::Target::ALL
+/// library ([`Target::ALL`]'s order).
+pub fn target_rank(target: Target) -> usize {
+    Target::ALL
         .iter()
-        .position(|t| t.name() == target)
+        .position(|t| *t == target)
         .unwrap_or(usize::MAX)
 }
 
@@ -193,8 +196,8 @@ pub fn workload_rows<'a>(report: &'a Report, workload: &str) -> Vec<&'a Row> {
     let mode_rank = |m: &str| modes.iter().position(|x| *x == m).unwrap_or(usize::MAX);
     let mut rows: Vec<&Row> = report.results.iter().filter(|r| r.workload == workload).collect();
     rows.sort_by(|a, b| {
-        let key = |r: &Row| (mode_rank(&r.mode), r.size(), r.tasks, target_rank(&r.target));
-        key(a).cmp(&key(b)).then_with(|| a.target.cmp(&b.target))
+        let key = |r: &Row| (mode_rank(&r.mode), r.size(), r.tasks, target_rank(r.target));
+        key(a).cmp(&key(b))
     });
     rows
 }
@@ -230,7 +233,7 @@ pub fn meta_fields(meta: &Meta) -> [(&'static str, String); 5] {
 }
 
 /// The targets a library row is divided by, in ratio-column order.
-const RATIO_BASES: [&str; 2] = ["library-prepatch", "kernel"];
+const RATIO_BASES: [Target; 2] = [Target::LibraryPrepatch, Target::Kernel];
 
 /// One workload's table: a row per configuration (target, mode, tasks) with each metric
 /// as `mean ± sd`, plus a column `library / <base>` for each base target that some
@@ -239,12 +242,12 @@ pub fn workload_table(report: &Report, workload: &str) -> Table {
     let rows = workload_rows(report, workload);
     let main = main_metric(workload, &rows);
     let metrics = ordered_metrics(&rows, main.as_deref());
-    let bases: Vec<&str> = main
+    let bases: Vec<Target> = main
         .as_deref()
         .map(|m| {
             RATIO_BASES
                 .into_iter()
-                .filter(|b| rows.iter().any(|r| ratio(&rows, r, b, m).is_some()))
+                .filter(|b| rows.iter().any(|r| ratio(&rows, r, *b, m).is_some()))
         })
         .into_iter()
         .flatten()
@@ -311,40 +314,42 @@ fn row_cells(
     rows: &[&Row],
     row: &Row,
     metrics: &[String],
-    bases: &[&str],
+    bases: &[Target],
     main: Option<&str>,
 ) -> Vec<String> {
     let runs = row.metrics.values().map(|s| s.n).max().unwrap_or(0);
     let mut cells = vec![
-        row.target.clone(),
+        row.target.name().to_string(),
         row.mode.clone(),
         row.tasks.to_string(),
         runs.to_string(),
     ];
     cells.extend(metrics.iter().map(|m| {
         row.metrics
-            .get(m)
+            .get(m.as_str())
             .map_or_else(|| "-".to_string(), |s| format_summary(m, s))
     }));
     cells.extend(bases.iter().map(|b| {
-        main.and_then(|m| ratio(rows, row, b, m))
+        main.and_then(|m| ratio(rows, row, *b, m))
             .map_or_else(String::new, |(r, e)| units::format_ratio_pm(r, e))
     }));
     cells
 }
 
 /// `metric` of a `library` row over the same configuration on `base`, with its error.
-fn ratio(rows: &[&Row], row: &Row, base: &str, metric: &str) -> Option<(f64, f64)> {
-    if row.target != "library" {
+fn ratio(rows: &[&Row], row: &Row, base: Target, metric: &str) -> Option<(f64, f64)> {
+    if row.target != Target::Library {
         return None;
     }
     let other = rows
         .iter()
         .find(|o| o.target == base && o.mode == row.mode && o.tasks == row.tasks && o.size() == row.size())?;
-    Some(stats::ratio_with_error(
+    let r = Ratio::unpaired(
+        &Metric::from(metric),
         row.metrics.get(metric)?,
         other.metrics.get(metric)?,
-    ))
+    );
+    Some((r.value, r.error))
 }
 
 /// The notes under a workload table: what the ratios are, and the outlier mark.
@@ -377,7 +382,7 @@ pub fn skipped_table(report: &Report) -> Option<Table> {
         rows: report
             .skipped
             .iter()
-            .map(|s| vec![s.workload.clone(), s.target.clone(), s.reason.clone()])
+            .map(|s| vec![s.workload.clone(), s.target.name().to_string(), s.reason.clone()])
             .collect(),
         notes: Vec::new(),
     })
@@ -427,7 +432,7 @@ mod tests {
     }
 
     fn summary(samples: &[f64]) -> Summary {
-        stats::summarize(samples, false)
+        crate::stats::summarize(samples, false)
     }
 
     #[test]
@@ -438,13 +443,13 @@ mod tests {
     }
 
     fn row(workload: &str, target: &str, tasks: usize, metrics: &[(&str, &[f64])]) -> Row {
-        let metrics: BTreeMap<String, Summary> = metrics
+        let metrics: BTreeMap<Metric, Summary> = metrics
             .iter()
-            .map(|(n, s)| (n.to_string(), Summary::of(n, s)))
+            .map(|(n, s)| (Metric::from(*n), Summary::of(n, s)))
             .collect();
         Row {
             workload: workload.into(),
-            target: target.into(),
+            target: Target::from_name(target).expect("a target"),
             mode: "flock".into(),
             tasks,
             held: None,
@@ -455,7 +460,7 @@ mod tests {
     }
 
     #[test]
-    fn main_metric_prefers_the_seeds_metric() {
+    fn main_metric_prefers_the_upstream_metric() {
         let a = row(
             "herd",
             "kernel",

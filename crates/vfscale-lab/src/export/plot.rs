@@ -78,8 +78,8 @@ fn plot_title(report: &Report, workload: &str, mode: &str) -> String {
     let (x, _) = x_axis(&rows);
     let mut targets: Vec<&str> = Vec::new();
     for r in &rows {
-        if !targets.contains(&r.target.as_str()) {
-            targets.push(&r.target);
+        if !targets.contains(&r.target.name()) {
+            targets.push(r.target.name());
         }
     }
     format!(
@@ -111,7 +111,7 @@ struct Point {
 /// One target's curve.
 #[derive(Clone, Debug, PartialEq)]
 struct Series {
-    target: String,
+    target: Target,
     points: Vec<Point>,
 }
 
@@ -167,7 +167,7 @@ fn collect_series(rows: &[&Row], metric: &str, x_of: fn(&Row) -> Option<f64>) ->
         match series.iter_mut().find(|s| s.target == row.target) {
             Some(s) => s.points.push(point),
             None => series.push(Series {
-                target: row.target.clone(),
+                target: row.target,
                 points: vec![point],
             }),
         }
@@ -210,18 +210,17 @@ fn y_range(series: &[Series]) -> (f64, f64) {
 }
 
 /// A target's color: fixed per target so every plot uses the same.
-pub fn color(target: &str) -> RGBColor {
-    match Target::from_name(target) {
-        Some(Target::Kernel) => RGBColor(0x33, 0x33, 0x33),
-        Some(Target::KernelExt4) => RGBColor(0x8c, 0x56, 0x4b),
-        Some(Target::LibraryPrepatch) => RGBColor(0xd6, 0x60, 0x1a),
-        Some(Target::LibraryList) => RGBColor(0xe3, 0x77, 0xc2),
-        Some(Target::RwlockHashmap) => RGBColor(0x94, 0x67, 0xbd),
-        Some(Target::Dashmap) => RGBColor(0xbc, 0xbd, 0x22),
-        Some(Target::Moka) => RGBColor(0x17, 0xbe, 0xcf),
-        Some(Target::Partitioned) => RGBColor(0x7f, 0x7f, 0x7f),
-        Some(Target::Library) => RGBColor(0x1f, 0x6f, 0xb4),
-        None => RGBColor(0x2c, 0xa0, 0x2c),
+pub fn color(target: Target) -> RGBColor {
+    match target {
+        Target::Kernel => RGBColor(0x33, 0x33, 0x33),
+        Target::KernelExt4 => RGBColor(0x8c, 0x56, 0x4b),
+        Target::LibraryPrepatch => RGBColor(0xd6, 0x60, 0x1a),
+        Target::LibraryList => RGBColor(0xe3, 0x77, 0xc2),
+        Target::RwlockHashmap => RGBColor(0x94, 0x67, 0xbd),
+        Target::Dashmap => RGBColor(0xbc, 0xbd, 0x22),
+        Target::Moka => RGBColor(0x17, 0xbe, 0xcf),
+        Target::Partitioned => RGBColor(0x7f, 0x7f, 0x7f),
+        Target::Library => RGBColor(0x1f, 0x6f, 0xb4),
     }
 }
 
@@ -260,7 +259,7 @@ fn draw(
         .x_desc(format!("{x_desc} (log scale)"))
         .y_desc(y_desc)
         .x_label_formatter(&|v| tick_label(*v))
-        .y_label_formatter(&|v| super::units::format(*v, super::units::Unit::Plain))
+        .y_label_formatter(&|v| crate::units::format(*v, crate::units::Unit::Plain))
         .label_style(("sans-serif", 14))
         .axis_desc_style(("sans-serif", 15))
         .light_line_style(TRANSPARENT)
@@ -285,11 +284,11 @@ type Chart<'a, 'b> =
 
 /// One target's line, points, error bars and legend entry.
 fn draw_series(chart: &mut Chart<'_, '_>, s: &Series) -> Result<(), Box<dyn Error>> {
-    let color = color(&s.target);
+    let color = color(s.target);
     let line = s.points.iter().map(|p| (p.x, p.mean));
     chart
         .draw_series(LineSeries::new(line, color.stroke_width(2)))?
-        .label(s.target.as_str())
+        .label(s.target.name())
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
     chart.draw_series(
         s.points

@@ -1,4 +1,4 @@
-//! What `vfscale run` prints: the headline first (what each seed experiment found, with
+//! What `vfscale run` prints: the headline first (what each experiment found, with
 //! its targets checked), then one compact table per experiment — the experiment's main
 //! metric for every target side by side, with the library's ratios — and what could
 //! not run. At most [`MAX_LINES`] lines; `--verbose` prints every table in full instead.
@@ -7,16 +7,18 @@
 
 use comfy_table::{presets, CellAlignment, Table as Comfy};
 
-use super::units::{self, Unit};
 use super::{tables, workload_rows, Table};
 use crate::headline::{self, Finding};
-use crate::measure::Target;
-use crate::result::{Meta, Report, Row};
+use crate::measure::{Target, Workload};
+use crate::result::{Meta, Metric, Report, Row};
+use crate::stats::Ratio;
+use crate::units;
 
 /// What the summary tables show.
 pub const SUMMARY_NOTE: &str =
     "Summary: mean ± sd over the runs; library / X is the library's figure over X's in the \
-same configuration (± its standard error, ~ where not significant). Every metric: --verbose or report.md.";
+same configuration, paired run by run where the runs interleave (± its standard error, ~ where not \
+significant). Every metric: --verbose or report.md.";
 
 /// The default output's line budget.
 pub const MAX_LINES: usize = 120;
@@ -36,32 +38,32 @@ pub struct Group {
 /// them gets a group of its own on its main metric.
 pub const GROUPS: &[(&str, &[&str], &str)] = &[
     (
-        "lockperf (seed 000): total time spent locking",
+        "lockperf, per-inode file locks (Layton, 2013): total time spent locking",
         &["posix01", "posix02", "flock01", "flock02"],
         "total_lock_seconds",
     ),
     (
-        "descriptor table (seed 001): operations per second",
+        "descriptor table, lock-free fd_install (Guzik, 2015): operations per second",
         &["pipebench", "opensock", "dup1"],
         "ops_per_sec",
     ),
     (
-        "inode cache (seed 002): operations per second, per phase",
+        "inode cache scalability (Chinner, 2023): operations per second, per phase",
         &["inodes"],
         "ops_per_sec",
     ),
     (
-        "herd (seed 003): lock acquisitions per second",
+        "herd, wait tree of fs/locks.c (NeilBrown, 2018): lock acquisitions per second",
         &["herd"],
         "acquisitions_per_sec",
     ),
     (
-        "loop devices (seed 004): operations per second",
+        "loop devices, per-device loop lock (Tatashin, 2021): operations per second",
         &["loop"],
         "ops_per_sec",
     ),
     (
-        "lockmany: one set+unset with H locks held on the file",
+        "lockmany, many locks on one file: one set+unset with H locks held on the file",
         &["lockmany"],
         "set_unset_ns",
     ),
@@ -73,7 +75,7 @@ pub const GROUPS: &[(&str, &[&str], &str)] = &[
 ];
 
 /// The targets a library row is divided by, first found first.
-const RATIO_BASES: [&str; 2] = ["kernel", "library-prepatch"];
+const RATIO_BASES: [Target; 2] = [Target::Kernel, Target::LibraryPrepatch];
 
 /// The default output of `vfscale run`.
 pub fn render(report: &Report) -> String {
@@ -87,9 +89,9 @@ pub fn render_quick(report: &Report) -> String {
 }
 
 /// Experiments (by first workload) whose summary table `run --quick` leaves to report.md:
-/// the inode cache's (issue 9: its part of `run --quick` adds at most 15 lines; its table
+/// the inode cache's (its part of `run --quick` must add at most 15 lines; its table
 /// alone is 14, a row per phase and task count, and its three headline lines carry the
-/// ratios the issue judges).
+/// ratios that are judged).
 pub const QUICK_ELSEWHERE: [&str; 1] = ["inodes"];
 
 /// [`render`] with the tables of `elsewhere` (by first workload) in report.md only.
@@ -134,8 +136,8 @@ fn render_leaving(report: &Report, elsewhere: &[&str]) -> String {
 }
 
 /// Experiments (by their first workload) whose summary table leaves stdout first when
-/// the output would pass [`MAX_LINES`]: will-it-scale's lock1/lock2 (context, not a
-/// seed's question), then opensock/dup1's descriptor table, then lockperf.
+/// the output would pass [`MAX_LINES`]: will-it-scale's lock1/lock2 (context, not an
+/// experiment's question), then opensock/dup1's descriptor table, then lockperf.
 const STDOUT_DROP_ORDER: [&str; 4] = ["lock1", "pipebench", "posix01", "loop"];
 
 /// `--verbose` (and `vfscale bench`): the headline, then every table in full.
@@ -168,7 +170,7 @@ pub fn headline_text(report: &Report) -> String {
     let findings: Vec<Finding> = headline::findings(report);
     let mut out = format!("What it found  ({})\n", headline::LEGEND);
     if findings.is_empty() {
-        out.push_str("  (no seed experiment in this run)\n");
+        out.push_str("  (no experiment in this run)\n");
     }
     for f in &findings {
         out.push_str("  ");
@@ -184,7 +186,7 @@ fn skipped_text(report: &Report) -> String {
         return String::new();
     }
     // One line per (target, reason), naming the workloads.
-    let mut lines: Vec<(String, String, Vec<String>)> = Vec::new();
+    let mut lines: Vec<(Target, String, Vec<String>)> = Vec::new();
     for s in &report.skipped {
         match lines
             .iter_mut()
@@ -192,7 +194,7 @@ fn skipped_text(report: &Report) -> String {
         {
             Some((_, _, w)) if !w.contains(&s.workload) => w.push(s.workload.clone()),
             Some(_) => {}
-            None => lines.push((s.target.clone(), s.reason.clone(), vec![s.workload.clone()])),
+            None => lines.push((s.target, s.reason.clone(), vec![s.workload.clone()])),
         }
     }
     let mut out = String::from("\nSkipped\n");
@@ -242,14 +244,13 @@ fn group_table(report: &Report, g: &Group) -> Option<Table> {
     if rows.is_empty() {
         return None;
     }
-    let targets: Vec<&str> = Target::ALL
-        .iter()
-        .map(|t| t.name())
+    let targets: Vec<Target> = Target::ALL
+        .into_iter()
         .filter(|t| rows.iter().any(|r| r.target == *t))
         .collect();
-    let bases: Vec<&str> = RATIO_BASES
+    let bases: Vec<Target> = RATIO_BASES
         .into_iter()
-        .filter(|b| targets.contains(b) && targets.contains(&"library"))
+        .filter(|b| targets.contains(b) && targets.contains(&Target::Library))
         .collect();
     let many_workloads = g.workloads.len() > 1;
     let has_size = rows.iter().any(|r| r.size().is_some());
@@ -266,7 +267,7 @@ fn group_table(report: &Report, g: &Group) -> Option<Table> {
             keys.push(k);
         }
     }
-    let unit = Unit::of(metric);
+    let unit = Metric::from(metric).unit();
     let unit_note = match unit.header() {
         "" => String::new(),
         u => format!(" ({u})"),
@@ -293,7 +294,7 @@ fn group_table(report: &Report, g: &Group) -> Option<Table> {
         header.push(format!("library / {b}"));
         numeric.push(true);
     }
-    let find = |k: &(&str, &str, Option<u64>, usize), t: &str| {
+    let find = |k: &(&str, &str, Option<u64>, usize), t: Target| {
         rows.iter()
             .find(|r| {
                 r.workload == k.0 && r.mode == k.1 && r.size() == k.2 && r.tasks == k.3 && r.target == t
@@ -312,12 +313,16 @@ fn group_table(report: &Report, g: &Group) -> Option<Table> {
         }
         line.push(k.3.to_string());
         for t in &targets {
-            line.push(find(k, t).map_or_else(String::new, |s| units::format_summary(metric, s)));
+            line.push(find(k, *t).map_or_else(String::new, |s| units::format_summary(metric, s)));
         }
         for b in &bases {
-            let cell = match (find(k, "library"), find(k, b)) {
+            let cell = match (find(k, Target::Library), find(k, *b)) {
                 (Some(l), Some(o)) => {
-                    let r = headline::Ratio::of(metric, l, o);
+                    let r = if paired_runs(k.0) {
+                        Ratio::paired_or_unpaired(&Metric::from(metric), l, o)
+                    } else {
+                        Ratio::unpaired(&Metric::from(metric), l, o)
+                    };
                     let mark = if r.significant() { "" } else { " ~" };
                     format!("{}{mark}", units::format_ratio_pm(r.value, r.error))
                 }
@@ -334,6 +339,13 @@ fn group_table(report: &Report, g: &Group) -> Option<Table> {
         rows: cells,
         notes: Vec::new(),
     })
+}
+
+/// Whether run i of one row of `workload` and run i of another saw the same machine
+/// ([`crate::bench::interleaved`]), so that their ratio is paired run by run, as the
+/// headline pairs it.
+fn paired_runs(workload: &str) -> bool {
+    Workload::from_name(workload).is_some_and(crate::bench::interleaved)
 }
 
 /// A table as aligned text, under its title.

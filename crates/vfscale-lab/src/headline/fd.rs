@@ -1,15 +1,19 @@
-//! Seed 001: the descriptor table (pipebench, opensock, dup1).
+//! The descriptor table, after Guzik's 2015 lock-free `fd_install` (pipebench,
+//! opensock, dup1).
 
-use super::{metric, task_counts, Finding, Ratio, Targets};
-use crate::export::units::{self, Unit};
-use crate::result::Report;
+use super::{metric, task_counts, Finding, Targets};
+use crate::experiment::Experiment;
+use crate::measure::Target;
+use crate::result::{Metric, Report};
+use crate::stats::Ratio;
+use crate::units::{self, Unit};
 
-/// One line: pipebench against the kernel at every thread count (issue 4: ≥ 5×), and
+/// One line: pipebench against the kernel at every thread count (≥ 5×), and
 /// the table-lock counters (exactly 1 per install, 0 per lookup; 2 per install before
-/// the seed).
+/// the upstream change).
 pub fn findings(report: &Report) -> Vec<Finding> {
-    let rate = "ops_per_sec";
-    let counts = task_counts(report, "pipebench", "library", "threads");
+    let rate = Metric::OPS_PER_SEC;
+    let counts = task_counts(report, "pipebench", Target::Library, "threads");
     if counts.is_empty() {
         return Vec::new();
     }
@@ -17,12 +21,12 @@ pub fn findings(report: &Report) -> Vec<Finding> {
     let mut ratios = Vec::new();
     for &n in &counts {
         let (Some(lib), Some(ker)) = (
-            metric(report, "pipebench", "library", "threads", n, rate),
-            metric(report, "pipebench", "kernel", "threads", n, rate),
+            metric(report, "pipebench", Target::Library, "threads", n, rate),
+            metric(report, "pipebench", Target::Kernel, "threads", n, rate),
         ) else {
             continue;
         };
-        let r = Ratio::of(rate, lib, ker);
+        let r = Ratio::unpaired(rate, lib, ker);
         ratios.push(units::format_ratio(r.value));
         t.check_ratio(&r, 5.0, true, &format!("{n} threads"));
     }
@@ -39,15 +43,18 @@ pub fn findings(report: &Report) -> Vec<Finding> {
     let n = *counts.last().expect("not empty");
     let c = |target, m| metric(report, "pipebench", target, "threads", n, m).map(|s| s.mean);
     if let (Some(inst), Some(look)) = (
-        c("library", "table_lock_acquisitions_per_install"),
-        c("library", "table_lock_acquisitions_per_lookup"),
+        c(Target::Library, Metric::TABLE_LOCK_ACQUISITIONS_PER_INSTALL),
+        c(Target::Library, Metric::TABLE_LOCK_ACQUISITIONS_PER_LOOKUP),
     ) {
         text.push_str(&format!(
             "; table-lock acquisitions per install {}, per lookup {}",
             units::format(inst, Unit::Plain),
             units::format(look, Unit::Plain)
         ));
-        if let Some(pre) = c("library-prepatch", "table_lock_acquisitions_per_install") {
+        if let Some(pre) = c(
+            Target::LibraryPrepatch,
+            Metric::TABLE_LOCK_ACQUISITIONS_PER_INSTALL,
+        ) {
             text.push_str(&format!(
                 " (prepatch {} per install)",
                 units::format(pre, Unit::Plain)
@@ -60,7 +67,7 @@ pub fn findings(report: &Report) -> Vec<Finding> {
         t.check(look == 0.0, "table-lock acquisitions per lookup not 0");
     }
     vec![Finding {
-        seed: "seed 001",
+        experiment: Experiment::FdInstall,
         text,
         status: t.status(),
     }]

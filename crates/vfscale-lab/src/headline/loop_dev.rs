@@ -1,16 +1,19 @@
-//! Seed 004: loop devices, a lock per device instead of one control lock (issue 10).
+//! Tatashin's 2021 loop devices: a lock per device instead of one control lock.
 //!
 //! Two lines: the locks (the boot's lock wait against the prepatch design at 2, 8 and 64
 //! tasks, and control-lock acquisitions per open/close and configure/clear), and the
 //! speed (the open/close storm on own devices from 1 to 2 tasks, block I/O against
 //! `pread` on the backing file).
 
-use super::{metric, skip_reason, task_counts, Finding, Ratio, Status, Targets};
-use crate::export::units::{self, Unit};
-use crate::result::Report;
+use super::{metric, skip_reason, task_counts, Finding, Status, Targets};
+use crate::experiment::Experiment;
+use crate::measure::Target;
+use crate::result::{Metric, Report};
+use crate::stats::Ratio;
+use crate::units::{self, Unit};
 
 const W: &str = "loop";
-const SEED: &str = "seed 004";
+const EXPERIMENT: Experiment = Experiment::LoopLock;
 
 /// The experiment's lines (none when the run has no loop rows).
 pub fn findings(report: &Report) -> Vec<Finding> {
@@ -22,9 +25,9 @@ pub fn findings(report: &Report) -> Vec<Finding> {
         out.push(f);
     }
     if out.is_empty() {
-        if let Some(why) = skip_reason(report, W, "library") {
+        if let Some(why) = skip_reason(report, W, Target::Library) {
             out.push(Finding {
-                seed: SEED,
+                experiment: EXPERIMENT,
                 text: "loop devices on the library".into(),
                 status: Status::Skipped(why),
             });
@@ -42,7 +45,7 @@ fn plain(x: f64) -> String {
     }
 }
 
-fn mean(report: &Report, target: &str, mode: &str, n: usize, m: &str) -> Option<f64> {
+fn mean(report: &Report, target: Target, mode: &str, n: usize, m: &Metric) -> Option<f64> {
     metric(report, W, target, mode, n, m).map(|s| s.mean)
 }
 
@@ -50,19 +53,19 @@ fn mean(report: &Report, target: &str, mode: &str, n: usize, m: &str) -> Option<
 /// control-lock acquisitions per operation (0 for open/close and configure/clear on the
 /// library, ≥ 1 prepatch).
 fn locks(report: &Report) -> Option<Finding> {
-    let wait = "lock_wait_sec";
+    let wait = Metric::LOCK_WAIT_SEC;
     let mut t = Targets::new();
     let mut parts = Vec::new();
-    let boot_tasks: Vec<usize> = task_counts(report, W, "library", "boot")
+    let boot_tasks: Vec<usize> = task_counts(report, W, Target::Library, "boot")
         .into_iter()
-        .filter(|n| mean(report, "library-prepatch", "boot", *n, wait).is_some())
+        .filter(|n| mean(report, Target::LibraryPrepatch, "boot", *n, wait).is_some())
         .collect();
     if !boot_tasks.is_empty() {
         let (mut lib, mut pre) = (Vec::new(), Vec::new());
         for &n in &boot_tasks {
             let (Some(l), Some(p)) = (
-                mean(report, "library", "boot", n, wait),
-                mean(report, "library-prepatch", "boot", n, wait),
+                mean(report, Target::Library, "boot", n, wait),
+                mean(report, Target::LibraryPrepatch, "boot", n, wait),
             ) else {
                 continue;
             };
@@ -76,7 +79,7 @@ fn locks(report: &Report) -> Option<Finding> {
                 );
             }
         }
-        let devices = mean(report, "library", "boot", boot_tasks[0], "devices").unwrap_or(0.0);
+        let devices = mean(report, Target::Library, "boot", boot_tasks[0], Metric::DEVICES).unwrap_or(0.0);
         if lib.iter().all(|l| l == "0 s") {
             lib = vec!["0 s".to_string()];
         }
@@ -87,22 +90,22 @@ fn locks(report: &Report) -> Option<Finding> {
             slashed(&pre)
         ));
     }
-    let ctl = "ctl_lock_acquisitions_per_op";
+    let ctl = Metric::CTL_LOCK_ACQUISITIONS_PER_OP;
     let mut acq = Vec::new();
     for (mode, what) in [("open-close", "open-close"), ("configure", "configure")] {
-        let counts = task_counts(report, W, "library", mode);
+        let counts = task_counts(report, W, Target::Library, mode);
         let lib: Vec<f64> = counts
             .iter()
-            .filter_map(|&n| mean(report, "library", mode, n, ctl))
+            .filter_map(|&n| mean(report, Target::Library, mode, n, ctl))
             .collect();
         if lib.is_empty() {
             continue;
         }
         let lib_max = lib.iter().copied().fold(0.0, f64::max);
         t.check(lib_max == 0.0, format!("{what} takes the control lock"));
-        let pre: Vec<f64> = task_counts(report, W, "library-prepatch", mode)
+        let pre: Vec<f64> = task_counts(report, W, Target::LibraryPrepatch, mode)
             .iter()
-            .filter_map(|&n| mean(report, "library-prepatch", mode, n, ctl))
+            .filter_map(|&n| mean(report, Target::LibraryPrepatch, mode, n, ctl))
             .collect();
         let mut s = format!("{what} {}", plain(lib_max));
         if let Some(p) = pre.iter().copied().reduce(f64::min) {
@@ -123,7 +126,7 @@ fn finding(prefix: &str, parts: Vec<String>, t: Targets) -> Option<Finding> {
         return None;
     }
     Some(Finding {
-        seed: SEED,
+        experiment: EXPERIMENT,
         text: format!("{prefix} {}", parts.join("; ")),
         status: t.status(),
     })
@@ -137,32 +140,32 @@ fn slashed<T: ToString>(v: impl IntoIterator<Item = T>) -> String {
 /// The open/close storm on own devices from 1 to 2 tasks (≥ 1.8×, the kernel's beside
 /// it) and reads through the library at ≥ 90% of `pread` on the backing file.
 fn speed(report: &Report) -> Option<Finding> {
-    let rate = "ops_per_sec";
+    let rate = Metric::OPS_PER_SEC;
     let mut t = Targets::new();
     let mut parts = Vec::new();
-    let scaling = |target: &str| {
+    let scaling = |target: Target| {
         let (one, two) = (
             metric(report, W, target, "open-close", 1, rate)?,
             metric(report, W, target, "open-close", 2, rate)?,
         );
-        Some(Ratio::of(rate, two, one))
+        Some(Ratio::unpaired(rate, two, one))
     };
-    if let Some(r) = scaling("library") {
+    if let Some(r) = scaling(Target::Library) {
         t.check(
             r.value >= 1.8,
             format!("2 tasks/1 task {} (target ≥ 1.8×)", units::format_ratio(r.value)),
         );
-        let mut s = format!("open-close 1→2 tasks {}", r.text());
-        if let Some(k) = scaling("kernel") {
+        let mut s = format!("open-close 1→2 tasks {}", units::format_ratio_paren(&r));
+        if let Some(k) = scaling(Target::Kernel) {
             s.push_str(&format!(" (kernel {})", units::format_ratio(k.value)));
         }
         parts.push(s);
     }
-    let io: Vec<(usize, f64)> = task_counts(report, W, "library", "io")
+    let io: Vec<(usize, f64)> = task_counts(report, W, Target::Library, "io")
         .into_iter()
         .filter_map(|n| {
-            let dev = mean(report, "library", "io", n, rate)?;
-            let direct = mean(report, "library", "io", n, "direct_ops_per_sec")?;
+            let dev = mean(report, Target::Library, "io", n, rate)?;
+            let direct = mean(report, Target::Library, "io", n, Metric::DIRECT_OPS_PER_SEC)?;
             Some((n, dev / direct))
         })
         .collect();
@@ -185,7 +188,7 @@ fn speed(report: &Report) -> Option<Finding> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::result::{Meta, Row, Summary};
+    use crate::result::{Meta, Metric, Row, Summary};
 
     fn meta() -> Meta {
         Meta {
@@ -198,7 +201,7 @@ mod tests {
     }
 
     /// Adds metrics to the row of (target, mode, tasks), making it if needed.
-    fn put(rows: &mut Vec<Row>, target: &str, mode: &str, tasks: usize, metrics: &[(&str, &[f64])]) {
+    fn put(rows: &mut Vec<Row>, target: Target, mode: &str, tasks: usize, metrics: &[(&Metric, &[f64])]) {
         let i = match rows
             .iter()
             .position(|r| r.target == target && r.mode == mode && r.tasks == tasks)
@@ -210,7 +213,7 @@ mod tests {
             }
         };
         for (k, v) in metrics {
-            rows[i].metrics.insert(k.to_string(), Summary::of(k, v));
+            rows[i].metrics.insert(k.to_string().into(), Summary::of(k, v));
         }
     }
 
@@ -219,55 +222,58 @@ mod tests {
         for n in [2, 8, 64] {
             put(
                 &mut rows,
-                "library",
+                Target::Library,
                 "boot",
                 n,
-                &[("lock_wait_sec", &[lib_wait]), ("devices", &[69.0])],
+                &[(Metric::LOCK_WAIT_SEC, &[lib_wait]), (Metric::DEVICES, &[69.0])],
             );
             put(
                 &mut rows,
-                "library-prepatch",
+                Target::LibraryPrepatch,
                 "boot",
                 n,
-                &[("lock_wait_sec", &[1e-3])],
+                &[(Metric::LOCK_WAIT_SEC, &[1e-3])],
             );
         }
         for mode in ["open-close", "configure"] {
             put(
                 &mut rows,
-                "library",
+                Target::Library,
                 mode,
                 1,
-                &[("ctl_lock_acquisitions_per_op", &[0.0])],
+                &[(Metric::CTL_LOCK_ACQUISITIONS_PER_OP, &[0.0])],
             );
             put(
                 &mut rows,
-                "library-prepatch",
+                Target::LibraryPrepatch,
                 mode,
                 1,
-                &[("ctl_lock_acquisitions_per_op", &[2.0])],
+                &[(Metric::CTL_LOCK_ACQUISITIONS_PER_OP, &[2.0])],
             );
         }
         put(
             &mut rows,
-            "library",
+            Target::Library,
             "open-close",
             1,
-            &[("ops_per_sec", &[1e6, 1e6])],
+            &[(Metric::OPS_PER_SEC, &[1e6, 1e6])],
         );
         put(
             &mut rows,
-            "library",
+            Target::Library,
             "open-close",
             2,
-            &[("ops_per_sec", &[two_tasks, two_tasks])],
+            &[(Metric::OPS_PER_SEC, &[two_tasks, two_tasks])],
         );
         put(
             &mut rows,
-            "library",
+            Target::Library,
             "io",
             1,
-            &[("ops_per_sec", &[io * 1e6]), ("direct_ops_per_sec", &[1e6])],
+            &[
+                (Metric::OPS_PER_SEC, &[io * 1e6]),
+                (Metric::DIRECT_OPS_PER_SEC, &[1e6]),
+            ],
         );
         Report {
             meta: meta(),

@@ -238,7 +238,12 @@ mod tests {
             let before = open_fds();
             let s = run(&cfg(w, 2)).unwrap_or_else(|e| panic!("{}: {e}", w.name()));
             let after = open_fds();
-            assert_eq!(s.keys().collect::<Vec<_>>(), ["ops_per_sec"], "{}", w.name());
+            assert_eq!(
+                s.keys().map(crate::result::Metric::name).collect::<Vec<_>>(),
+                ["ops_per_sec"],
+                "{}",
+                w.name()
+            );
             let rate = s["ops_per_sec"];
             assert!(rate.is_finite() && rate > 0.0, "{}: {rate}", w.name());
             assert_eq!(before, after, "{}: descriptors leaked", w.name());

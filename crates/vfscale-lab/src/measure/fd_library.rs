@@ -281,7 +281,7 @@ mod tests {
                 for prepatch in [false, true] {
                     let what = format!("{} x{tasks} prepatch={prepatch}", w.name());
                     let s = run(&cfg(w, tasks), prepatch).unwrap_or_else(|e| panic!("{what}: {e}"));
-                    let keys: Vec<&str> = s.keys().map(String::as_str).collect();
+                    let keys: Vec<&str> = s.keys().map(crate::result::Metric::name).collect();
                     assert_eq!(
                         keys,
                         [

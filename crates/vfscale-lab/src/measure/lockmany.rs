@@ -466,13 +466,7 @@ fn kernel(cfg: &Config) -> Result<Sample, Skip> {
     )?;
     match file_lock_size() {
         Some(b) => s.insert("bytes_per_lock".into(), b),
-        None => s.insert(
-            format!(
-                "{}bytes_per_lock: /proc/slabinfo has no file_lock_cache here",
-                super::SKIP_PREFIX
-            ),
-            0.0,
-        ),
+        None => s.skip("bytes_per_lock: /proc/slabinfo has no file_lock_cache here".into()),
     };
     Ok(s)
 }

@@ -709,12 +709,12 @@ mod tests {
     }
 
     fn assert_metrics(s: &Sample, keys: &[&str], what: &str) {
-        let got: Vec<&str> = s.keys().map(String::as_str).collect();
+        let got: Vec<&str> = s.keys().map(crate::result::Metric::name).collect();
         let mut want = keys.to_vec();
         want.sort_unstable();
         assert_eq!(got, want, "{what}");
-        for (k, v) in s {
-            assert!(v.is_finite() && *v >= 0.0, "{what}: {k} = {v}");
+        for (_, k, v) in s.metrics() {
+            assert!(v.is_finite() && v >= 0.0, "{what}: {k} = {v}");
         }
     }
 

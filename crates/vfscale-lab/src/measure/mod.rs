@@ -15,7 +15,6 @@
 //! | inodes | `inodes/kernel.rs` | `inodes/fs.rs` on `inodes/tables.rs`; the evict point `inodes/million.rs` |
 //! | loop | `loop_dev/sys.rs` (kernel) | `loop_dev/sys.rs` (library), driven by `loop_dev/mod.rs` |
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -30,18 +29,9 @@ pub mod lockmany;
 pub mod locks_kernel;
 pub mod locks_library;
 pub mod loop_dev;
+mod sample;
 
-/// One repetition's measurements, by metric name.
-///
-/// A run that measures several modes at once (the inodes phases) names its metrics
-/// `mode/metric`, and the caller makes one row per mode. A key that starts with
-/// [`SKIP_PREFIX`] is not a metric: the rest of it says why a part of the run could not
-/// be measured here (`skip:cold-walk: tmpfs pins its inodes`), and is listed with the
-/// skipped configurations.
-pub type Sample = BTreeMap<String, f64>;
-
-/// See [`Sample`].
-pub const SKIP_PREFIX: &str = "skip:";
+pub use sample::Sample;
 
 /// Tests that start child processes (fork, or programs such as `mkfs`) hold this, so a
 /// test that checks no child is left is not confused by another test's child.
@@ -127,6 +117,12 @@ impl Target {
     /// on, and userspace cannot count its locks).
     pub fn is_kernel(self) -> bool {
         matches!(self, Target::Kernel | Target::KernelExt4)
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -258,23 +254,23 @@ impl Workload {
     /// One line for `--help`: what the workload measures.
     pub fn about(self) -> &'static str {
         match self {
-            Workload::Posix01 => "lockperf (per-inode lock, 2013): N tasks lock/unlock one file's whole-file POSIX lock",
-            Workload::Posix02 => "lockperf (per-inode lock, 2013): as posix01, each task its own file",
-            Workload::Flock01 => "lockperf (per-inode lock, 2013): N tasks flock/unlock one file",
-            Workload::Flock02 => "lockperf (per-inode lock, 2013): as flock01, each task its own file",
-            Workload::Herd => "the wait tree (2018): N contenders for one whole-file lock (flock, ofd, posix)",
+            Workload::Posix01 => "lockperf, per-inode file locks (Layton, 2013): N tasks lock/unlock one file's whole-file POSIX lock",
+            Workload::Posix02 => "lockperf, per-inode file locks (Layton, 2013): as posix01, each task its own file",
+            Workload::Flock01 => "lockperf, per-inode file locks (Layton, 2013): N tasks flock/unlock one file",
+            Workload::Flock02 => "lockperf, per-inode file locks (Layton, 2013): as flock01, each task its own file",
+            Workload::Herd => "wait tree of fs/locks.c (NeilBrown, 2018): N contenders for one whole-file lock (flock, ofd, posix)",
             Workload::Lock1 => "will-it-scale lock1: 1-byte lock, each task its own file",
             Workload::Lock2 => "will-it-scale lock2: 1-byte locks, all tasks one file",
             Workload::Lockmany => {
-                "H locks held on one file; set/unset and test one more (ofd, posix)"
+                "many locks on one file: H held; set/unset and test one more (ofd, posix)"
             }
-            Workload::Pipebench => "lock-free fd_install (2015): each thread creates a pipe and closes both ends",
+            Workload::Pipebench => "lock-free fd_install (Guzik, 2015): each thread creates a pipe and closes both ends",
             Workload::Opensock => {
-                "lock-free fd_install (2015): each thread closes a random descriptor of its own and opens a socket"
+                "lock-free fd_install (Guzik, 2015): each thread closes a random descriptor of its own and opens a socket"
             }
             Workload::Dup1 => "will-it-scale dup1: dup one shared descriptor and close the copy",
-            Workload::Inodes => "inode cache scalability (2023): create, walk, chmod, unlink and a cold walk of F files per task",
-            Workload::Loop => "loop device lock (2021): loop devices at boot, open/close, configure, churn, block I/O",
+            Workload::Inodes => "inode cache scalability (Chinner, 2023): create, walk, chmod, unlink and a cold walk of F files per task",
+            Workload::Loop => "per-device loop lock (Tatashin, 2021): loop devices at boot, open/close, configure, churn, block I/O",
         }
     }
 
@@ -351,7 +347,7 @@ pub struct Config {
     pub kind: TaskKind,
     /// The modes this configuration measures, for workloads whose modes are not lock
     /// families (inodes: phases, loop: modes). One run may measure several: it then
-    /// returns its metrics as `mode/metric` (see [`run_once`]). Empty for the others.
+    /// returns its metrics per mode ([`Sample::insert_in`]). Empty for the others.
     pub modes: Vec<&'static str>,
     /// Lock/unlock pairs per task (lockperf workloads).
     pub iterations: u64,
@@ -461,7 +457,7 @@ pub fn finish(workload: Workload) {
 }
 
 /// Measures `cfg` once on `target`. A run that measures several modes (inodes phases)
-/// names its metrics `mode/metric`; the caller makes one row per mode of them.
+/// returns its metrics per mode ([`Sample::insert_in`]); the caller makes a row per mode.
 pub fn run_once(target: Target, cfg: &Config) -> Result<Sample, Skip> {
     match cfg.workload {
         Workload::Inodes => return inodes::run(target, cfg),

@@ -237,19 +237,22 @@ fn pass(target: Target, tasks: usize, files: u64) -> Result<Sample, Skip> {
             let after = fs.totals();
             let ops = (per_task * tasks as u64) as f64;
             if counts_locks {
-                s.insert(
-                    format!("{p}/global_lock_acquisitions_per_op"),
+                s.insert_in(
+                    p,
+                    "global_lock_acquisitions_per_op".into(),
                     (after.0 - before.0) as f64 / ops,
                 );
-                s.insert(
-                    format!("{p}/shard_lock_acquisitions_per_op"),
+                s.insert_in(
+                    p,
+                    "shard_lock_acquisitions_per_op".into(),
                     (after.1 - before.1) as f64 / ops,
                 );
             }
             if p == "cold-walk" {
                 let distinct = (tasks as u64 * files) as f64;
-                s.insert(
-                    format!("{p}/loads_per_distinct_inode"),
+                s.insert_in(
+                    p,
+                    "loads_per_distinct_inode".into(),
                     (after.2 - before.2) as f64 / distinct,
                 );
             }

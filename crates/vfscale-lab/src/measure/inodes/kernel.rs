@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use vfscale_conformance::harness::ScratchDir;
 
-use crate::measure::{Sample, Skip, SHM_DIR, SKIP_PREFIX};
+use crate::measure::{Sample, Skip, SHM_DIR};
 
 /// Whether the tmpfs scratch directory can be used.
 pub fn available() -> Result<(), Skip> {
@@ -211,10 +211,7 @@ fn run_in(tasks: usize, files: u64, phases: &[&str], base: &Path, drop_caches: b
         return Err(e);
     }
     if phases.contains(&"cold-walk") && !drop_caches {
-        s.insert(
-            format!("{SKIP_PREFIX}cold-walk: tmpfs pins its inodes (no cache to drop)"),
-            0.0,
-        );
+        s.skip("cold-walk: tmpfs pins its inodes (no cache to drop)".into());
     }
     Ok(s)
 }

@@ -157,9 +157,7 @@ pub fn run(target: Target, tasks: usize, inodes: u64) -> Result<Sample, Skip> {
     let n = inodes as f64;
     let data = std::mem::size_of::<Data>() as f64;
     let mut out = Sample::new();
-    let mut put = |k: &str, v: f64| {
-        out.insert(format!("{MODE}/{k}"), v);
-    };
+    let mut put = |k: &str, v: f64| out.insert_in(MODE, k.into(), v);
     let own = (m2.heap - m1.heap) / n - data;
     let table = (m1.heap - m0.heap) / n;
     put("bytes_per_inode", own + table);

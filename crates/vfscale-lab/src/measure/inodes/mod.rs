@@ -75,7 +75,7 @@ mod tables;
 
 use vfscale_conformance::harness::StartGate;
 
-use super::{Config, Sample, Skip, Target, SKIP_PREFIX};
+use super::{Config, Sample, Skip, Target};
 
 /// A phase's measured interval and how the tasks spent it, recorded by the tasks themselves
 /// (the driver may be scheduled late after the start barrier opens, and a short phase may
@@ -235,20 +235,21 @@ impl Span {
     }
 
     /// Ends `phase` ([`Span::take`]), whose tasks completed `ops` operations in all: adds
-    /// to `s` as `phase/metric` its `ops_per_sec` (while every task ran), its
+    /// to `s`, as metrics of mode `phase`, its `ops_per_sec` (while every task ran), its
     /// `span_ops_per_sec` (`ops` over first start to last end), its `on_cpu` and, with more
     /// than one task, its `task_time_spread`.
     pub(super) fn finish(&self, phase: &str, tasks: usize, ops: u64, s: &mut Sample) {
         let t = self.take();
         if tasks > 1 {
-            s.insert(format!("{phase}/task_time_spread"), t.spread);
+            s.insert_in(phase, "task_time_spread".into(), t.spread);
         }
-        s.insert(format!("{phase}/on_cpu"), t.on_cpu);
-        s.insert(
-            format!("{phase}/ops_per_sec"),
+        s.insert_in(phase, "on_cpu".into(), t.on_cpu);
+        s.insert_in(
+            phase,
+            "ops_per_sec".into(),
             t.window_ops as f64 / t.window_secs.max(1e-9),
         );
-        s.insert(format!("{phase}/span_ops_per_sec"), ops as f64 / t.secs.max(1e-9));
+        s.insert_in(phase, "span_ops_per_sec".into(), ops as f64 / t.secs.max(1e-9));
     }
 }
 
@@ -303,9 +304,7 @@ pub fn run(target: Target, cfg: &Config) -> Result<Sample, Skip> {
         match child::run(|| million::run(target, tasks, files)) {
             Ok(m) => s.extend(m),
             // With other phases selected, they still run; the point is listed skipped.
-            Err(Skip(why)) if !phases.is_empty() => {
-                s.insert(format!("{SKIP_PREFIX}{why}"), 0.0);
-            }
+            Err(Skip(why)) if !phases.is_empty() => s.skip(why),
             Err(e) => return Err(e),
         }
         if phases.is_empty() {
@@ -323,7 +322,7 @@ pub fn run(target: Target, cfg: &Config) -> Result<Sample, Skip> {
         }
     })?;
     // A phase that did not run because another was not selected is not reported.
-    m.retain(|k, _| k.starts_with(SKIP_PREFIX) || selected.iter().any(|p| k.starts_with(&format!("{p}/"))));
+    m.retain_modes(|mode| selected.contains(&mode));
     s.extend(m);
     Ok(s)
 }
@@ -413,8 +412,16 @@ mod child {
         let msg = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
             Ok(Ok(s)) => {
                 let mut m = String::from("O");
-                for (k, v) in s {
-                    m.push_str(&format!("{:016x} {}\n", v.to_bits(), k.replace('\n', " ")));
+                for (mode, k, v) in s.metrics() {
+                    let mode = mode.unwrap_or(OWN_MODE);
+                    m.push_str(&format!(
+                        "{:016x} {mode} {}\n",
+                        v.to_bits(),
+                        k.name().replace('\n', " ")
+                    ));
+                }
+                for why in s.skipped() {
+                    m.push_str(&format!("{SKIP_LINE}{}\n", why.replace('\n', " ")));
                 }
                 m
             }
@@ -473,20 +480,41 @@ mod child {
         }
     }
 
-    /// The child's message: `O` and one `bits key` line per metric, `S` and why the run
+    /// The mode field of a metric of the configuration's own mode.
+    const OWN_MODE: &str = "-";
+
+    /// How a line naming a part of the run that was skipped starts.
+    const SKIP_LINE: &str = "skip ";
+
+    /// The child's message: `O` and one `bits mode metric` line per metric ([`OWN_MODE`]
+    /// for the own mode) and one [`SKIP_LINE`] line per part skipped, `S` and why the run
     /// was skipped, or `P` and a panic's message.
     fn decode(out: &[u8]) -> Result<Sample, Skip> {
         let text = String::from_utf8_lossy(out);
         let mut chars = text.chars();
         match chars.next() {
-            Some('O') => Ok(chars
-                .as_str()
-                .lines()
-                .filter_map(|l| {
-                    let (bits, k) = l.split_once(' ')?;
-                    Some((k.to_string(), f64::from_bits(u64::from_str_radix(bits, 16).ok()?)))
-                })
-                .collect()),
+            Some('O') => {
+                let mut s = Sample::new();
+                for l in chars.as_str().lines() {
+                    if let Some(why) = l.strip_prefix(SKIP_LINE) {
+                        s.skip(why.to_string());
+                        continue;
+                    }
+                    let Some((bits, rest)) = l.split_once(' ') else {
+                        continue;
+                    };
+                    let (Some((mode, k)), Ok(bits)) = (rest.split_once(' '), u64::from_str_radix(bits, 16))
+                    else {
+                        continue;
+                    };
+                    let v = f64::from_bits(bits);
+                    match mode {
+                        OWN_MODE => s.insert(k.into(), v),
+                        mode => s.insert_in(mode, k.into(), v),
+                    }
+                }
+                Ok(s)
+            }
             Some('S') => Err(Skip(chars.as_str().to_string())),
             Some('P') => panic!("an inodes run panicked in its child process: {}", chars.as_str()),
             _ => panic!("an inodes run's child process ended without a result"),
@@ -500,19 +528,21 @@ mod child {
         #[test]
         fn results_skips_and_panics_come_back() {
             let _g = crate::measure::child_processes();
-            let s = run(|| {
-                Ok(Sample::from([
-                    ("a/b".to_string(), 0.1),
-                    ("c d".to_string(), -3e300),
-                ]))
-            })
-            .unwrap();
-            assert_eq!(
-                s,
-                Sample::from([("a/b".to_string(), 0.1), ("c d".to_string(), -3e300)])
-            );
+            let sent = || {
+                let mut s = Sample::new();
+                s.insert("c d".into(), -3e300);
+                s.insert_in("walk", "ops_per_sec".into(), 0.1);
+                s.skip("cold-walk: why".into());
+                s
+            };
+            assert_eq!(run(|| Ok(sent())).unwrap(), sent());
             // The child's own pid: not ours.
-            let s = run(|| Ok(Sample::from([("pid".to_string(), std::process::id() as f64)]))).unwrap();
+            let pid = || {
+                let mut s = Sample::new();
+                s.insert("pid".into(), std::process::id() as f64);
+                Ok(s)
+            };
+            let s = run(pid).unwrap();
             assert_ne!(s["pid"], std::process::id() as f64);
             assert_eq!(run(|| Err(Skip("why\nnot".into()))), Err(Skip("why\nnot".into())));
             let p = std::panic::catch_unwind(|| run(|| panic!("boom {}", 7)));
@@ -612,9 +642,18 @@ mod tests {
         span.record_at(t0, t0 + Duration::from_millis(80), 0.080);
         let mut s = Sample::new();
         span.finish("walk", 2, 80, &mut s);
-        assert!((s["walk/ops_per_sec"] - 1000.0).abs() < 1e-6, "{s:?}");
-        assert!((s["walk/span_ops_per_sec"] - 1000.0).abs() < 1e-6, "{s:?}");
-        assert!((s["walk/task_time_spread"] - 2.0).abs() < 1e-9, "{s:?}");
+        assert!(
+            (s.get_in("walk", "ops_per_sec").unwrap() - 1000.0).abs() < 1e-6,
+            "{s:?}"
+        );
+        assert!(
+            (s.get_in("walk", "span_ops_per_sec").unwrap() - 1000.0).abs() < 1e-6,
+            "{s:?}"
+        );
+        assert!(
+            (s.get_in("walk", "task_time_spread").unwrap() - 2.0).abs() < 1e-9,
+            "{s:?}"
+        );
         // A real task: on a CPU nearly all along while it spins.
         let s = Span::start();
         let until = Instant::now() + Duration::from_millis(20);
@@ -638,10 +677,14 @@ mod tests {
         let _g = crate::measure::child_processes();
         let s = run(Target::Library, &cfg(2, 300)).unwrap();
         for p in PHASES {
-            assert!(s[&format!("{p}/ops_per_sec")] > 0.0, "{p}");
-            assert_eq!(s[&format!("{p}/global_lock_acquisitions_per_op")], 0.0, "{p}");
+            assert!(s.get_in(p, "ops_per_sec").unwrap() > 0.0, "{p}");
+            assert_eq!(
+                s.get_in(p, "global_lock_acquisitions_per_op").unwrap(),
+                0.0,
+                "{p}"
+            );
         }
-        assert_eq!(s["cold-walk/loads_per_distinct_inode"], 1.0);
+        assert_eq!(s.get_in("cold-walk", "loads_per_distinct_inode").unwrap(), 1.0);
     }
 
     #[test]
@@ -649,9 +692,12 @@ mod tests {
         let _g = crate::measure::child_processes();
         let s = run(Target::LibraryPrepatch, &cfg(2, 200)).unwrap();
         for p in PHASES {
-            assert!(s[&format!("{p}/global_lock_acquisitions_per_op")] >= 1.0, "{p}");
+            assert!(
+                s.get_in(p, "global_lock_acquisitions_per_op").unwrap() >= 1.0,
+                "{p}"
+            );
         }
-        assert_eq!(s["cold-walk/loads_per_distinct_inode"], 1.0);
+        assert_eq!(s.get_in("cold-walk", "loads_per_distinct_inode").unwrap(), 1.0);
     }
 
     #[test]
@@ -665,12 +711,16 @@ mod tests {
         ] {
             let s = run(t, &cfg(2, 200)).unwrap();
             for p in PHASES {
-                assert!(s[&format!("{p}/ops_per_sec")] > 0.0, "{} {p}", t.name());
+                assert!(s.get_in(p, "ops_per_sec").unwrap() > 0.0, "{} {p}", t.name());
             }
-            assert!(s["cold-walk/loads_per_distinct_inode"] >= 1.0, "{}", t.name());
+            assert!(
+                s.get_in("cold-walk", "loads_per_distinct_inode").unwrap() >= 1.0,
+                "{}",
+                t.name()
+            );
         }
         let s = run(Target::RwlockHashmap, &cfg(1, 100)).unwrap();
-        assert!(s["walk/global_lock_acquisitions_per_op"] >= 1.0);
+        assert!(s.get_in("walk", "global_lock_acquisitions_per_op").unwrap() >= 1.0);
     }
 
     /// The control shares no lock: a task's own directory and partition only (1 lock per
@@ -681,12 +731,16 @@ mod tests {
         let _g = crate::measure::child_processes();
         let s = run(Target::Partitioned, &cfg(2, 300)).unwrap();
         for p in PHASES {
-            assert_eq!(s[&format!("{p}/global_lock_acquisitions_per_op")], 0.0, "{p}");
+            assert_eq!(
+                s.get_in(p, "global_lock_acquisitions_per_op").unwrap(),
+                0.0,
+                "{p}"
+            );
         }
         // walk: 300 lookups and one readdir per task.
-        let walk = s["walk/shard_lock_acquisitions_per_op"];
+        let walk = s.get_in("walk", "shard_lock_acquisitions_per_op").unwrap();
         assert!((walk - (1.0 + 1.0 / 300.0)).abs() < 1e-9, "{walk}");
-        assert!(s["cold-walk/loads_per_distinct_inode"] >= 1.0);
+        assert!(s.get_in("cold-walk", "loads_per_distinct_inode").unwrap() >= 1.0);
     }
 
     /// With one task the rate's window is the whole phase, so `ops_per_sec` equals
@@ -699,8 +753,8 @@ mod tests {
             let s = run(t, &cfg(1, 120)).unwrap();
             for p in PHASES {
                 let (w, sp) = (
-                    s[&format!("{p}/ops_per_sec")],
-                    s[&format!("{p}/span_ops_per_sec")],
+                    s.get_in(p, "ops_per_sec").unwrap(),
+                    s.get_in(p, "span_ops_per_sec").unwrap(),
                 );
                 assert!(w > 0.0 && w == sp, "{} {p}: {w} against {sp}", t.name());
             }
@@ -713,8 +767,10 @@ mod tests {
         let mut c = cfg(1, 50);
         c.modes = vec!["create", "cold-walk"];
         let s = run(Target::Library, &c).unwrap();
-        assert!(s.contains_key("create/ops_per_sec") && s.contains_key("cold-walk/ops_per_sec"));
-        assert!(!s.contains_key("walk/ops_per_sec") && !s.contains_key("unlink/ops_per_sec"));
+        assert!(
+            s.get_in("create", "ops_per_sec").is_some() && s.get_in("cold-walk", "ops_per_sec").is_some()
+        );
+        assert!(s.get_in("walk", "ops_per_sec").is_none() && s.get_in("unlink", "ops_per_sec").is_none());
     }
 
     #[test]
@@ -726,15 +782,15 @@ mod tests {
         }
         let s = run(Target::Kernel, &cfg(2, 100)).unwrap();
         for p in ["create", "walk", "chmod", "unlink"] {
-            assert!(s[&format!("{p}/ops_per_sec")] > 0.0, "{p}");
+            assert!(s.get_in(p, "ops_per_sec").unwrap() > 0.0, "{p}");
         }
-        assert!(s.keys().any(|k| k.starts_with("skip:cold-walk")), "{s:?}");
+        assert!(s.skipped().iter().any(|k| k.starts_with("cold-walk")), "{s:?}");
         // One task: every system call ticked once (see one_task_ticks_every_operation_once).
         let s = run(Target::Kernel, &cfg(1, 100)).unwrap();
         for p in ["create", "walk", "chmod", "unlink"] {
             let (w, sp) = (
-                s[&format!("{p}/ops_per_sec")],
-                s[&format!("{p}/span_ops_per_sec")],
+                s.get_in(p, "ops_per_sec").unwrap(),
+                s.get_in(p, "span_ops_per_sec").unwrap(),
             );
             assert!(w > 0.0 && w == sp, "{p}: {w} against {sp}");
         }
@@ -749,7 +805,7 @@ mod tests {
         }
         let s = run(Target::KernelExt4, &cfg(2, 100)).unwrap();
         for p in PHASES {
-            assert!(s[&format!("{p}/ops_per_sec")] > 0.0, "{p}");
+            assert!(s.get_in(p, "ops_per_sec").unwrap() > 0.0, "{p}");
         }
     }
 }

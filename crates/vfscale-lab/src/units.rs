@@ -3,49 +3,10 @@
 //! `12.6 M/s ± 1.3 M`, `93.1 ns`, `0.0014`, `25.9×`. JSON and CSV keep full precision;
 //! these are for stdout, `report.md` and `report.html`.
 
-use crate::result::Summary;
+use crate::result::{Metric, Summary};
+use crate::stats::Ratio;
 
-/// What a metric measures, read off its name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unit {
-    /// Per second (`*_per_sec`): `12.6 M/s`.
-    Rate,
-    /// Seconds (`*_seconds`, `*_sec`): `93.1 ns`, `1.25 s`.
-    Seconds,
-    /// Nanoseconds (`*_ns`): shown as a time, `1.45 µs`.
-    Nanoseconds,
-    /// Bytes (`*_bytes`, `bytes_per_*`): `96 B`, `1.50 KiB`.
-    Bytes,
-    /// A plain number (counts, counters per operation, ratios): `0.0014`, `431 k`.
-    Plain,
-}
-
-impl Unit {
-    /// The unit of metric `name`.
-    pub fn of(name: &str) -> Unit {
-        if name.ends_with("_per_sec") {
-            Unit::Rate
-        } else if name.ends_with("_seconds") || name.ends_with("_sec") {
-            Unit::Seconds
-        } else if name.ends_with("_ns") {
-            Unit::Nanoseconds
-        } else if name.ends_with("_bytes") || name.starts_with("bytes_per_") {
-            Unit::Bytes
-        } else {
-            Unit::Plain
-        }
-    }
-
-    /// The unit as a column header shows it: `1/s`, `s`, `B`, or nothing.
-    pub fn header(self) -> &'static str {
-        match self {
-            Unit::Rate => "/s",
-            Unit::Seconds | Unit::Nanoseconds => "time",
-            Unit::Bytes => "B",
-            Unit::Plain => "",
-        }
-    }
-}
+pub use crate::result::Unit;
 
 /// Significant digits of a shown value.
 pub const DIGITS: usize = 3;
@@ -82,7 +43,7 @@ pub fn format_pm(mean: f64, error: f64, unit: Unit) -> String {
 
 /// A summary as `mean ± sd` in the unit of metric `name`.
 pub fn format_summary(name: &str, s: &Summary) -> String {
-    format_pm(s.mean, s.stddev, Unit::of(name))
+    format_pm(s.mean, s.stddev, Metric::from(name).unit())
 }
 
 /// A ratio: `25.9×`, `0.0072×`.
@@ -91,6 +52,15 @@ pub fn format_ratio(r: f64) -> String {
         format!("{}×", plain(r, DIGITS))
     } else {
         "–".into()
+    }
+}
+
+/// A ratio with its error in parentheses, as the headline shows it: `25.9× (± 4.1)`.
+pub fn format_ratio_paren(r: &Ratio) -> String {
+    if r.error.is_finite() && r.error > 0.0 {
+        format!("{} (± {})", format_ratio(r.value), plain(r.error, ERROR_DIGITS))
+    } else {
+        format_ratio(r.value)
     }
 }
 
