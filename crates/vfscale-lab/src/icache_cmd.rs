@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand, ValueEnum};
-use vfscale_conformance::icache::{library, model, render_results, Scenario};
+use vfscale_conformance::icache::{library, reference, render_results, Scenario};
 
 use crate::corpus::{self, read};
 
@@ -76,7 +76,7 @@ fn both(text: &str) -> (Result<String, String>, Result<String, String>) {
             library::replay(&s)
                 .map(|r| render_results(&r))
                 .map_err(|e| e.to_string()),
-            model::replay(&s)
+            reference::replay(&s)
                 .map(|r| render_results(&r))
                 .map_err(|e| e.to_string()),
         ),
@@ -91,7 +91,7 @@ fn replay(a: &IcacheReplayArgs) -> Result<ExitCode, String> {
         let r = if lib {
             library::replay(&s)
         } else {
-            model::replay(&s)
+            reference::replay(&s)
         };
         r.map(|r| render_results(&r)).map_err(|e| at(e.to_string()))
     };

@@ -9,8 +9,3 @@ pub mod library;
 pub mod reference;
 
 pub use format::*;
-
-/// The reference model under its former name, for callers not yet moved to
-/// [`mod@reference`].
-#[doc(hidden)]
-pub use reference as model;

@@ -41,7 +41,7 @@
 //!
 //! Processes are a [`Team`] of the harness: forked workers behind a pipe barrier, each
 //! with a slot in shared memory (counter, loop time, errno), killed and reaped on every
-//! path; what each does after the go signal is a [`LockWork`], which runs after `fork`
+//! path; what each does after the go signal is a `LockWork`, which runs after `fork`
 //! and so makes only async-signal-safe system calls. Threads start behind a
 //! [`StartGate`]. Files live in a [`ScratchDir`], removed with them.
 
