@@ -65,21 +65,26 @@ pub(crate) fn evict<F: SuperOperations>(inode: &Inode<F>) {
 ///
 /// An inode listed on this CPU's shards (superblock list, and LRU if it is on one) is
 /// taken off them first, as Linux's `evict` does. One on another CPU's is not: see
-/// [`evict_parked`].
+/// [`evict_parked`]. The LRU and the superblock list decide apart: an inode on this
+/// CPU's LRU shard (or the only one) leaves it here even when its list shard parks it.
 pub(crate) fn evict_with<F: SuperOperations>(inode: &Inode<F>, c: &CpuCounters<'_>) {
     // Racy but exact enough: this thread set I_FREEING (and read ON_LRU) under `i_lock`
     // before, and ON_LRU is never set again; a prune may clear it meanwhile, which each
     // taker checks again under the LRU lock and `i_lock`.
-    let on_lru = inode.state.load(Ordering::Relaxed) & ON_LRU != 0;
+    let mut on_lru = inode.state.load(Ordering::Relaxed) & ON_LRU != 0;
     debug_assert!(inode.state.load(Ordering::Relaxed) & I_FREEING != 0);
     let sb = inode.sb();
+    // Linux's `evict` finds the inode off every LRU; left on a local one while parked it
+    // stayed listed and in `nr_unused` through `->evict_inode`, and a later prune met it.
+    if on_lru && inode.lru_shard() == sb.lru_shard_of(c) {
+        inode_lru_list_del(inode, c);
+        on_lru = false;
+    }
     if sb.evict_parks(inode, on_lru, c) {
         evict_parked(inode, c);
         return;
     }
-    if on_lru {
-        inode_lru_list_del(inode, c);
-    }
+    debug_assert!(!on_lru, "a remote LRU shard parks the eviction");
     inode_sb_list_del(inode, c);
     let p = evict_clear::<F, false>(inode, c);
     destroy_inode(inode, c);

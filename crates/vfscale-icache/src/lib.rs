@@ -227,8 +227,10 @@
 //!   off: it met it `I_FREEING`; checked under the LRU lock and `i_lock`; `nr_unused` is
 //!   not counted twice: `PARKED`), and only then frees them (memory a grace period
 //!   later, the superblock's live count). Inodes on this CPU's shards keep the direct
-//!   path (their lines are local); with one shard, [`SbList::Global`] or [`Lru::Single`]
-//!   nothing is parked on that list (the replay's LRU order is untouched). The
+//!   path (their lines are local), list by list: an inode on this CPU's LRU shard leaves
+//!   it before `->evict_inode` even when its superblock list shard parks the eviction;
+//!   with one shard, [`SbList::Global`] or [`Lru::Single`] nothing is parked on that
+//!   list (the replay's LRU order is untouched). The
 //!   observers of the lists, [`SuperBlock::nr_inodes`], [`SuperBlock::lru_inos`] and
 //!   [`SuperBlock::count_objects`], and [`SuperBlock::evict_inodes`] and
 //!   [`SuperBlock::umount`] drain every outbox first (or last, after the walk), so they
