@@ -147,6 +147,19 @@ pub mod field {
         }
     }
 
+    /// A required string naming a value, which `lookup` finds; `what` says what the
+    /// field names, for the message when it finds none.
+    pub fn named<T>(
+        o: &Object,
+        line: usize,
+        k: &str,
+        what: &str,
+        lookup: impl FnOnce(&str) -> Option<T>,
+    ) -> Result<T, ScenarioError> {
+        let v = str(o, line, k)?;
+        lookup(v).ok_or_else(|| ScenarioError::at(line, format!("field `{k}`: unknown {what} {v:?}")))
+    }
+
     /// An optional boolean, `false` when absent.
     pub fn bool(o: &Object, line: usize, k: &str) -> Result<bool, ScenarioError> {
         match o.get(k) {
@@ -165,6 +178,11 @@ pub mod field {
             return Err(missing(line, k));
         }
         bool(o, line, k)
+    }
+
+    /// The error for an `op` the format does not know; every format words it alike.
+    pub fn unknown_op(line: usize, op: &str) -> ScenarioError {
+        ScenarioError::at(line, format!("field `op`: unknown op {op:?}"))
     }
 
     /// Rejects any field but `op` and those in `allowed`.
@@ -310,6 +328,25 @@ impl<O> StepResult<O> {
             completed: completed.into_iter().collect(),
         }
     }
+}
+
+impl<O> StepResult<O> {
+    /// The result of a library runner's step, numbered from `next` (which moves on even
+    /// when the step fails); a failure names the step's `line`.
+    pub fn numbered(result: Result<O, String>, line: usize, next: &mut usize) -> Result<Self, ScenarioError> {
+        let step = *next;
+        *next += 1;
+        result
+            .map(|r| StepResult::new(step, r))
+            .map_err(|m| ScenarioError::at(line, m))
+    }
+}
+
+/// Scenario names (of processes, handles, ...) in sorted order, as runners list them.
+pub fn sorted_names<'a>(names: impl IntoIterator<Item = &'a String>) -> Vec<String> {
+    let mut v: Vec<String> = names.into_iter().cloned().collect();
+    v.sort();
+    v
 }
 
 impl<O: StepOutcome> StepResult<O> {

@@ -14,7 +14,9 @@ use vfscale_conformance::fd::kernel::{self, ReplayError};
 use vfscale_conformance::fd::library::{self, LibraryReplay};
 use vfscale_conformance::fd::{render_results, Op, Scenario, Step, StepOutcome};
 
-use common::{assert_no_failures, cases, corpus_dir, say, scenarios, xorshift_words};
+use common::{
+    assert_no_failures, cases, check_kernel_and_recording, corpus, load_corpus, say, xorshift_words,
+};
 
 fn child_exe() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_vfscale-fd-child"))
@@ -24,46 +26,20 @@ fn kernel_available(what: &str) -> bool {
     common::kernel_available(what, kernel::available(child_exe()))
 }
 
-fn load(p: &Path) -> Scenario {
-    let text = std::fs::read_to_string(p).unwrap();
-    Scenario::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
-
 #[test]
 fn corpus_library_matches_kernel_and_recording() {
-    let files = scenarios(&corpus_dir("fd"));
-    assert!(files.len() >= 30, "the corpus has only {} scenarios", files.len());
+    let files = corpus("fd", 30);
     let live = kernel_available("live kernel comparison of the corpus (comparing with recordings only)");
-    let record = std::env::var_os("VFSCALE_RECORD").is_some();
     let mut failures = Vec::new();
     for f in &files {
-        let text = std::fs::read_to_string(f).unwrap();
-        assert!(text.starts_with('#'), "{}: no `#` header", f.display());
-        let scn = load(f);
+        let scn: Scenario = load_corpus(f);
         let lib = render_results(&library::replay(&scn).unwrap_or_else(|e| panic!("{}: {e}", f.display())));
-        let expected_path = f.with_extension("expected");
-        if live {
-            let ker = render_results(
+        let ker = live.then(|| {
+            render_results(
                 &kernel::replay(&scn, child_exe()).unwrap_or_else(|e| panic!("{}: {e}", f.display())),
-            );
-            if record {
-                std::fs::write(&expected_path, &ker).unwrap();
-            }
-            if lib != ker {
-                failures.push(format!(
-                    "{}: library differs from the kernel\n--- library\n{lib}--- kernel\n{ker}",
-                    f.display()
-                ));
-            }
-        }
-        let expected = std::fs::read_to_string(&expected_path)
-            .unwrap_or_else(|e| panic!("{}: {e}", expected_path.display()));
-        if lib != expected {
-            failures.push(format!(
-                "{}: library differs from the recording\n--- library\n{lib}--- recorded\n{expected}",
-                f.display()
-            ));
-        }
+            )
+        });
+        check_kernel_and_recording(f, &lib, ker, &mut failures);
     }
     assert_no_failures(&failures, files.len());
     say(&format!(

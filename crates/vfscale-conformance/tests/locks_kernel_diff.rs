@@ -6,12 +6,10 @@
 
 mod common;
 
-use std::path::Path;
-
 use vfscale_conformance::locks::{kernel, library, render_results, KernelOptions, Scenario};
 use vfscale_locks::{LockIndex, Settings};
 
-use common::{assert_no_failures, corpus_dir, say, scenarios};
+use common::{assert_no_failures, corpus, corpus_dir, load, say, scenarios};
 
 /// The library settings every scenario is replayed with: the default index and Linux's
 /// list.
@@ -24,15 +22,9 @@ fn settings(index: LockIndex) -> Settings {
     }
 }
 
-fn load(p: &Path) -> Scenario {
-    let text = std::fs::read_to_string(p).unwrap();
-    Scenario::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
-
 #[test]
 fn corpus_library_matches_kernel_and_recording() {
-    let files = scenarios(&corpus_dir("locks"));
-    assert!(files.len() >= 40, "the corpus has only {} scenarios", files.len());
+    let files = corpus("locks", 40);
     let kernel_ok = kernel::available();
     if let Err(why) = &kernel_ok {
         say(&format!(
@@ -42,7 +34,7 @@ fn corpus_library_matches_kernel_and_recording() {
     let mut failures = Vec::new();
     let (mut listed, mut waiting) = (0, 0);
     for f in &files {
-        let scn = load(f);
+        let scn: Scenario = load(f);
         let expected_path = f.with_extension("expected");
         let expected = std::fs::read_to_string(&expected_path)
             .unwrap_or_else(|e| panic!("{}: {e}", expected_path.display()));
@@ -94,7 +86,7 @@ fn racy_corpus_replays_without_error_on_both_sides() {
     let files = scenarios(&corpus_dir("locks").join("racy"));
     assert!(!files.is_empty());
     for f in &files {
-        let scn = load(f);
+        let scn: Scenario = load(f);
         for index in INDEXES {
             let lib = library::replay_with(&scn, settings(index))
                 .unwrap_or_else(|e| panic!("{}: {e}", f.display()));

@@ -15,7 +15,7 @@ use vfscale_conformance::loop_dev::reference::Reference;
 use vfscale_conformance::loop_dev::{kernel, library, render_results, Backing, Mode, Op, Scenario, Step};
 use vfscale_loop::{CtlLock, Settings};
 
-use common::{cases, corpus_dir, say, scenarios};
+use common::{cases, check_kernel_and_recording, corpus, load_corpus, say};
 
 fn kernel_available(what: &str) -> bool {
     common::kernel_available(what, kernel::available())
@@ -34,46 +34,20 @@ fn lib(scn: &Scenario, s: Settings) -> String {
 
 #[test]
 fn corpus_library_matches_kernel_and_recording() {
-    let files = scenarios(&corpus_dir("loop"));
-    assert!(files.len() >= 20, "the corpus has only {} scenarios", files.len());
+    let files = corpus("loop", 20);
     let live = kernel_available("live kernel comparison of the loop corpus (comparing with recordings only)");
-    let record = std::env::var_os("VFSCALE_RECORD").is_some();
     let mut failures = Vec::new();
     for f in &files {
-        let text = std::fs::read_to_string(f).unwrap();
-        assert!(
-            text.starts_with('#'),
-            "{}: no `#` header naming its source",
-            f.display()
-        );
-        let scn = Scenario::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let scn: Scenario = load_corpus(f);
         let per_device = lib(&scn, Settings::default());
         let pre_patch = lib(&scn, global());
         if per_device != pre_patch {
             failures.push(format!("{}: the two lock designs differ", f.display()));
         }
-        let expected_path = f.with_extension("expected");
-        if live {
-            let ker =
-                render_results(&kernel::replay(&scn).unwrap_or_else(|e| panic!("{}: {e}", f.display())));
-            if record {
-                std::fs::write(&expected_path, &ker).unwrap();
-            }
-            if per_device != ker {
-                failures.push(format!(
-                    "{}: library differs from the kernel\n--- library\n{per_device}--- kernel\n{ker}",
-                    f.display()
-                ));
-            }
-        }
-        let expected = std::fs::read_to_string(&expected_path)
-            .unwrap_or_else(|e| panic!("{}: {e}", expected_path.display()));
-        if per_device != expected {
-            failures.push(format!(
-                "{}: library differs from the recording\n--- library\n{per_device}--- expected\n{expected}",
-                f.display()
-            ));
-        }
+        let ker = live.then(|| {
+            render_results(&kernel::replay(&scn).unwrap_or_else(|e| panic!("{}: {e}", f.display())))
+        });
+        check_kernel_and_recording(f, &per_device, ker, &mut failures);
     }
     if live {
         kernel::check_starting_state().expect("the machine is back in the starting state");
@@ -115,14 +89,7 @@ fn arb_step() -> impl Strategy<Value = Op> {
             excl
         }),
         2 => h.clone().prop_map(|handle| Op::Close { handle }),
-        3 => (h.clone(), backing.clone(), bs.clone(), off.clone(), limit.clone(), flags.clone()).prop_map(|(handle, backing, b, offset, sizelimit, flags)| Op::Configure {
-            handle,
-            backing,
-            block_size: b as u32,
-            offset,
-            sizelimit,
-            flags
-        }),
+        3 => (h.clone(), backing.clone(), bs.clone(), off.clone(), limit.clone(), flags.clone()).prop_map(common::loop_configure),
         1 => (h.clone(), backing.clone()).prop_map(|(handle, backing)| Op::SetFd { handle, backing }),
         1 => (h.clone(), backing).prop_map(|(handle, backing)| Op::ChangeFd { handle, backing }),
         2 => h.clone().prop_map(|handle| Op::ClrFd { handle }),
@@ -199,23 +166,7 @@ fn arb_ops(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Op>> {
 /// Turns random steps into a valid scenario: the backing files first, steps on handles
 /// that are not open dropped, opens of a name that is open dropped.
 fn build(ops: Vec<Op>) -> Scenario {
-    let mut steps = vec![
-        Op::Backing {
-            name: "rw".into(),
-            size: 65536,
-            mode: Mode::Rw,
-        },
-        Op::Backing {
-            name: "ro".into(),
-            size: 65536,
-            mode: Mode::Ro,
-        },
-        Op::Backing {
-            name: "small".into(),
-            size: 32768,
-            mode: Mode::Rw,
-        },
-    ];
+    let mut steps = common::loop_backings();
     let mut open = std::collections::HashSet::new();
     for op in ops {
         let ok = match &op {
@@ -223,9 +174,7 @@ fn build(ops: Vec<Op>) -> Scenario {
             Op::Close { handle } => open.remove(handle),
             Op::Configure { handle, backing, .. }
             | Op::SetFd { handle, backing }
-            | Op::ChangeFd { handle, backing } => {
-                open.contains(handle) && !matches!(backing, Backing::Handle(b) if !open.contains(b))
-            }
+            | Op::ChangeFd { handle, backing } => common::binds_open(&open, handle, backing),
             o => o.handle().is_none_or(|h| open.contains(h)),
         };
         if ok {

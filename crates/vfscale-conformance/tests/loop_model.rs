@@ -12,16 +12,14 @@ use proptest::test_runner::{Config, TestRunner};
 use vfscale_conformance::loop_dev::reference::Reference;
 use vfscale_conformance::loop_dev::{library, reference, render_results, Backing, Mode, Op, Scenario, Step};
 
-use common::{assert_no_failures, cases, corpus_dir, say, scenarios};
+use common::{assert_no_failures, cases, corpus, load, say};
 
 #[test]
 fn corpus_reference_matches_the_kernel_recording() {
-    let files = scenarios(&corpus_dir("loop"));
-    assert!(files.len() >= 20, "the corpus has only {} scenarios", files.len());
+    let files = corpus("loop", 20);
     let mut failures = Vec::new();
     for f in &files {
-        let text = std::fs::read_to_string(f).unwrap();
-        let scn = Scenario::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let scn: Scenario = load(f);
         let got = render_results(&reference::replay(&scn).unwrap_or_else(|e| panic!("{}: {e}", f.display())));
         let expected_path = f.with_extension("expected");
         let expected = std::fs::read_to_string(&expected_path)
@@ -96,16 +94,7 @@ fn arb_step() -> impl Strategy<Value = Op> {
             excl
         }),
         5 => h().prop_map(|handle| Op::Close { handle }),
-        6 => (h(), arb_backing(), bs(), off(), limit(), flags()).prop_map(
-            |(handle, backing, b, offset, sizelimit, flags)| Op::Configure {
-                handle,
-                backing,
-                block_size: b as u32,
-                offset,
-                sizelimit,
-                flags
-            }
-        ),
+        6 => (h(), arb_backing(), bs(), off(), limit(), flags()).prop_map(common::loop_configure),
         4 => (h(), arb_backing()).prop_map(|(handle, backing)| Op::SetFd { handle, backing }),
         2 => (h(), arb_backing()).prop_map(|(handle, backing)| Op::ChangeFd { handle, backing }),
         3 => h().prop_map(|handle| Op::ClrFd { handle }),
@@ -155,23 +144,7 @@ fn arb_step() -> impl Strategy<Value = Op> {
 /// and above the page cache's). Which
 /// opens succeed is the reference's answer; the comparison checks it.
 fn settle(ops: Vec<Op>) -> Scenario {
-    let mut steps = vec![
-        Op::Backing {
-            name: "rw".into(),
-            size: 65536,
-            mode: Mode::Rw,
-        },
-        Op::Backing {
-            name: "ro".into(),
-            size: 65536,
-            mode: Mode::Ro,
-        },
-        Op::Backing {
-            name: "small".into(),
-            size: 32768,
-            mode: Mode::Rw,
-        },
-    ];
+    let mut steps = common::loop_backings();
     steps.extend(ops);
     let mut model = Reference::new();
     let mut open = std::collections::HashSet::new();
@@ -181,9 +154,7 @@ fn settle(ops: Vec<Op>) -> Scenario {
             Op::Open { handle, .. } => !open.contains(handle),
             Op::Configure { handle, backing, .. }
             | Op::SetFd { handle, backing }
-            | Op::ChangeFd { handle, backing } => {
-                open.contains(handle) && !matches!(backing, Backing::Handle(b) if !open.contains(b))
-            }
+            | Op::ChangeFd { handle, backing } => common::binds_open(&open, handle, backing),
             Op::Read { handle, .. } => open.contains(handle) && model.io_sound(handle, false),
             Op::Write { handle, .. } => open.contains(handle) && model.io_sound(handle, true),
             o => o.handle().is_none_or(|h| open.contains(h)),

@@ -106,6 +106,19 @@ fn posix_lock_to_flock(fl: &Reported, out: &mut Flock) {
     out.l_pid = fl.pid;
 }
 
+/// Waits in this thread for a request started with `wait_here` (the `*_waited` calls
+/// of fcntl and flock alike): `Some` with when it first slept, `None` if it was done at once.
+#[inline]
+fn wait_here(started: Option<PendingLock>) -> Result<Option<Instant>, Errno> {
+    match started {
+        Some(p) => {
+            let since = p.blocked_at();
+            p.wait().map(|()| Some(since))
+        }
+        None => Ok(None),
+    }
+}
+
 impl FileLockContext {
     /// `fcntl(fd, cmd, &flock)` for the six record-lock commands.
     ///
@@ -205,13 +218,7 @@ impl FileLockContext {
         cmd: FcntlCmd,
         fl: &mut Flock,
     ) -> Result<Option<Instant>, Errno> {
-        match self.fcntl_request(who, file, cmd, fl, true)? {
-            Some(p) => {
-                let since = p.blocked_at();
-                p.wait().map(|()| Some(since))
-            }
-            None => Ok(None),
-        }
+        wait_here(self.fcntl_request(who, file, cmd, fl, true)?)
     }
 
     /// `fcntl_getlk`.
@@ -312,13 +319,7 @@ impl FileLockContext {
         op: FlockOp,
         nb: bool,
     ) -> Result<Option<Instant>, Errno> {
-        match self.lock_start(FileLock::flock(file.id, who.pid, op.lock_type()), !nb, true)? {
-            Some(p) => {
-                let since = p.blocked_at();
-                p.wait().map(|()| Some(since))
-            }
-            None => Ok(None),
-        }
+        wait_here(self.lock_start(FileLock::flock(file.id, who.pid, op.lock_type()), !nb, true)?)
     }
 
     /// The first attempt of a lock request. With `wait_here` the caller waits in

@@ -17,6 +17,27 @@ fn file(n: u64) -> OpenFile {
     OpenFile::new(n, AccessMode::ReadWrite)
 }
 
+/// p1 holds an exclusive flock and p2's request for one is queued, waiting in a loom
+/// thread: the context, its manager, p2's thread and p2's interrupter.
+fn p2_waiting_on_p1() -> (
+    std::sync::Arc<FileLockContext>,
+    std::sync::Arc<LockManager>,
+    loom::thread::JoinHandle<Result<(), Errno>>,
+    Interrupter,
+) {
+    let c = ctx();
+    let mgr = c.manager().clone();
+    c.flock(Process::new(1), file(1), FlockOp::Exclusive, true)
+        .unwrap();
+    let pending = c
+        .flock_lock(Process::new(2), file(2), FlockOp::Exclusive, false)
+        .unwrap()
+        .unwrap();
+    let int = pending.interrupter();
+    let t = loom::thread::spawn(move || pending.wait());
+    (c, mgr, t, int)
+}
+
 /// A waiter that blocks while the holder unlocks is never lost: it always gets the lock.
 #[test]
 fn unlock_racing_a_sleeper_loses_no_wakeup() {
@@ -75,16 +96,7 @@ fn two_waiters_are_never_granted_together() {
 #[test]
 fn interrupt_racing_a_grant_leaves_no_trace() {
     loom::model(|| {
-        let c = ctx();
-        let mgr = c.manager().clone();
-        c.flock(Process::new(1), file(1), FlockOp::Exclusive, true)
-            .unwrap();
-        let pending = c
-            .flock_lock(Process::new(2), file(2), FlockOp::Exclusive, false)
-            .unwrap()
-            .unwrap();
-        let int = pending.interrupter();
-        let t = loom::thread::spawn(move || pending.wait());
+        let (c, mgr, t, int) = p2_waiting_on_p1();
         let c2 = c.clone();
         let u =
             loom::thread::spawn(move || c2.flock(Process::new(1), file(1), FlockOp::Unlock, true).unwrap());
@@ -158,16 +170,7 @@ fn an_interrupt_racing_a_late_handoff_leaves_no_trace() {
     let mut b = loom::model::Builder::new();
     b.preemption_bound = Some(3);
     b.check(|| {
-        let c = ctx();
-        let mgr = c.manager().clone();
-        c.flock(Process::new(1), file(1), FlockOp::Exclusive, true)
-            .unwrap();
-        let pending = c
-            .flock_lock(Process::new(2), file(2), FlockOp::Exclusive, false)
-            .unwrap()
-            .unwrap();
-        let int = pending.interrupter();
-        let t = loom::thread::spawn(move || pending.wait());
+        let (c, mgr, t, int) = p2_waiting_on_p1();
         c.flock(Process::new(1), file(1), FlockOp::Unlock, true).unwrap();
         let barged = c
             .flock(Process::new(1), file(1), FlockOp::Exclusive, true)

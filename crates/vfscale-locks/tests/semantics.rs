@@ -16,15 +16,20 @@ fn rw(n: u64) -> OpenFile {
 
 fn setup(settings: Settings) -> (Arc<LockManager>, Arc<FileLockContext>) {
     let mgr = LockManager::with_settings(settings);
-    let ctx = FileLockContext::new(
-        &mgr,
+    let ctx = inode(&mgr, 42);
+    (mgr, ctx)
+}
+
+/// The lock context of inode `ino` on the test's device.
+fn inode(mgr: &Arc<LockManager>, ino: u64) -> Arc<FileLockContext> {
+    FileLockContext::new(
+        mgr,
         InodeKey {
             major: 0,
             minor: 0x1b,
-            ino: 42,
+            ino,
         },
-    );
-    (mgr, ctx)
+    )
 }
 
 fn posix(
@@ -195,14 +200,7 @@ fn a_pending_lock_is_a_future() {
 #[test]
 fn deadlock_is_refused_and_ofd_is_not_checked() {
     let (mgr, a) = setup(Settings::default());
-    let b = FileLockContext::new(
-        &mgr,
-        InodeKey {
-            major: 0,
-            minor: 0x1b,
-            ino: 43,
-        },
-    );
+    let b = inode(&mgr, 43);
     posix(&a, 1, FcntlCmd::SetLk, LockType::Write, 0, 1).unwrap();
     posix(&b, 2, FcntlCmd::SetLk, LockType::Write, 0, 1).unwrap();
     let _w = posix(&b, 1, FcntlCmd::SetLkW, LockType::Write, 0, 1)
@@ -332,14 +330,7 @@ fn a_kept_waiter_whose_retry_would_deadlock_is_woken_and_gets_edeadlk() {
     // takes a, then waits on file b for a lock of p3. When p2 sleeps again under p4's
     // lock, p3's retry (which Linux would run) finds p3 -> p4 -> p3: EDEADLK.
     let (mgr, a) = setup(Settings::default());
-    let b = FileLockContext::new(
-        &mgr,
-        InodeKey {
-            major: 0,
-            minor: 0x1b,
-            ino: 43,
-        },
-    );
+    let b = inode(&mgr, 43);
     posix(&b, 3, FcntlCmd::SetLk, LockType::Write, 0, 1).unwrap();
     posix(&a, 1, FcntlCmd::SetLk, LockType::Write, 0, 10).unwrap();
     let mut p2 = wait_on(&a, 2, 0, 10);
@@ -406,11 +397,11 @@ fn a_hand_off_happens_only_for_owners_blocked_in_wait() {
     assert_eq!(mgr.locks_listing(), vec![]);
 }
 
-#[test]
-fn hand_offs_engage_under_a_barging_herd() {
-    let (_m, ctx) = setup(Settings::default());
+/// Owners 1..=`owners`, each on its own open file, take and drop an exclusive flock as
+/// fast as they can for `run`; returns how many times each got it.
+fn barging_herd(ctx: &Arc<FileLockContext>, owners: u32, run: Duration) -> Vec<u64> {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let workers: Vec<_> = (1..=8u32)
+    let workers: Vec<_> = (1..=owners)
         .map(|i| {
             let (c, s) = (ctx.clone(), stop.clone());
             std::thread::spawn(move || {
@@ -425,9 +416,15 @@ fn hand_offs_engage_under_a_barging_herd() {
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(run);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let counts: Vec<u64> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    workers.into_iter().map(|w| w.join().unwrap()).collect()
+}
+
+#[test]
+fn hand_offs_engage_under_a_barging_herd() {
+    let (_m, ctx) = setup(Settings::default());
+    let counts = barging_herd(&ctx, 8, Duration::from_millis(300));
     let s = ctx.stats();
     assert!(
         counts.iter().all(|&n| n > 0),
@@ -444,25 +441,7 @@ fn every_worker_of_a_barging_herd_gets_a_fair_share() {
     // each a share. An even number of owners: a scheme where the owner handed the lock
     // loses it to the next waiter at its first unlock serves every other owner once.
     let (_m, ctx) = setup(Settings::default());
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let workers: Vec<_> = (1..=16u32)
-        .map(|i| {
-            let (c, s) = (ctx.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let (p, f) = (Process::new(i), rw(i as u64));
-                let mut n = 0u64;
-                while !s.load(std::sync::atomic::Ordering::Relaxed) {
-                    c.flock(p, f, FlockOp::Exclusive, false).unwrap();
-                    n += 1;
-                    c.flock(p, f, FlockOp::Unlock, true).unwrap();
-                }
-                n
-            })
-        })
-        .collect();
-    std::thread::sleep(Duration::from_millis(400));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let counts: Vec<u64> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    let counts = barging_herd(&ctx, 16, Duration::from_millis(400));
     let mean = counts.iter().sum::<u64>() as f64 / counts.len() as f64;
     let min = *counts.iter().min().unwrap() as f64;
     let s = ctx.stats();

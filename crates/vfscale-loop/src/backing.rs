@@ -159,45 +159,39 @@ impl BackingFile {
 
     /// `pread` until `buf` is full or the end; returns the bytes read.
     pub(crate) fn read_at(&self, buf: &mut [u8], pos: u64, direct: bool) -> Result<usize, Errno> {
-        let mut done = 0;
-        while done < buf.len() {
-            let rest = &mut buf[done..];
-            let fd = self.pick(direct, rest.as_ptr(), rest.len(), pos + done as u64);
-            // SAFETY: rest is a valid writable buffer of rest.len() bytes.
-            let r = unsafe {
-                libc::pread(
-                    fd,
-                    rest.as_mut_ptr().cast(),
-                    rest.len(),
-                    (pos + done as u64) as libc::off_t,
-                )
-            };
-            match cvt(r) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(e) if e.0 == libc::EINTR => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(done)
+        let len = buf.len();
+        let base = buf.as_mut_ptr();
+        self.each_chunk(base, len, pos, direct, |fd, done, rest, off| {
+            // SAFETY: `base + done` starts the `rest` bytes of `buf` not yet read into.
+            unsafe { libc::pread(fd, base.add(done).cast(), rest, off) }
+        })
     }
 
     /// `pwrite` of all of `buf`; returns the bytes written.
     pub(crate) fn write_at(&self, buf: &[u8], pos: u64, direct: bool) -> Result<usize, Errno> {
+        self.each_chunk(buf.as_ptr(), buf.len(), pos, direct, |fd, done, rest, off| {
+            // SAFETY: `buf[done..]`, `rest` bytes long, is valid to read.
+            unsafe { libc::pwrite(fd, buf.as_ptr().add(done).cast(), rest, off) }
+        })
+    }
+
+    /// The loop `read_at` and `write_at` share: `io(fd, done, rest, offset)` moves the
+    /// `rest` bytes of the `len`-byte buffer at `base` from `done` on, until all are done
+    /// or it returns 0; `EINTR` is retried. Returns the bytes done.
+    #[inline]
+    fn each_chunk(
+        &self,
+        base: *const u8,
+        len: usize,
+        pos: u64,
+        direct: bool,
+        mut io: impl FnMut(RawFd, usize, usize, libc::off_t) -> isize,
+    ) -> Result<usize, Errno> {
         let mut done = 0;
-        while done < buf.len() {
-            let rest = &buf[done..];
-            let fd = self.pick(direct, rest.as_ptr(), rest.len(), pos + done as u64);
-            // SAFETY: rest is a valid readable buffer of rest.len() bytes.
-            let r = unsafe {
-                libc::pwrite(
-                    fd,
-                    rest.as_ptr().cast(),
-                    rest.len(),
-                    (pos + done as u64) as libc::off_t,
-                )
-            };
-            match cvt(r) {
+        while done < len {
+            let (rest, at) = (len - done, pos + done as u64);
+            let fd = self.pick(direct, base.wrapping_add(done), rest, at);
+            match cvt(io(fd, done, rest, at as libc::off_t)) {
                 Ok(0) => break,
                 Ok(n) => done += n,
                 Err(e) if e.0 == libc::EINTR => continue,

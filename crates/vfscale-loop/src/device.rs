@@ -5,7 +5,7 @@ use std::os::fd::BorrowedFd;
 
 use crate::backing::{BackingFile, FileKind};
 use crate::errno::Errno;
-use crate::queue::Queue;
+use crate::queue::{Entered, Queue};
 use crate::stats::LockKind;
 use crate::sync::{Arc, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::{CtlLock, Shared};
@@ -393,6 +393,16 @@ impl LoopDevice {
     /// The device number (`N` of `/dev/loopN`).
     pub fn number(&self) -> u32 {
         self.number
+    }
+
+    /// The configuration I/O entered on `q` works with: `EIO` unless the device is bound
+    /// (read, flush and discard all start so).
+    #[inline]
+    fn bound_cfg<'q>(&self, q: &'q Entered<'_, IoConfig>) -> Result<&'q IoConfig, Errno> {
+        if self.state() != LoopState::Bound {
+            return Err(Errno::EIO);
+        }
+        q.cfg().ok_or(Errno::EIO)
     }
 
     /// The state (read without the device lock: a snapshot).
@@ -957,12 +967,7 @@ impl LoopHandle {
         }
         let n = (cap - pos).min(buf.len() as u64) as usize;
         let q = dev.queue.enter();
-        if dev.state() != LoopState::Bound {
-            return Err(Errno::EIO);
-        }
-        let Some(cfg) = q.cfg() else {
-            return Err(Errno::EIO);
-        };
+        let cfg = dev.bound_cfg(&q)?;
         let buf = &mut buf[..n];
         let at = cfg.offset + pos;
         let got = match &cfg.backing {
@@ -1064,12 +1069,7 @@ impl LoopHandle {
             return Ok(());
         }
         let q = dev.queue.enter();
-        if dev.state() != LoopState::Bound {
-            return Err(Errno::EIO);
-        }
-        let Some(cfg) = q.cfg() else {
-            return Err(Errno::EIO);
-        };
+        let cfg = dev.bound_cfg(&q)?;
         match &cfg.backing {
             Backing::File(f) => f.sync().map_err(|_| Errno::EIO),
             Backing::Loop(d) => (LoopHandle { desc: d.clone() }).flush(),
@@ -1098,12 +1098,7 @@ impl LoopHandle {
             return Ok(());
         }
         let q = dev.queue.enter();
-        if dev.state() != LoopState::Bound {
-            return Err(Errno::EIO);
-        }
-        let Some(cfg) = q.cfg() else {
-            return Err(Errno::EIO);
-        };
+        let cfg = dev.bound_cfg(&q)?;
         if cfg.read_only {
             return Err(Errno::EIO);
         }

@@ -259,124 +259,111 @@ impl StepOp for Op {
     /// assert_eq!(e.to_string(), "line 2: missing field `fd`");
     /// ```
     fn parse(o: &Object, line: usize) -> Result<Op, ScenarioError> {
-        parse_op(o, line)
+        let op = field::str(o, line, "op")?;
+        let fields: &[&str] = match op {
+            "spawn" | "exec" | "list" | "exit" => &[],
+            "open" => &["name", "cloexec"],
+            "dup" | "getfd" | "close" => &["fd"],
+            "dup2" => &["fd", "newfd"],
+            "dup3" => &["fd", "newfd", "cloexec"],
+            "fcntl_dupfd" => &["fd", "min", "cloexec"],
+            "setfd" => &["fd", "cloexec"],
+            "close_range" => &["first", "last", "flags"],
+            "fork" => &["child"],
+            "setrlimit" => &["nofile"],
+            other => return Err(field::unknown_op(line, other)),
+        };
+        check_fields(o, line, op, fields)?;
+        let proc = field::str(o, line, "proc")?.to_string();
+        Ok(match op {
+            "spawn" => Op::Spawn { proc },
+            "exec" => Op::Exec { proc },
+            "list" => Op::List { proc },
+            "exit" => Op::Exit { proc },
+            "open" => Op::Open {
+                proc,
+                name: field::str(o, line, "name")?.into(),
+                cloexec: field::bool(o, line, "cloexec")?,
+            },
+            "dup" | "getfd" | "close" => {
+                let fd = field_fd(o, line, "fd")?;
+                match op {
+                    "dup" => Op::Dup { proc, fd },
+                    "getfd" => Op::Getfd { proc, fd },
+                    _ => Op::Close { proc, fd },
+                }
+            }
+            "dup2" => Op::Dup2 {
+                proc,
+                fd: field_fd(o, line, "fd")?,
+                newfd: field_fd(o, line, "newfd")?,
+            },
+            "dup3" => Op::Dup3 {
+                proc,
+                fd: field_fd(o, line, "fd")?,
+                newfd: field_fd(o, line, "newfd")?,
+                cloexec: field::bool(o, line, "cloexec")?,
+            },
+            "fcntl_dupfd" => Op::FcntlDupfd {
+                proc,
+                fd: field_fd(o, line, "fd")?,
+                min: field_fd(o, line, "min")?,
+                cloexec: field::bool(o, line, "cloexec")?,
+            },
+            "setfd" => Op::Setfd {
+                proc,
+                fd: field_fd(o, line, "fd")?,
+                cloexec: field::bool_required(o, line, "cloexec")?,
+            },
+            "close_range" => {
+                let bound = "an unsigned 32-bit integer";
+                let (mut cloexec, mut unshare) = (false, false);
+                match o.get("flags") {
+                    None => {}
+                    Some(Value::Array(a)) => {
+                        for f in a {
+                            match f.as_str() {
+                                Some("CLOEXEC") => cloexec = true,
+                                Some("UNSHARE") => unshare = true,
+                                _ => {
+                                    return Err(ScenarioError::at(
+                                        line,
+                                        format!("field `flags`: unknown flag {f} (CLOEXEC or UNSHARE)"),
+                                    ))
+                                }
+                            }
+                        }
+                    }
+                    Some(v) => {
+                        return Err(ScenarioError::at(
+                            line,
+                            format!("field `flags` must be a list of flag names, not {v}"),
+                        ))
+                    }
+                }
+                Op::CloseRange {
+                    proc,
+                    first: field::int(o, line, "first", bound)?,
+                    last: field::int(o, line, "last", bound)?,
+                    cloexec,
+                    unshare,
+                }
+            }
+            "fork" => Op::Fork {
+                proc,
+                child: field::str(o, line, "child")?.into(),
+            },
+            "setrlimit" => Op::Setrlimit {
+                proc,
+                nofile: field::int(o, line, "nofile", "an unsigned 64-bit integer")?,
+            },
+            _ => unreachable!("checked above"),
+        })
     }
 
     fn to_json(&self) -> Value {
         Op::to_json(self)
     }
-}
-
-fn parse_op(o: &Object, line: usize) -> Result<Op, ScenarioError> {
-    let op = field::str(o, line, "op")?;
-    let fields: &[&str] = match op {
-        "spawn" | "exec" | "list" | "exit" => &[],
-        "open" => &["name", "cloexec"],
-        "dup" | "getfd" | "close" => &["fd"],
-        "dup2" => &["fd", "newfd"],
-        "dup3" => &["fd", "newfd", "cloexec"],
-        "fcntl_dupfd" => &["fd", "min", "cloexec"],
-        "setfd" => &["fd", "cloexec"],
-        "close_range" => &["first", "last", "flags"],
-        "fork" => &["child"],
-        "setrlimit" => &["nofile"],
-        other => {
-            return Err(ScenarioError::at(
-                line,
-                format!("field `op`: unknown op {other:?}"),
-            ))
-        }
-    };
-    check_fields(o, line, op, fields)?;
-    let proc = field::str(o, line, "proc")?.to_string();
-    Ok(match op {
-        "spawn" => Op::Spawn { proc },
-        "exec" => Op::Exec { proc },
-        "list" => Op::List { proc },
-        "exit" => Op::Exit { proc },
-        "open" => Op::Open {
-            proc,
-            name: field::str(o, line, "name")?.into(),
-            cloexec: field::bool(o, line, "cloexec")?,
-        },
-        "dup" => Op::Dup {
-            proc,
-            fd: field_fd(o, line, "fd")?,
-        },
-        "getfd" => Op::Getfd {
-            proc,
-            fd: field_fd(o, line, "fd")?,
-        },
-        "close" => Op::Close {
-            proc,
-            fd: field_fd(o, line, "fd")?,
-        },
-        "dup2" => Op::Dup2 {
-            proc,
-            fd: field_fd(o, line, "fd")?,
-            newfd: field_fd(o, line, "newfd")?,
-        },
-        "dup3" => Op::Dup3 {
-            proc,
-            fd: field_fd(o, line, "fd")?,
-            newfd: field_fd(o, line, "newfd")?,
-            cloexec: field::bool(o, line, "cloexec")?,
-        },
-        "fcntl_dupfd" => Op::FcntlDupfd {
-            proc,
-            fd: field_fd(o, line, "fd")?,
-            min: field_fd(o, line, "min")?,
-            cloexec: field::bool(o, line, "cloexec")?,
-        },
-        "setfd" => Op::Setfd {
-            proc,
-            fd: field_fd(o, line, "fd")?,
-            cloexec: field::bool_required(o, line, "cloexec")?,
-        },
-        "close_range" => {
-            let bound = "an unsigned 32-bit integer";
-            let (mut cloexec, mut unshare) = (false, false);
-            match o.get("flags") {
-                None => {}
-                Some(Value::Array(a)) => {
-                    for f in a {
-                        match f.as_str() {
-                            Some("CLOEXEC") => cloexec = true,
-                            Some("UNSHARE") => unshare = true,
-                            _ => {
-                                return Err(ScenarioError::at(
-                                    line,
-                                    format!("field `flags`: unknown flag {f} (CLOEXEC or UNSHARE)"),
-                                ))
-                            }
-                        }
-                    }
-                }
-                Some(v) => {
-                    return Err(ScenarioError::at(
-                        line,
-                        format!("field `flags` must be a list of flag names, not {v}"),
-                    ))
-                }
-            }
-            Op::CloseRange {
-                proc,
-                first: field::int(o, line, "first", bound)?,
-                last: field::int(o, line, "last", bound)?,
-                cloexec,
-                unshare,
-            }
-        }
-        "fork" => Op::Fork {
-            proc,
-            child: field::str(o, line, "child")?.into(),
-        },
-        "setrlimit" => Op::Setrlimit {
-            proc,
-            nofile: field::int(o, line, "nofile", "an unsigned 64-bit integer")?,
-        },
-        _ => unreachable!("checked above"),
-    })
 }
 
 /// The errors a step can report.

@@ -54,18 +54,13 @@ impl LibraryReplay {
 
     /// The live processes, sorted by name.
     pub fn procs(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.procs.keys().cloned().collect();
-        v.sort();
-        v
+        crate::format::sorted_names(self.procs.keys())
     }
 
     /// Applies the next step.
     pub fn apply(&mut self, step: &Step) -> Result<StepResult, ScenarioError> {
         self.tracker.check(step)?;
-        let i = self.next;
-        self.next += 1;
-        let result = self.run(&step.op).map_err(|m| ScenarioError::at(step.line, m))?;
-        Ok(StepResult::new(i, result))
+        StepResult::numbered(self.run(&step.op), step.line, &mut self.next)
     }
 
     fn run(&mut self, op: &Op) -> Result<Outcome, String> {

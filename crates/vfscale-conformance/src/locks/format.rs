@@ -149,97 +149,77 @@ impl StepOp for Op {
     /// assert_eq!(e.to_string(), "line 1: missing field `fd`");
     /// ```
     fn parse(o: &Object, line: usize) -> Result<Op, ScenarioError> {
-        parse_op(o, line)
+        let op = field::str(o, line, "op")?;
+        Ok(match op {
+            "open" => {
+                field::only(o, line, op, &["proc", "file", "fd", "mode"])?;
+                let mode = match field::str(o, line, "mode")? {
+                    "r" => OpenMode::R,
+                    "w" => OpenMode::W,
+                    "rw" => OpenMode::Rw,
+                    m => {
+                        return Err(ScenarioError::at(
+                            line,
+                            format!("field `mode` must be \"r\", \"w\" or \"rw\", not {m:?}"),
+                        ))
+                    }
+                };
+                Op::Open {
+                    proc: field::str(o, line, "proc")?.into(),
+                    file: field::str(o, line, "file")?.into(),
+                    fd: field::str(o, line, "fd")?.into(),
+                    mode,
+                }
+            }
+            "dup" => {
+                field::only(o, line, op, &["fd", "as"])?;
+                Op::Dup {
+                    fd: field::str(o, line, "fd")?.into(),
+                    new: field::str(o, line, "as")?.into(),
+                }
+            }
+            "close" => {
+                field::only(o, line, op, &["fd"])?;
+                Op::Close {
+                    fd: field::str(o, line, "fd")?.into(),
+                }
+            }
+            "exit" | "interrupt" => {
+                field::only(o, line, op, &["proc"])?;
+                let proc = field::str(o, line, "proc")?.into();
+                match op {
+                    "exit" => Op::Exit { proc },
+                    _ => Op::Interrupt { proc },
+                }
+            }
+            "fcntl" => {
+                field::only(o, line, op, &["fd", "cmd", "type", "start", "len"])?;
+                let cmd = field::named(o, line, "cmd", "command", FcntlCmd::from_name)?;
+                let ty = field::named(o, line, "type", "lock type", LockType::from_name)?;
+                Op::Fcntl {
+                    fd: field::str(o, line, "fd")?.into(),
+                    cmd,
+                    ty,
+                    start: field::int::<i64>(o, line, "start", "a signed 64-bit integer")?,
+                    len: field::int::<i64>(o, line, "len", "a signed 64-bit integer")?,
+                }
+            }
+            "flock" => {
+                field::only(o, line, op, &["fd", "how", "nb"])?;
+                let how = field::named(o, line, "how", "operation", FlockOp::from_name)?;
+                Op::Flock {
+                    fd: field::str(o, line, "fd")?.into(),
+                    how,
+                    nb: field::bool(o, line, "nb")?,
+                }
+            }
+            other => return Err(field::unknown_op(line, other)),
+        })
     }
 
     fn to_json(&self) -> Value {
         Op::to_json(self)
     }
-}
-
-/// One step's operation.
-fn parse_op(o: &Object, line: usize) -> Result<Op, ScenarioError> {
-    let op = field::str(o, line, "op")?;
-    Ok(match op {
-        "open" => {
-            field::only(o, line, op, &["proc", "file", "fd", "mode"])?;
-            let mode = match field::str(o, line, "mode")? {
-                "r" => OpenMode::R,
-                "w" => OpenMode::W,
-                "rw" => OpenMode::Rw,
-                m => {
-                    return Err(ScenarioError::at(
-                        line,
-                        format!("field `mode` must be \"r\", \"w\" or \"rw\", not {m:?}"),
-                    ))
-                }
-            };
-            Op::Open {
-                proc: field::str(o, line, "proc")?.into(),
-                file: field::str(o, line, "file")?.into(),
-                fd: field::str(o, line, "fd")?.into(),
-                mode,
-            }
-        }
-        "dup" => {
-            field::only(o, line, op, &["fd", "as"])?;
-            Op::Dup {
-                fd: field::str(o, line, "fd")?.into(),
-                new: field::str(o, line, "as")?.into(),
-            }
-        }
-        "close" => {
-            field::only(o, line, op, &["fd"])?;
-            Op::Close {
-                fd: field::str(o, line, "fd")?.into(),
-            }
-        }
-        "exit" => {
-            field::only(o, line, op, &["proc"])?;
-            Op::Exit {
-                proc: field::str(o, line, "proc")?.into(),
-            }
-        }
-        "interrupt" => {
-            field::only(o, line, op, &["proc"])?;
-            Op::Interrupt {
-                proc: field::str(o, line, "proc")?.into(),
-            }
-        }
-        "fcntl" => {
-            field::only(o, line, op, &["fd", "cmd", "type", "start", "len"])?;
-            let c = field::str(o, line, "cmd")?;
-            let cmd = FcntlCmd::from_name(c)
-                .ok_or_else(|| ScenarioError::at(line, format!("field `cmd`: unknown command {c:?}")))?;
-            let t = field::str(o, line, "type")?;
-            let ty = LockType::from_name(t)
-                .ok_or_else(|| ScenarioError::at(line, format!("field `type`: unknown lock type {t:?}")))?;
-            Op::Fcntl {
-                fd: field::str(o, line, "fd")?.into(),
-                cmd,
-                ty,
-                start: field::int::<i64>(o, line, "start", "a signed 64-bit integer")?,
-                len: field::int::<i64>(o, line, "len", "a signed 64-bit integer")?,
-            }
-        }
-        "flock" => {
-            field::only(o, line, op, &["fd", "how", "nb"])?;
-            let h = field::str(o, line, "how")?;
-            let how = FlockOp::from_name(h)
-                .ok_or_else(|| ScenarioError::at(line, format!("field `how`: unknown operation {h:?}")))?;
-            Op::Flock {
-                fd: field::str(o, line, "fd")?.into(),
-                how,
-                nb: field::bool(o, line, "nb")?,
-            }
-        }
-        other => {
-            return Err(ScenarioError::at(
-                line,
-                format!("field `op`: unknown op {other:?}"),
-            ))
-        }
-    })
 }
 
 /// Who owns a lock that `F_GETLK` reports.

@@ -437,167 +437,158 @@ impl StepOp for Op {
     /// assert_eq!(e.to_string(), "line 2: missing field `len`");
     /// ```
     fn parse(o: &Object, line: usize) -> Result<Op, ScenarioError> {
-        parse_op(o, line)
+        let op = field::str(o, line, "op")?;
+        let fields: &[&str] = match op {
+            "backing" => &["name", "size", "mode"],
+            "truncate_backing" => &["name", "size"],
+            "read_backing" => &["name", "offset", "len"],
+            "open" => &["dev", "handle", "mode", "excl"],
+            "close" | "clr_fd" | "get_status64" | "set_capacity" | "size" | "block_size" | "ro" | "fsync" => {
+                &["handle"]
+            }
+            "configure" => &[
+                "handle",
+                "backing",
+                "backing_handle",
+                "block_size",
+                "offset",
+                "sizelimit",
+                "flags",
+                "flags_raw",
+            ],
+            "set_fd" | "change_fd" => &["handle", "backing", "backing_handle"],
+            "set_status64" => &["handle", "offset", "sizelimit", "flags", "flags_raw", "file_name"],
+            "set_block_size" => &["handle", "size"],
+            "set_direct_io" => &["handle", "on"],
+            "read" => &["handle", "offset", "len"],
+            "write" => &["handle", "offset", "len", "byte"],
+            "ctl_add" | "ctl_remove" => &["index"],
+            "ctl_get_free" | "list" => &[],
+            other => return Err(field::unknown_op(line, other)),
+        };
+        field::only(o, line, op, fields)?;
+        let name = || field::str(o, line, "name").map(str::to_string);
+        let handle = || field::str(o, line, "handle").map(str::to_string);
+        Ok(match op {
+            "backing" => {
+                let size = u64_field(o, line, "size")?;
+                if size > MAX_BACKING_SIZE {
+                    return Err(ScenarioError::at(
+                        line,
+                        format!("field `size`: {size} is more than the format allows ({MAX_BACKING_SIZE})"),
+                    ));
+                }
+                Op::Backing {
+                    name: backing_name(o, line)?,
+                    size,
+                    mode: mode_field(o, line)?,
+                }
+            }
+            "truncate_backing" => {
+                let size = u64_field(o, line, "size")?;
+                if size > MAX_BACKING_SIZE {
+                    return Err(ScenarioError::at(
+                        line,
+                        format!("field `size`: {size} is more than the format allows ({MAX_BACKING_SIZE})"),
+                    ));
+                }
+                Op::TruncateBacking { name: name()?, size }
+            }
+            "read_backing" => Op::ReadBacking {
+                name: name()?,
+                offset: u64_field(o, line, "offset")?,
+                len: len_field(o, line)?,
+            },
+            "open" => Op::Open {
+                dev: field::int(o, line, "dev", "a device index (a 64-bit integer)")?,
+                handle: handle()?,
+                mode: mode_field(o, line)?,
+                excl: field::bool(o, line, "excl")?,
+            },
+            "close" => Op::Close { handle: handle()? },
+            "clr_fd" => Op::ClrFd { handle: handle()? },
+            "get_status64" => Op::GetStatus64 { handle: handle()? },
+            "set_capacity" => Op::SetCapacity { handle: handle()? },
+            "size" => Op::Size { handle: handle()? },
+            "block_size" => Op::BlockSize { handle: handle()? },
+            "ro" => Op::Ro { handle: handle()? },
+            "fsync" => Op::Fsync { handle: handle()? },
+            "configure" => Op::Configure {
+                handle: handle()?,
+                backing: backing_field(o, line)?,
+                block_size: if o.contains_key("block_size") {
+                    field::int(o, line, "block_size", "an unsigned 32-bit integer")?
+                } else {
+                    0
+                },
+                offset: u64_or_zero(o, line, "offset")?,
+                sizelimit: u64_or_zero(o, line, "sizelimit")?,
+                flags: flags_field(o, line)?,
+            },
+            "set_fd" => Op::SetFd {
+                handle: handle()?,
+                backing: backing_field(o, line)?,
+            },
+            "change_fd" => Op::ChangeFd {
+                handle: handle()?,
+                backing: backing_field(o, line)?,
+            },
+            "set_status64" => {
+                let file_name = match o.get("file_name") {
+                    None => String::new(),
+                    Some(Value::String(s)) => s.clone(),
+                    Some(v) => {
+                        return Err(ScenarioError::at(
+                            line,
+                            format!("field `file_name` must be a string, not {v}"),
+                        ))
+                    }
+                };
+                if file_name.contains('\0') {
+                    return Err(ScenarioError::at(line, "field `file_name` must not contain NUL"));
+                }
+                Op::SetStatus64 {
+                    handle: handle()?,
+                    offset: u64_or_zero(o, line, "offset")?,
+                    sizelimit: u64_or_zero(o, line, "sizelimit")?,
+                    flags: flags_field(o, line)?,
+                    file_name,
+                }
+            }
+            "set_block_size" => Op::SetBlockSize {
+                handle: handle()?,
+                size: u64_field(o, line, "size")?,
+            },
+            "set_direct_io" => Op::SetDirectIo {
+                handle: handle()?,
+                on: field::bool_required(o, line, "on")?,
+            },
+            "read" => Op::Read {
+                handle: handle()?,
+                offset: u64_field(o, line, "offset")?,
+                len: len_field(o, line)?,
+            },
+            "write" => Op::Write {
+                handle: handle()?,
+                offset: u64_field(o, line, "offset")?,
+                len: len_field(o, line)?,
+                byte: field::int(o, line, "byte", "a byte value (0 to 255)")?,
+            },
+            "ctl_add" => Op::CtlAdd {
+                index: field::int(o, line, "index", "a 64-bit integer")?,
+            },
+            "ctl_remove" => Op::CtlRemove {
+                index: field::int(o, line, "index", "a 64-bit integer")?,
+            },
+            "ctl_get_free" => Op::CtlGetFree,
+            "list" => Op::List,
+            _ => unreachable!("checked above"),
+        })
     }
 
     fn to_json(&self) -> Value {
         Op::to_json(self)
     }
-}
-
-fn parse_op(o: &Object, line: usize) -> Result<Op, ScenarioError> {
-    let op = field::str(o, line, "op")?;
-    let fields: &[&str] = match op {
-        "backing" => &["name", "size", "mode"],
-        "truncate_backing" => &["name", "size"],
-        "read_backing" => &["name", "offset", "len"],
-        "open" => &["dev", "handle", "mode", "excl"],
-        "close" | "clr_fd" | "get_status64" | "set_capacity" | "size" | "block_size" | "ro" | "fsync" => {
-            &["handle"]
-        }
-        "configure" => &[
-            "handle",
-            "backing",
-            "backing_handle",
-            "block_size",
-            "offset",
-            "sizelimit",
-            "flags",
-            "flags_raw",
-        ],
-        "set_fd" | "change_fd" => &["handle", "backing", "backing_handle"],
-        "set_status64" => &["handle", "offset", "sizelimit", "flags", "flags_raw", "file_name"],
-        "set_block_size" => &["handle", "size"],
-        "set_direct_io" => &["handle", "on"],
-        "read" => &["handle", "offset", "len"],
-        "write" => &["handle", "offset", "len", "byte"],
-        "ctl_add" | "ctl_remove" => &["index"],
-        "ctl_get_free" | "list" => &[],
-        other => {
-            return Err(ScenarioError::at(
-                line,
-                format!("field `op`: unknown op {other:?}"),
-            ))
-        }
-    };
-    field::only(o, line, op, fields)?;
-    let name = || field::str(o, line, "name").map(str::to_string);
-    let handle = || field::str(o, line, "handle").map(str::to_string);
-    Ok(match op {
-        "backing" => {
-            let size = u64_field(o, line, "size")?;
-            if size > MAX_BACKING_SIZE {
-                return Err(ScenarioError::at(
-                    line,
-                    format!("field `size`: {size} is more than the format allows ({MAX_BACKING_SIZE})"),
-                ));
-            }
-            Op::Backing {
-                name: backing_name(o, line)?,
-                size,
-                mode: mode_field(o, line)?,
-            }
-        }
-        "truncate_backing" => {
-            let size = u64_field(o, line, "size")?;
-            if size > MAX_BACKING_SIZE {
-                return Err(ScenarioError::at(
-                    line,
-                    format!("field `size`: {size} is more than the format allows ({MAX_BACKING_SIZE})"),
-                ));
-            }
-            Op::TruncateBacking { name: name()?, size }
-        }
-        "read_backing" => Op::ReadBacking {
-            name: name()?,
-            offset: u64_field(o, line, "offset")?,
-            len: len_field(o, line)?,
-        },
-        "open" => Op::Open {
-            dev: field::int(o, line, "dev", "a device index (a 64-bit integer)")?,
-            handle: handle()?,
-            mode: mode_field(o, line)?,
-            excl: field::bool(o, line, "excl")?,
-        },
-        "close" => Op::Close { handle: handle()? },
-        "clr_fd" => Op::ClrFd { handle: handle()? },
-        "get_status64" => Op::GetStatus64 { handle: handle()? },
-        "set_capacity" => Op::SetCapacity { handle: handle()? },
-        "size" => Op::Size { handle: handle()? },
-        "block_size" => Op::BlockSize { handle: handle()? },
-        "ro" => Op::Ro { handle: handle()? },
-        "fsync" => Op::Fsync { handle: handle()? },
-        "configure" => Op::Configure {
-            handle: handle()?,
-            backing: backing_field(o, line)?,
-            block_size: if o.contains_key("block_size") {
-                field::int(o, line, "block_size", "an unsigned 32-bit integer")?
-            } else {
-                0
-            },
-            offset: u64_or_zero(o, line, "offset")?,
-            sizelimit: u64_or_zero(o, line, "sizelimit")?,
-            flags: flags_field(o, line)?,
-        },
-        "set_fd" => Op::SetFd {
-            handle: handle()?,
-            backing: backing_field(o, line)?,
-        },
-        "change_fd" => Op::ChangeFd {
-            handle: handle()?,
-            backing: backing_field(o, line)?,
-        },
-        "set_status64" => {
-            let file_name = match o.get("file_name") {
-                None => String::new(),
-                Some(Value::String(s)) => s.clone(),
-                Some(v) => {
-                    return Err(ScenarioError::at(
-                        line,
-                        format!("field `file_name` must be a string, not {v}"),
-                    ))
-                }
-            };
-            if file_name.contains('\0') {
-                return Err(ScenarioError::at(line, "field `file_name` must not contain NUL"));
-            }
-            Op::SetStatus64 {
-                handle: handle()?,
-                offset: u64_or_zero(o, line, "offset")?,
-                sizelimit: u64_or_zero(o, line, "sizelimit")?,
-                flags: flags_field(o, line)?,
-                file_name,
-            }
-        }
-        "set_block_size" => Op::SetBlockSize {
-            handle: handle()?,
-            size: u64_field(o, line, "size")?,
-        },
-        "set_direct_io" => Op::SetDirectIo {
-            handle: handle()?,
-            on: field::bool_required(o, line, "on")?,
-        },
-        "read" => Op::Read {
-            handle: handle()?,
-            offset: u64_field(o, line, "offset")?,
-            len: len_field(o, line)?,
-        },
-        "write" => Op::Write {
-            handle: handle()?,
-            offset: u64_field(o, line, "offset")?,
-            len: len_field(o, line)?,
-            byte: field::int(o, line, "byte", "a byte value (0 to 255)")?,
-        },
-        "ctl_add" => Op::CtlAdd {
-            index: field::int(o, line, "index", "a 64-bit integer")?,
-        },
-        "ctl_remove" => Op::CtlRemove {
-            index: field::int(o, line, "index", "a 64-bit integer")?,
-        },
-        "ctl_get_free" => Op::CtlGetFree,
-        "list" => Op::List,
-        _ => unreachable!("checked above"),
-    })
 }
 
 /// A backing file's name is one path component of at most 63 bytes (so `lo_file_name`

@@ -80,18 +80,13 @@ impl LibraryReplay {
 
     /// The open handles' names, sorted.
     pub fn handles(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.handles.keys().cloned().collect();
-        v.sort();
-        v
+        crate::format::sorted_names(self.handles.keys())
     }
 
     /// Applies the next step.
     pub fn apply(&mut self, step: &Step) -> Result<StepResult, ScenarioError> {
         self.tracker.check(step)?;
-        let i = self.next;
-        self.next += 1;
-        let result = self.run(&step.op).map_err(|m| ScenarioError::at(step.line, m))?;
-        Ok(StepResult::new(i, result))
+        StepResult::numbered(self.run(&step.op), step.line, &mut self.next)
     }
 
     fn file(&self, b: &Backing) -> LoopFile<'_> {

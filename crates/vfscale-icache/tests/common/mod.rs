@@ -17,6 +17,13 @@ pub struct Counts {
     next_obj: AtomicU64,
 }
 
+impl Counts {
+    /// Updates object `obj`'s evict and destroy counts with `f`.
+    fn of_obj(&self, obj: u64, f: impl FnOnce(&mut (u32, u32))) {
+        f(self.per_obj.lock().unwrap().entry(obj).or_default());
+    }
+}
+
 /// Data: the object number.
 pub struct Obj {
     pub obj: u64,
@@ -73,24 +80,13 @@ impl SuperOperations for TestFs {
     }
     fn evict_inode(&self, inode: &Inode<Self>) {
         self.counts.evicts.fetch_add(1, Ordering::SeqCst);
-        self.counts
-            .per_obj
-            .lock()
-            .unwrap()
-            .entry(inode.data().obj)
-            .or_default()
-            .0 += 1;
+        self.counts.of_obj(inode.data().obj, |(evicts, _)| *evicts += 1);
         self.gate.enter();
     }
     fn destroy_inode(&self, inode: &Inode<Self>) {
         self.counts.destroys.fetch_add(1, Ordering::SeqCst);
         self.counts
-            .per_obj
-            .lock()
-            .unwrap()
-            .entry(inode.data().obj)
-            .or_default()
-            .1 += 1;
+            .of_obj(inode.data().obj, |(_, destroys)| *destroys += 1);
     }
 }
 

@@ -175,17 +175,7 @@ impl Mounted {
     pub fn stop_with(&mut self, sig: nix::sys::signal::Signal, within: Duration) -> Option<ExitStatus> {
         let child = self.child.as_mut()?;
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig);
-        let deadline = Instant::now() + within;
-        loop {
-            if let Ok(Some(st)) = child.try_wait() {
-                self.child = None;
-                return Some(st);
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.wait_exit(within)
     }
 
     /// Waits up to `within` for the server to exit by itself.
