@@ -59,34 +59,41 @@ pub(crate) struct Arena {
 }
 
 impl Arena {
+    #[inline]
     pub fn node(&self, id: NodeId) -> &Node {
         self.slots[id as usize].as_ref().expect("live node")
     }
 
+    #[inline]
     pub fn node_mut(&mut self, id: NodeId) -> &mut Node {
         self.slots[id as usize].as_mut().expect("live node")
     }
 
+    #[inline]
     pub(super) fn wait(&self, id: NodeId) -> Option<&WaitLinks> {
         self.waits.get(id as usize).and_then(|w| w.as_deref())
     }
 
     /// `flc_blocker` of record `id`.
+    #[inline]
     pub fn blocker(&self, id: NodeId) -> Option<NodeId> {
         self.wait(id).and_then(|w| w.blocker)
     }
 
     /// The direct waiters of record `id`, oldest first.
+    #[inline]
     pub fn children(&self, id: NodeId) -> &[NodeId] {
         self.wait(id).map_or(&[], |w| &w.children)
     }
 
     /// The wait cell of request `id`; `None` for a granted lock.
+    #[inline]
     pub fn waiter(&self, id: NodeId) -> Option<&crate::sync::Arc<WaitCell>> {
         self.wait(id).and_then(|w| w.waiter.as_ref())
     }
 
     /// The wait links of record `id`, made on first use.
+    #[inline]
     pub(super) fn wait_mut(&mut self, id: NodeId) -> &mut WaitLinks {
         if self.waits.is_empty() {
             self.waits.reserve_exact(self.slots.capacity());
@@ -96,10 +103,12 @@ impl Arena {
     }
 
     /// The wait links of record `id`, if it has any.
+    #[inline]
     pub(super) fn wait_links(&mut self, id: NodeId) -> Option<&mut WaitLinks> {
         self.waits.get_mut(id as usize).and_then(|w| w.as_deref_mut())
     }
 
+    #[inline]
     pub(super) fn take_children(&mut self, id: NodeId) -> Vec<NodeId> {
         self.wait_links(id)
             .map(|w| std::mem::take(&mut w.children))
@@ -107,6 +116,7 @@ impl Arena {
     }
 
     /// Frees the wait links of record `id` once they hold nothing.
+    #[inline]
     pub(super) fn shrink(&mut self, id: NodeId) {
         if let Some(w) = self.waits.get_mut(id as usize) {
             if w.as_ref()
@@ -117,6 +127,7 @@ impl Arena {
         }
     }
 
+    #[inline]
     pub(super) fn alloc(&mut self, fl: FileLock) -> NodeId {
         let n = Node {
             fl,
@@ -148,6 +159,7 @@ impl Arena {
         }
     }
 
+    #[inline]
     pub(super) fn release(&mut self, id: NodeId) {
         self.slots[id as usize] = None;
         if let Some(w) = self.waits.get_mut(id as usize) {
