@@ -153,6 +153,13 @@ pub struct CheckArgs {
     /// The library's wake setting.
     #[arg(long, value_enum, default_value_t = Wake::Tree)]
     pub wake: Wake,
+    /// The kernel target's directory, instead of a fresh one under /dev/shm per scenario
+    /// (any mounted filesystem, e.g. a FUSE mount). Repeated, mixed replays as with
+    /// `locks replay --dir`: the first is the source, the others show its files; a
+    /// scenario a mixed replay cannot judge (a cycle, OFD or `interrupt` steps) is
+    /// listed as skipped, with why.
+    #[arg(long = "dir", value_name = "DIR")]
+    pub dirs: Vec<PathBuf>,
 }
 
 fn parse_workload(s: &str) -> Result<Workload, String> {
