@@ -162,7 +162,7 @@ fn release_drops_ofd_locks_and_mountpoints_share_locks() {
     );
 }
 
-/// Sends `sig` to `w` and reaps it within 2 s; else says where it is stuck: its state,
+/// Sends `sig` to `w` and reaps it within 5 s (a loaded machine has taken 2); else says where it is stuck: its state,
 /// `wchan` and kernel stack (root) and how long it was given (a waiter still blocked in
 /// its FUSE request after a fatal signal waits for the server's answer: a lost interrupt).
 fn signal_and_reap(
@@ -172,7 +172,7 @@ fn signal_and_reap(
     let pid = w.id();
     let t = Instant::now();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).unwrap();
-    while t.elapsed() < Duration::from_secs(2) {
+    while t.elapsed() < Duration::from_secs(5) {
         if let Some(st) = w.try_wait().unwrap() {
             return Ok(st);
         }
