@@ -93,9 +93,12 @@
 //!
 //! Before a grant is answered, the client's caches of the file go if the source file may
 //! have changed since this connection's last grant ([`Mirror::grant_begin`]): its times
-//! and size differ from those then seen. The check costs no `stat` while the server held
-//! the lock that excludes every host lock of the kind without a break since that grant
-//! (what a hand-off among clients keeps), and no other connection was granted one.
+//! and size differ from those then seen, or were seen too soon after the change time to
+//! tell (a coarse clock's tick; at once where the filesystem gives every change after a
+//! `stat` a new change time, `mirror/ctime.rs`). The check costs no `stat` while the
+//! server held the lock that excludes every host lock of the kind without a break since
+//! that grant (what a hand-off among clients keeps), and no other connection was granted
+//! one.
 //!
 //! A change the client made itself through the server (`SETATTR`: a truncate, a `chmod`,
 //! new times) is no host's: the reply carried the file's new attributes, and its data
@@ -694,10 +697,10 @@ impl Mirror {
         s: i64,
         e: i64,
     ) -> Option<(LockType, i64, i64, i32)> {
-        let mut st = self.state.lock();
-        self.desc(&mut st, Some(open))
-            .ok()
-            .and_then(|(fd, _)| mirror_getlk(fd.as_raw_fd(), ty, s, e).ok().flatten())
+        // Asked after the mutex: the description's own locks, which other requests change
+        // meanwhile, are left out of the answer anyway.
+        let (fd, _) = self.desc(&mut self.state.lock(), Some(open)).ok()?;
+        mirror_getlk(fd.as_raw_fd(), ty, s, e).ok().flatten()
     }
 
     /// Raises the mirror to `ty` over `[s, e]` (step 1 of the module docs); false: a

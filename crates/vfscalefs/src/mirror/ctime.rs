@@ -8,7 +8,7 @@
 //! in the locked file's directory, whose mode is set again and again, each time right
 //! after a `stat`. Every change must show a new change time; with a coarse clock,
 //! changes microseconds apart share one. Where the probe cannot run (a read-only
-//! source, no `O_TMPFILE`), the answer is no.
+//! source, no `O_TMPFILE`), the answer is no, and the next locked file asks again.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd};
@@ -28,11 +28,14 @@ pub fn fine_ctime(file: BorrowedFd<'_>, dev: u64) -> bool {
     if let Some(&fine) = known.lock().get(&dev) {
         return fine;
     }
-    let fine = probe(file).unwrap_or(false);
-    *known.lock().entry(dev).or_insert(fine)
+    match probe(file, dev) {
+        Some(fine) => *known.lock().entry(dev).or_insert(fine),
+        // Asked again for the next file: the probe could not run for this one.
+        None => false,
+    }
 }
 
-fn probe(file: BorrowedFd<'_>) -> Option<bool> {
+fn probe(file: BorrowedFd<'_>, dev: u64) -> Option<bool> {
     let path = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()?;
     let dir = std::ffi::CString::new(path.parent()?.as_os_str().as_encoded_bytes()).ok()?;
     // SAFETY: a NUL-terminated path; the descriptor returned is owned below.
@@ -49,7 +52,12 @@ fn probe(file: BorrowedFd<'_>) -> Option<bool> {
     // SAFETY: `fd` was just opened and nothing else owns it.
     let tmp = unsafe { OwnedFd::from_raw_fd(fd) };
     let ctime = |st: libc::stat64| (st.st_ctime, st.st_ctime_nsec);
-    let mut last = ctime(crate::sys::stat_fd(tmp.as_fd()).ok()?);
+    let first = crate::sys::stat_fd(tmp.as_fd()).ok()?;
+    if first.st_dev != dev {
+        // The file's path led elsewhere (renamed meanwhile): no answer for its filesystem.
+        return None;
+    }
+    let mut last = ctime(first);
     for _ in 0..PROBE_CHANGES {
         // SAFETY: fchmod on a descriptor held above.
         if unsafe { libc::fchmod(tmp.as_raw_fd(), 0o600) } != 0 {
