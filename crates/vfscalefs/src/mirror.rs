@@ -1176,6 +1176,73 @@ impl HostWait {
 mod tests {
     use super::*;
 
+    /// A `stat` of times `ctime` (change and modification) and size `size`.
+    fn stat_of(ctime: (i64, i64), size: i64) -> libc::stat64 {
+        // SAFETY: a zeroed `stat64` is valid; the fields used are set below.
+        let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
+        (st.st_ctime, st.st_ctime_nsec) = ctime;
+        (st.st_mtime, st.st_mtime_nsec) = ctime;
+        st.st_size = size;
+        st
+    }
+
+    /// A mirror whose source filesystem is taken to have fine change times or not.
+    fn mirror(fine: bool) -> Mirror {
+        let m = Mirror::new(&Arc::new(MirrorBudget::default()));
+        let _ = m.fine_ctime.set(fine);
+        m
+    }
+
+    #[test]
+    fn an_own_change_vouches_only_where_the_view_before_it_did() {
+        let m = mirror(true);
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let fd = null.as_fd();
+        let a = stat_of((100, 1), 10);
+        assert!(m.source_changed(0, &a, fd), "the first grant's check");
+        assert!(
+            !m.source_changed(0, &a, fd),
+            "unchanged, and fine times vouch at once"
+        );
+        let b = stat_of((100, 2), 20);
+        m.own_change(0, &a, &b, fd);
+        assert!(!m.source_changed(0, &b, fd), "the connection's own change");
+        assert!(
+            m.source_changed(1, &b, fd),
+            "another connection's caches did not see it"
+        );
+        // A host change (c) before the own change (d): the view did not vouch for c.
+        let (c, d) = (stat_of((100, 3), 20), stat_of((100, 4), 20));
+        m.own_change(0, &c, &d, fd);
+        assert!(
+            m.source_changed(0, &d, fd),
+            "the host's change hidden by the own change"
+        );
+    }
+
+    #[test]
+    fn a_coarse_view_vouches_a_tick_after_the_change_time() {
+        let m = mirror(false);
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let fd = null.as_fd();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        let fresh = stat_of((now.as_secs() as i64, now.subsec_nanos() as i64), 10);
+        assert!(m.source_changed(0, &fresh, fd));
+        assert!(
+            m.source_changed(0, &fresh, fd),
+            "a change within the same tick would not show"
+        );
+        let old = stat_of((now.as_secs() as i64 - 1, 0), 10);
+        assert!(m.source_changed(0, &old, fd));
+        assert!(!m.source_changed(0, &old, fd));
+        // An own change on a coarse filesystem leaves a view that does not vouch yet.
+        let after = stat_of((now.as_secs() as i64, now.subsec_nanos() as i64), 10);
+        m.own_change(0, &old, &after, fd);
+        assert!(m.source_changed(0, &after, fd));
+    }
+
     #[test]
     fn ranges_split_and_merge() {
         let mut r = MirrorRanges::default();
