@@ -93,13 +93,26 @@
 //!
 //! Before a grant is answered, the client's caches of the file go if the source file may
 //! have changed since this connection's last grant ([`Mirror::grant_begin`]): its times
-//! and size differ from those then seen. The check costs no `stat` while the server held
-//! the lock that excludes every host lock of the kind without a break since that grant
-//! (what a hand-off among clients keeps), and no other connection was granted one.
+//! and size differ from those then seen, or were seen too soon after the change time to
+//! tell (a coarse clock's tick; at once where the filesystem gives every change after a
+//! `stat` a new change time, `mirror/ctime.rs`). The check costs no `stat` while the
+//! server held the lock that excludes every host lock of the kind without a break since
+//! that grant (what a hand-off among clients keeps), and no other connection was granted
+//! one.
+//!
+//! A change the client made itself through the server (`SETATTR`: a truncate, a `chmod`,
+//! new times) is no host's: the reply carried the file's new attributes, and its data
+//! cache holds what it held before. So where the connection's remembered view vouched
+//! for the file just before that change, the view after it is remembered instead
+//! ([`Mirror::own_change`]), and the next grant finds nothing new. A host change in the
+//! microseconds between the server's `stat` and its own change would be taken for part
+//! of it (NFS's pre- and post-operation attributes, without the server's atomicity).
+
+mod ctime;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
-use std::os::fd::{AsFd as _, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd as _, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -341,14 +354,46 @@ impl AsRawFd for MirrorFd {
 /// to mean "unchanged" (see [`Mirror::source_changed`]).
 pub const MIRROR_TICK_NS: i128 = 50_000_000;
 
-/// The source file as a grant's invalidation saw it: change and modification times,
-/// size, and when (nanoseconds since the epoch).
+/// The source file as a connection's caches hold it: change and modification times,
+/// size, when that was seen (nanoseconds since the epoch), and whether its filesystem
+/// shows every later change in the change time (`ctime.rs`).
 #[derive(Clone, Copy, Debug)]
 struct MirrorSeen {
     ctime: (i64, i64),
     mtime: (i64, i64),
     size: i64,
     at: i128,
+    fine: bool,
+}
+
+impl MirrorSeen {
+    fn of(st: &libc::stat64, fine: bool) -> MirrorSeen {
+        MirrorSeen {
+            ctime: (st.st_ctime, st.st_ctime_nsec),
+            mtime: (st.st_mtime, st.st_mtime_nsec),
+            size: st.st_size,
+            at: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as i128)
+                .unwrap_or(0),
+            fine,
+        }
+    }
+
+    /// Whether the file, `st` now, is unchanged since this view: the same times and
+    /// size, and no change since can hide behind equal times (a fine change time, or
+    /// the view taken [`MIRROR_TICK_NS`] after the change time: timestamps from a coarse
+    /// clock do not show a change within the same tick).
+    fn vouches_for(&self, st: &libc::stat64) -> bool {
+        let changed_at = self.ctime.0 as i128 * 1_000_000_000 + self.ctime.1 as i128;
+        (self.ctime, self.mtime, self.size)
+            == (
+                (st.st_ctime, st.st_ctime_nsec),
+                (st.st_mtime, st.st_mtime_nsec),
+                st.st_size,
+            )
+            && (self.fine || self.at - changed_at >= MIRROR_TICK_NS)
+    }
 }
 
 /// How long the source lock may stay held through direct hand-offs among clients
@@ -446,6 +491,9 @@ pub struct Mirror {
     budget: Arc<MirrorBudget>,
     /// Per connection, the source file as its last grant's invalidation saw it.
     seen: Mutex<Vec<Option<MirrorSeen>>>,
+    /// Whether the source file's change time shows every change made after a `stat`
+    /// (`ctime.rs`), once asked.
+    fine_ctime: OnceLock<bool>,
     /// Serializes raise → `vfscale-locks` → lower per inode (lock order: this, then the
     /// inode's lock owners, then `vfscale-locks`'s own).
     pub state: Mutex<MirrorLocks>,
@@ -468,41 +516,48 @@ impl Mirror {
         Mirror {
             budget: budget.clone(),
             seen: Mutex::new(Vec::new()),
+            fine_ctime: OnceLock::new(),
             state: Mutex::new(MirrorLocks::default()),
         }
     }
 
-    /// Whether the source file (`st` now) may have changed since connection `conn`'s
-    /// last grant invalidated its caches; if so, `st` is remembered for the next grant.
-    /// Unchanged means the same change and modification times and size, remembered at
-    /// least [`MIRROR_TICK_NS`] after the change time: timestamps come from a coarse
-    /// clock, so a change within the same tick as the remembered one would not show.
+    /// Whether the source file (`st` now, through `file`) may have changed since
+    /// connection `conn`'s caches were last known to hold it (its last grant's check, or
+    /// its own change since); if so, `st` is remembered for the next grant. Unchanged
+    /// means that the remembered view vouches for `st` (`MirrorSeen::vouches_for`).
     /// (Writes through a shared mapping update the times late: such a change may be
     /// missed.)
-    pub fn source_changed(&self, conn: usize, st: &libc::stat64) -> bool {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as i128)
-            .unwrap_or(0);
-        let cur = MirrorSeen {
-            ctime: (st.st_ctime, st.st_ctime_nsec),
-            mtime: (st.st_mtime, st.st_mtime_nsec),
-            size: st.st_size,
-            at: now,
-        };
+    pub fn source_changed(&self, conn: usize, st: &libc::stat64, file: BorrowedFd<'_>) -> bool {
+        let cur = MirrorSeen::of(st, self.fine_ctime(st, file));
         let mut seen = self.seen.lock();
         if seen.len() <= conn {
             seen.resize(conn + 1, None);
         }
-        let same = seen[conn].is_some_and(|p| {
-            let changed_at = p.ctime.0 as i128 * 1_000_000_000 + p.ctime.1 as i128;
-            (p.ctime, p.mtime, p.size) == (cur.ctime, cur.mtime, cur.size)
-                && p.at - changed_at >= MIRROR_TICK_NS
-        });
+        let same = seen[conn].is_some_and(|p| p.vouches_for(st));
         if !same {
             seen[conn] = Some(cur);
         }
         !same
+    }
+
+    /// Connection `conn` changed the source file itself (`file`; a `SETATTR` through the
+    /// server), which was `before` just before and is `after` now: if the connection's
+    /// remembered view vouched for `before`, its caches hold `after` (the reply carries
+    /// it), which is remembered instead. Else the view stays, and the next grant's check
+    /// finds the file changed, as a host's change must be found.
+    pub fn own_change(&self, conn: usize, before: &libc::stat64, after: &libc::stat64, file: BorrowedFd<'_>) {
+        let cur = MirrorSeen::of(after, self.fine_ctime(after, file));
+        let mut seen = self.seen.lock();
+        if let Some(p) = seen.get_mut(conn) {
+            if p.is_some_and(|p| p.vouches_for(before)) {
+                *p = Some(cur);
+            }
+        }
+    }
+
+    /// Whether the source file's change time shows every change made after a `stat`.
+    fn fine_ctime(&self, st: &libc::stat64, file: BorrowedFd<'_>) -> bool {
+        *self.fine_ctime.get_or_init(|| ctime::fine_ctime(file, st.st_dev))
     }
 
     /// The coherence check of a grant of `kind` to connection `conn`, begun under the
@@ -543,9 +598,12 @@ impl Mirror {
         let GrantCheck::Stat { kind, cover, desc } = check else {
             return;
         };
-        let changed = match desc.map(|d| crate::sys::stat_fd(d.fd.as_fd())) {
-            Some(Ok(st)) => self.source_changed(conn, &st),
-            _ => true,
+        let changed = match &desc {
+            Some(d) => match crate::sys::stat_fd(d.fd.as_fd()) {
+                Ok(st) => self.source_changed(conn, &st, d.fd.as_fd()),
+                Err(_) => true,
+            },
+            None => true,
         };
         if changed {
             inval();
@@ -639,10 +697,10 @@ impl Mirror {
         s: i64,
         e: i64,
     ) -> Option<(LockType, i64, i64, i32)> {
-        let mut st = self.state.lock();
-        self.desc(&mut st, Some(open))
-            .ok()
-            .and_then(|(fd, _)| mirror_getlk(fd.as_raw_fd(), ty, s, e).ok().flatten())
+        // Asked after the mutex: the description's own locks, which other requests change
+        // meanwhile, are left out of the answer anyway.
+        let (fd, _) = self.desc(&mut self.state.lock(), Some(open)).ok()?;
+        mirror_getlk(fd.as_raw_fd(), ty, s, e).ok().flatten()
     }
 
     /// Raises the mirror to `ty` over `[s, e]` (step 1 of the module docs); false: a
@@ -1117,6 +1175,73 @@ impl HostWait {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `stat` of times `ctime` (change and modification) and size `size`.
+    fn stat_of(ctime: (i64, i64), size: i64) -> libc::stat64 {
+        // SAFETY: a zeroed `stat64` is valid; the fields used are set below.
+        let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
+        (st.st_ctime, st.st_ctime_nsec) = ctime;
+        (st.st_mtime, st.st_mtime_nsec) = ctime;
+        st.st_size = size;
+        st
+    }
+
+    /// A mirror whose source filesystem is taken to have fine change times or not.
+    fn mirror(fine: bool) -> Mirror {
+        let m = Mirror::new(&Arc::new(MirrorBudget::default()));
+        let _ = m.fine_ctime.set(fine);
+        m
+    }
+
+    #[test]
+    fn an_own_change_vouches_only_where_the_view_before_it_did() {
+        let m = mirror(true);
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let fd = null.as_fd();
+        let a = stat_of((100, 1), 10);
+        assert!(m.source_changed(0, &a, fd), "the first grant's check");
+        assert!(
+            !m.source_changed(0, &a, fd),
+            "unchanged, and fine times vouch at once"
+        );
+        let b = stat_of((100, 2), 20);
+        m.own_change(0, &a, &b, fd);
+        assert!(!m.source_changed(0, &b, fd), "the connection's own change");
+        assert!(
+            m.source_changed(1, &b, fd),
+            "another connection's caches did not see it"
+        );
+        // A host change (c) before the own change (d): the view did not vouch for c.
+        let (c, d) = (stat_of((100, 3), 20), stat_of((100, 4), 20));
+        m.own_change(0, &c, &d, fd);
+        assert!(
+            m.source_changed(0, &d, fd),
+            "the host's change hidden by the own change"
+        );
+    }
+
+    #[test]
+    fn a_coarse_view_vouches_a_tick_after_the_change_time() {
+        let m = mirror(false);
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let fd = null.as_fd();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        let fresh = stat_of((now.as_secs() as i64, now.subsec_nanos() as i64), 10);
+        assert!(m.source_changed(0, &fresh, fd));
+        assert!(
+            m.source_changed(0, &fresh, fd),
+            "a change within the same tick would not show"
+        );
+        let old = stat_of((now.as_secs() as i64 - 1, 0), 10);
+        assert!(m.source_changed(0, &old, fd));
+        assert!(!m.source_changed(0, &old, fd));
+        // An own change on a coarse filesystem leaves a view that does not vouch yet.
+        let after = stat_of((now.as_secs() as i64, now.subsec_nanos() as i64), 10);
+        m.own_change(0, &old, &after, fd);
+        assert!(m.source_changed(0, &after, fd));
+    }
 
     #[test]
     fn ranges_split_and_merge() {

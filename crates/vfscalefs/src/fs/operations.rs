@@ -71,6 +71,10 @@ impl Conn {
         let i = self.inode_of(ino)?;
         let fd = self.srv.inode_fd(&i)?;
         let h = set.fh.and_then(|fh| Some((fh, self.handle(fh)?)));
+        // A locked file: the change is this client's own, not a host's, for its next
+        // grant's coherence check (`Mirror::own_change`).
+        let mirror = i.source_mirror_if_any();
+        let before = mirror.and_then(|_| sys::stat_fd(fd.as_fd()).ok());
         if set.uid.is_some() || set.gid.is_some() {
             sys::chown_fd(fd.as_fd(), set.uid, set.gid)?;
         }
@@ -100,6 +104,9 @@ impl Conn {
             }
         }
         let st = sys::stat_fd(fd.as_fd())?;
+        if let (Some(m), Some(before)) = (mirror, &before) {
+            m.own_change(self.idx, before, &st, fd.as_fd());
+        }
         Ok(attr(&i, &st))
     }
 
