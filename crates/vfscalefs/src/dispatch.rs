@@ -8,11 +8,12 @@
 //! and parks the others until requests queue up or one in hand may block.
 //!
 //! A request may block when it can wait on something outside this server's control for
-//! long: I/O on file data (`READ`, `WRITE`, `FSYNC`, ...), lock requests (a grant waits
-//! for the client's cache to be invalidated), and anything [`may_block`] does not know.
-//! The others are answered from one or a few syscalls on the source (`FLUSH` and
-//! `RELEASE` release locks; the waiters they grant are answered from the lock driver's
-//! thread). One of them that runs long anyway (a write-back at `FLUSH` on a network
+//! long: I/O on file data (`READ`, `WRITE`, `FSYNC`, ...) and anything [`may_block`] does
+//! not know. The others are answered from one or a few syscalls on the source (`FLUSH`
+//! and `RELEASE` release locks; the waiters they grant are answered from the lock
+//! driver's thread). Lock requests are among them: one that must wait is parked, a wait
+//! for a holder on the source runs in a thread of its own, and a grant that waits for
+//! the client's cache to be invalidated says so with [`blocking`]. One of them that runs long anyway (a write-back at `FLUSH` on a network
 //! source, an open that breaks a lease, a truncate of a huge file) delays the requests
 //! behind it, not for long: a watchdog thread per connection wakes a spare once a
 //! request has been served for [`STALL`] with no thread reading. Code that is about to
@@ -291,6 +292,8 @@ pub fn may_block(opcode: u32) -> bool {
             | op::READDIRPLUS
             | op::RELEASEDIR
             | op::GETLK
+            | op::SETLK
+            | op::SETLKW
             | op::INTERRUPT
             | op::LSEEK
     )
@@ -338,7 +341,7 @@ mod tests {
     }
 
     #[test]
-    fn metadata_is_served_inline_and_data_and_locks_hand_off() {
+    fn metadata_and_locks_are_served_inline_and_data_hands_off() {
         for op in [
             op::LOOKUP,
             op::GETATTR,
@@ -346,10 +349,12 @@ mod tests {
             op::CREATE,
             op::FLUSH,
             op::RELEASE,
+            op::SETLK,
+            op::SETLKW,
         ] {
             assert!(!may_block(op), "{op}");
         }
-        for op in [op::READ, op::WRITE, op::FSYNC, op::SETLKW, op::SETLK, 9999] {
+        for op in [op::READ, op::WRITE, op::FSYNC, 9999] {
             assert!(may_block(op), "{op}");
         }
     }
