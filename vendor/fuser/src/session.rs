@@ -197,6 +197,11 @@ impl<FS: Filesystem> Session<FS> {
         };
 
         session.handshake()?;
+        // Not canonicalised: that would look the mount up before its rings serve.
+        #[cfg(target_os = "linux")]
+        if let Some(rings) = &mut session.rings {
+            rings.kick_path = std::path::absolute(mountpoint).ok();
+        }
 
         Ok(session)
     }

@@ -222,6 +222,16 @@ impl RingEntry {
         }
     }
 
+    /// `pid` of the caller of the request the kernel put in the entry.
+    ///
+    /// # Safety
+    /// As for [`RingEntry::request`].
+    pub(crate) unsafe fn header_pid(&self) -> u32 {
+        // SAFETY: the caller has the entry; the header is in the mapping.
+        let h = unsafe { &*self.header() };
+        u32::from_ne_bytes(h.in_out[32..36].try_into().unwrap_or([0; 4]))
+    }
+
     /// `unique` of the request the kernel put in the entry.
     ///
     /// # Safety

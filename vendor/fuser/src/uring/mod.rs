@@ -26,6 +26,7 @@
 
 mod abi;
 mod entry;
+mod kick;
 mod queue;
 mod reply;
 mod stats;
@@ -119,6 +120,8 @@ pub(crate) struct Rings {
     pub(crate) shared: Vec<Arc<QueueShared>>,
     depth: usize,
     payload_size: usize,
+    /// The mountpoint, for the kickers (none without one: see [`kick`]).
+    pub(crate) kick_path: Option<std::path::PathBuf>,
 }
 
 impl fmt::Debug for Rings {
@@ -197,6 +200,7 @@ pub(crate) fn prepare(
         shared,
         depth: asked.depth.max(1),
         payload_size,
+        kick_path: None,
     })
 }
 
@@ -212,6 +216,10 @@ pub(crate) fn spawn<FS: Filesystem>(
     let mut threads = Vec::with_capacity(rings.rings.len());
     for (ring, shared) in rings.rings.into_iter().zip(rings.shared) {
         let qid = usize::from(shared.qid);
+        let kicker = match &rings.kick_path {
+            Some(p) => Some(kick::Kicker::spawn(shared.clone(), p.clone(), pin_to_cpu)?),
+            None => None,
+        };
         let q = queue::QueueThread {
             ring,
             shared,
@@ -225,12 +233,19 @@ pub(crate) fn spawn<FS: Filesystem>(
             ended: false,
             wake_buf: Box::leak(Box::new([0u8; 8])),
             said_many: false,
+            reserve: rings.depth,
+            kicker,
+            kick_mode: false,
+            kicks_issued: 0,
+            kicks_seen: 0,
+            exhausted: false,
+            deferred: Vec::new(),
         };
         threads.push(
             std::thread::Builder::new()
                 .name(format!("fuser-uring-{qid}"))
                 .spawn(move || {
-                    pin_to_cpu(qid);
+                    let _ = pin_to_cpu(qid);
                     q.run();
                 })?,
         );
@@ -238,14 +253,15 @@ pub(crate) fn spawn<FS: Filesystem>(
     Ok(threads)
 }
 
-/// Pins the calling thread to `cpu`; if that fails (an offline CPU) it runs unpinned.
-fn pin_to_cpu(cpu: usize) {
+/// Pins the calling thread to `cpu`; if that fails (an offline CPU) it runs unpinned
+/// and the answer is false.
+fn pin_to_cpu(cpu: usize) -> bool {
     // SAFETY: `cpu_set_t` is plain data, zero is a valid (empty) set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: CPU_SET checks nothing but writes within `set` for cpu < CPU_SETSIZE.
     if cpu >= libc::CPU_SETSIZE as usize {
-        return;
+        return false;
     }
+    // SAFETY: CPU_SET writes within `set` for cpu < CPU_SETSIZE, checked above.
     unsafe { libc::CPU_SET(cpu, &mut set) };
     // SAFETY: pid 0 is the calling thread; `set` is a live, initialised set.
     let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
@@ -255,6 +271,7 @@ fn pin_to_cpu(cpu: usize) {
             io::Error::last_os_error()
         );
     }
+    rc == 0
 }
 
 /// How many CPUs are possible (the kernel's `num_possible_cpus()`, its queue count).

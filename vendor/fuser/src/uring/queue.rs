@@ -31,6 +31,8 @@ use crate::request::RequestWithSender;
 use crate::session::SessionEventLoop;
 use crate::uring::abi;
 use crate::uring::entry::RingEntry;
+use crate::uring::kick::KICKERS;
+use crate::uring::kick::Kicker;
 use crate::uring::reply::Phase;
 use crate::uring::reply::QueueShared;
 use crate::uring::reply::RingReply;
@@ -39,6 +41,8 @@ use crate::uring::reply::RingReply;
 const WAKE: u64 = u64::MAX;
 /// Past this many entries on one queue, say so once: parked requests are piling up.
 const MANY_ENTRIES: usize = 65_536;
+/// The most entries a queue keeps fetching.
+const MAX_RESERVE: usize = 1024;
 /// How long a closed queue waits for its fetches to be cancelled before it leaves
 /// their buffers to the kernel for good.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
@@ -62,6 +66,21 @@ pub(crate) struct QueueThread<FS: Filesystem> {
     /// The eventfd read's buffer: leaked, as the kernel may fill it after the thread ends.
     pub(crate) wake_buf: &'static mut [u8; 8],
     pub(crate) said_many: bool,
+    /// Entries kept fetching: `depth`, multiplied by 4 (up to [`MAX_RESERVE`]) each time the
+    /// queue ran out, so that a burst of that size finds entries next time.
+    pub(crate) reserve: usize,
+    /// Drains the kernel's list after the queue ran out (see [`kick`](super::kick)).
+    pub(crate) kicker: Option<Kicker>,
+    /// The kernel may hold requests in its list: ask for kicks.
+    pub(crate) kick_mode: bool,
+    /// Kicks asked for in this kick mode...
+    pub(crate) kicks_issued: usize,
+    /// ...and those whose request reached this queue.
+    pub(crate) kicks_seen: usize,
+    /// Every fetching entry got a request in the last batch.
+    pub(crate) exhausted: bool,
+    /// Completions reaped early (right after a kick's commit), handled next.
+    pub(crate) deferred: Vec<(u64, i32)>,
 }
 
 impl<FS: Filesystem> QueueThread<FS> {
@@ -85,6 +104,7 @@ impl<FS: Filesystem> QueueThread<FS> {
                 break;
             }
             let waited = match closing {
+                None if !self.deferred.is_empty() => self.ring.submit(),
                 None => self.ring.submit_and_wait(1),
                 Some(t) if t.elapsed() < CLOSE_GRACE => {
                     let ts = types::Timespec::new().nsec(100_000_000);
@@ -115,6 +135,7 @@ impl<FS: Filesystem> QueueThread<FS> {
                 }
             }
             cqes.clear();
+            cqes.append(&mut self.deferred);
             cqes.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
             for &(ud, res) in &cqes {
                 if ud == WAKE {
@@ -126,12 +147,17 @@ impl<FS: Filesystem> QueueThread<FS> {
                 }
             }
             if !self.ended && closing.is_none() {
+                if std::mem::take(&mut self.exhausted) {
+                    self.reserve = (self.reserve * 4).min(MAX_RESERVE).max(self.depth);
+                    self.kick_mode = true;
+                }
                 if let Err(e) = self.top_up() {
                     error!(
                         "io_uring queue {}: cannot register an entry: {e}",
                         self.shared.qid
                     );
                 }
+                self.maybe_kick();
             }
         }
     }
@@ -142,6 +168,9 @@ impl<FS: Filesystem> QueueThread<FS> {
             return;
         };
         self.fetching -= 1;
+        if self.fetching == 0 && res >= 0 {
+            self.exhausted = true;
+        }
         if res < 0 {
             entry.slot.lock().phase = Phase::Replied;
             match -res {
@@ -174,6 +203,9 @@ impl<FS: Filesystem> QueueThread<FS> {
     fn dispatch(&mut self, entry: &Arc<RingEntry>) {
         // SAFETY: the fetch completed: the queue thread has the entry until dispatch ends.
         let unique = unsafe { entry.header_unique() };
+        // SAFETY: as above.
+        let pid = unsafe { entry.header_pid() };
+        let kick = self.kicker.as_ref().is_some_and(|k| k.is_kick(pid));
         {
             let mut slot = entry.slot.lock();
             slot.phase = Phase::Dispatching;
@@ -211,6 +243,10 @@ impl<FS: Filesystem> QueueThread<FS> {
                 slot.phase = Phase::Fetching;
                 drop(slot);
                 self.commit(entry);
+                if kick {
+                    self.kicks_seen += 1;
+                    self.kick_mode = self.fetched_inline(entry.index);
+                }
             }
             Phase::Dispatching => {
                 slot.phase = Phase::Parked;
@@ -233,6 +269,47 @@ impl<FS: Filesystem> QueueThread<FS> {
         }
     }
 
+    /// Submits now, and tells whether entry `index` (just committed) was given a request
+    /// at once: one the kernel had queued. Reaped completions are kept for the loop.
+    fn fetched_inline(&mut self, index: u32) -> bool {
+        if let Err(e) = self.ring.submit() {
+            error!("io_uring queue {}: submit failed: {e}", self.shared.qid);
+            return false;
+        }
+        let before = self.deferred.len();
+        self.deferred
+            .extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+        self.deferred[before..]
+            .iter()
+            .any(|&(ud, res)| ud == u64::from(index) && res >= 0)
+    }
+
+    /// In kick mode, keeps [`KICKERS`] kicks in flight; leaves kick mode when kicks
+    /// could not reach this queue.
+    fn maybe_kick(&mut self) {
+        let Some(k) = &self.kicker else {
+            self.kick_mode = false;
+            return;
+        };
+        if !self.kick_mode || !k.ready() {
+            self.kick_mode = false;
+            if k.in_flight() == 0 {
+                (self.kicks_issued, self.kicks_seen) = (0, 0);
+            }
+            return;
+        }
+        // Every kick answered, yet some never reached this queue.
+        if k.in_flight() == 0 && self.kicks_issued > self.kicks_seen {
+            self.kick_mode = false;
+            (self.kicks_issued, self.kicks_seen) = (0, 0);
+            return;
+        }
+        while k.in_flight() < KICKERS {
+            self.kicks_issued += 1;
+            k.kick();
+        }
+    }
+
     /// Queues `COMMIT_AND_FETCH` for `entry`, whose reply is written.
     fn commit(&mut self, entry: &Arc<RingEntry>) {
         let commit_id = entry.unique.load(Ordering::Acquire);
@@ -248,9 +325,9 @@ impl<FS: Filesystem> QueueThread<FS> {
         self.fetching += 1;
     }
 
-    /// Registers new entries until `depth` are fetching.
+    /// Registers new entries until `reserve` are fetching.
     fn top_up(&mut self) -> io::Result<()> {
-        while self.fetching < self.depth {
+        while self.fetching < self.reserve {
             let index = u32::try_from(self.entries.len())
                 .map_err(|_| io::Error::other("too many entries"))?;
             let entry = Arc::new(RingEntry::new(index, self.payload_size)?);

@@ -57,7 +57,7 @@ pub(crate) struct QueueShared {
 impl QueueShared {
     pub(crate) fn new(qid: u16) -> io::Result<QueueShared> {
         // SAFETY: eventfd(2) takes no pointers; a descriptor it returns is ours to own.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
