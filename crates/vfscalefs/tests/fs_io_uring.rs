@@ -9,7 +9,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read as _, Seek as _, Write as _};
 use std::os::fd::AsRawFd as _;
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -49,18 +49,23 @@ impl Drop for Param {
     }
 }
 
-fn skip() -> Option<String> {
-    if let Some(why) = cannot_mount() {
-        return Some(why);
-    }
-    if !Path::new(PARAM).exists() {
-        return Some(format!("no {PARAM} (a kernel without FUSE over io_uring)"));
-    }
+/// The parameter held at `value`, or `None` (with a SKIP line) where these tests cannot
+/// run.
+fn param(value: &str) -> Option<Param> {
+    let why = match cannot_mount() {
+        Some(why) => why,
+        None if !Path::new(PARAM).exists() => {
+            format!("no {PARAM} (a kernel without FUSE over io_uring)")
+        }
+        None => return Some(Param::set(value)),
+    };
+    say(&format!("SKIP: {why}"));
     None
 }
 
-/// Sends the server's stderr to a file while it starts; gives the file back.
-fn start_logged(opts: &str) -> (Mounted, PathBuf) {
+/// Starts the server with its stderr sent to a file; gives back what it printed at
+/// mount.
+fn start_logged(opts: &str) -> (Mounted, String) {
     let log = std::env::temp_dir().join(format!(
         "vfscalefs-io-uring-{}-{}.log",
         std::process::id(),
@@ -79,11 +84,9 @@ fn start_logged(opts: &str) -> (Mounted, PathBuf) {
         libc::dup2(saved, 2);
         libc::close(saved);
     }
-    (m.unwrap(), log)
-}
-
-fn log_text(log: &Path) -> String {
-    std::fs::read_to_string(log).unwrap_or_default()
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    (m.unwrap(), text)
 }
 
 /// The server's threads named `prefix*`.
@@ -154,13 +157,10 @@ fn exercise_files(dir: &Path) {
 
 #[test]
 fn mount_over_io_uring_says_so_and_serves_files() {
-    if let Some(why) = skip() {
-        return say(&format!("SKIP: {why}"));
-    }
-    let _p = Param::set("Y");
-    let (m, log) = start_logged("io_uring_depth=4");
-    let text = log_text(&log);
-    let _ = std::fs::remove_file(&log);
+    let Some(_p) = param("Y") else {
+        return;
+    };
+    let (m, text) = start_logged("io_uring_depth=4");
     assert!(
         text.contains("requests over io_uring") && text.contains("depth 4"),
         "the mount's line: {text:?}"
@@ -175,13 +175,10 @@ fn mount_over_io_uring_says_so_and_serves_files() {
 
 #[test]
 fn refused_when_the_parameter_is_off() {
-    if let Some(why) = skip() {
-        return say(&format!("SKIP: {why}"));
-    }
-    let _p = Param::set("N");
-    let (m, log) = start_logged("io_uring");
-    let text = log_text(&log);
-    let _ = std::fs::remove_file(&log);
+    let Some(_p) = param("N") else {
+        return;
+    };
+    let (m, text) = start_logged("io_uring");
     assert!(
         text.contains("io_uring refused") && text.contains("enable_uring") && text.contains("/dev/fuse"),
         "the mount's line: {text:?}"
@@ -196,10 +193,9 @@ fn refused_when_the_parameter_is_off() {
 
 #[test]
 fn parked_wait_granted_later_and_interrupted() {
-    if let Some(why) = skip() {
-        return say(&format!("SKIP: {why}"));
-    }
-    let _p = Param::set("Y");
+    let Some(_p) = param("Y") else {
+        return;
+    };
     let m = Mounted::start(1, "io_uring").unwrap();
     let path = m.mounts[0].join("lk");
     let holder = File::create(&path).unwrap();
@@ -273,11 +269,10 @@ fn parked_wait_granted_later_and_interrupted() {
 /// and the unlock grants them all.
 #[test]
 fn a_thousand_parked_waiters_do_not_stall_the_queues() {
-    if let Some(why) = skip() {
-        return say(&format!("SKIP: {why}"));
-    }
+    let Some(_p) = param("Y") else {
+        return;
+    };
     const WAITERS: usize = 1000;
-    let _p = Param::set("Y");
     let m = Mounted::start(1, "io_uring").unwrap();
     let path = m.mounts[0].join("herd");
     let holder = File::create(&path).unwrap();
@@ -357,10 +352,9 @@ fn a_thousand_parked_waiters_do_not_stall_the_queues() {
 /// them all, and the mount goes on.
 #[test]
 fn forgets_beside_the_rings() {
-    if let Some(why) = skip() {
-        return say(&format!("SKIP: {why}"));
-    }
-    let _p = Param::set("Y");
+    let Some(_p) = param("Y") else {
+        return;
+    };
     let m = Mounted::start(1, "io_uring").unwrap();
     for i in 0..2000 {
         File::create(m.source.join(format!("f{i}"))).unwrap();
@@ -385,10 +379,9 @@ fn forgets_beside_the_rings() {
 /// success.
 #[test]
 fn unmount_with_parked_waiters_ends_the_server() {
-    if let Some(why) = skip() {
-        return say(&format!("SKIP: {why}"));
-    }
-    let _p = Param::set("Y");
+    let Some(_p) = param("Y") else {
+        return;
+    };
     let mut m = Mounted::start(1, "io_uring").unwrap();
     let path = m.mounts[0].join("lk");
     let holder = File::create(&path).unwrap();
@@ -426,4 +419,18 @@ fn unmount_with_parked_waiters_ends_the_server() {
         .wait_exit(Duration::from_secs(20))
         .expect("the server did not end after the unmount");
     assert!(st.success(), "the server ended with {st}");
+}
+
+/// Bad `io_uring` options are refused before anything is mounted (exit status 2).
+#[test]
+fn bad_io_uring_options_are_refused() {
+    for opts in ["io_uring_depth=0", "io_uring_depth=x", "io_uring=1"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vfscalefs"))
+            .args(["/nonexistent-source", "/nonexistent-mountpoint", "-o", opts])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "-o {opts}: {err}");
+        assert!(err.contains("io_uring"), "-o {opts}: {err}");
+    }
 }
