@@ -434,3 +434,52 @@ fn bad_io_uring_options_are_refused() {
         assert!(err.contains("io_uring"), "-o {opts}: {err}");
     }
 }
+
+/// A herd of flock contenders through the mount, each taking and dropping the lock in
+/// a loop: bursts larger than the queues' entries wait in the kernel's lists, which
+/// must drain (they did not before the kickers: the herd hung). Every contender ends.
+#[test]
+fn a_lock_herd_finishes() {
+    let Some(_p) = param("Y") else {
+        return;
+    };
+    const CONTENDERS: usize = 300;
+    let m = Mounted::start(1, "io_uring").unwrap();
+    let path = m.mounts[0].join("herd");
+    File::create(&path).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (tx, rx) = mpsc::channel();
+    for _ in 0..CONTENDERS {
+        let (tx, p, stop) = (tx.clone(), path.clone(), stop.clone());
+        std::thread::Builder::new()
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                let f = File::open(&p).unwrap();
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // SAFETY: flock on a descriptor this thread owns.
+                    assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) }, 0);
+                    // SAFETY: as above.
+                    assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) }, 0);
+                    n += 1;
+                }
+                tx.send(n).unwrap();
+            })
+            .unwrap();
+    }
+    drop(tx);
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut total = 0;
+    for i in 0..CONTENDERS {
+        let left = deadline.saturating_duration_since(Instant::now());
+        total += rx
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("{i} of {CONTENDERS} contenders ended"));
+    }
+    say(&format!(
+        "{CONTENDERS} flock contenders: {total} lock/unlock pairs"
+    ));
+    assert!(total > 0);
+}

@@ -67,7 +67,8 @@ pub(crate) struct QueueThread<FS: Filesystem> {
     pub(crate) wake_buf: &'static mut [u8; 8],
     pub(crate) said_many: bool,
     /// Entries kept fetching: `depth`, multiplied by 4 (up to [`MAX_RESERVE`]) each time the
-    /// queue ran out, so that a burst of that size finds entries next time.
+    /// queue ran out and by 2 each time a kick found requests queued in the kernel, so
+    /// that a burst of that size finds entries next time.
     pub(crate) reserve: usize,
     /// Drains the kernel's list after the queue ran out (see [`kick`](super::kick)).
     pub(crate) kicker: Option<Kicker>,
@@ -149,6 +150,10 @@ impl<FS: Filesystem> QueueThread<FS> {
             if !self.ended && closing.is_none() {
                 if std::mem::take(&mut self.exhausted) {
                     self.reserve = (self.reserve * 4).min(MAX_RESERVE).max(self.depth);
+                    self.kick_mode = true;
+                } else if self.fetching * 2 < self.reserve {
+                    // Entries whose requests are not reaped yet may have left the kernel
+                    // none to give while we counted more: probe with a kick.
                     self.kick_mode = true;
                 }
                 if let Err(e) = self.top_up() {
@@ -246,6 +251,9 @@ impl<FS: Filesystem> QueueThread<FS> {
                 if kick {
                     self.kicks_seen += 1;
                     self.kick_mode = self.fetched_inline(entry.index);
+                    if self.kick_mode {
+                        self.reserve = (self.reserve * 2).min(MAX_RESERVE);
+                    }
                 }
             }
             Phase::Dispatching => {
