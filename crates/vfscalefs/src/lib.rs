@@ -232,6 +232,9 @@ pub struct Options {
     pub fd_cache: Option<u64>,
     /// Whether the clients' locks are held on the source too.
     pub source_locks: SourceLocks,
+    /// Carry requests over io_uring where the kernel allows it (`-o io_uring`,
+    /// `io_uring_depth=N`); `/dev/fuse` otherwise.
+    pub io_uring: Option<fuser::IoUringConfig>,
 }
 
 impl Default for Options {
@@ -251,6 +254,7 @@ impl Default for Options {
             inode_handles: HandleMode::Prefer,
             fd_cache: None,
             source_locks: SourceLocks::Mirror,
+            io_uring: None,
         }
     }
 }
@@ -308,6 +312,18 @@ impl Options {
                     }
                 }
                 "threads" => self.threads = num(v)?.clamp(1, 1024) as usize,
+                "io_uring" if v.is_none() => {
+                    self.io_uring.get_or_insert_with(fuser::IoUringConfig::default);
+                }
+                "io_uring_depth" => {
+                    let depth = num(v)?;
+                    if !(1..=4096).contains(&depth) {
+                        return Err(format!("option io_uring_depth: 1 to 4096, not {depth}"));
+                    }
+                    self.io_uring
+                        .get_or_insert_with(fuser::IoUringConfig::default)
+                        .depth = depth as usize;
+                }
                 "ttl" | "attr_timeout" | "entry_timeout" => self.ttl = Duration::from_millis(num(v)?),
                 _ => return Err(format!("unknown option {opt:?}")),
             }
@@ -678,6 +694,7 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
     };
     config.n_threads = Some(opts.threads.max(1));
     config.clone_fd = true;
+    config.io_uring = opts.io_uring;
 
     let mut sessions = Vec::new();
     let mut unmounters = Vec::new();
@@ -691,6 +708,9 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
         }
         match Session::new(fs::Conn::new(i, srv.clone()), mp, &config) {
             Ok(mut s) => {
+                if opts.io_uring.is_some() {
+                    eprintln!("vfscalefs: {}: {}", mp.display(), transport_line(s.transport()));
+                }
                 unmounters.push((mp.clone(), s.unmount_callable()));
                 sessions.push((mp.clone(), s));
             }
@@ -799,4 +819,22 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
         }
     }
     result
+}
+
+/// The mount's one line about its transport, when io_uring was asked for.
+fn transport_line(t: &fuser::Transport) -> String {
+    match t {
+        fuser::Transport::IoUring {
+            queues,
+            depth,
+            payload_size,
+        } => format!(
+            "requests over io_uring ({queues} queues, depth {depth}, {} KiB entries)",
+            payload_size / 1024
+        ),
+        fuser::Transport::DevFuseRefused { reason } => {
+            format!("io_uring refused ({reason}); serving /dev/fuse")
+        }
+        fuser::Transport::DevFuse => "serving /dev/fuse".to_string(),
+    }
 }

@@ -19,7 +19,10 @@ struct Args {
     mountpoints: Vec<PathBuf>,
     /// Mount options, comma-separated: allow_other, ro, dev, suid, nopassthrough,
     /// threads=N (dispatch threads per mountpoint), nodispatch_gate (every thread reads
-    /// /dev/fuse), ttl=MS (attribute and name cache); README.md lists the rest.
+    /// /dev/fuse), ttl=MS (attribute and name cache), io_uring (carry requests over
+    /// io_uring: Linux >= 6.14 with /sys/module/fuse/parameters/enable_uring=Y, else
+    /// /dev/fuse as usual), io_uring_depth=N (entries per CPU queue, default 8; implies
+    /// io_uring); README.md lists the rest.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
 }

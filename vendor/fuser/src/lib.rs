@@ -81,6 +81,10 @@ use crate::session::MAX_WRITE_SIZE;
 pub use crate::session::Session;
 pub use crate::session::SessionACL;
 pub use crate::session::SessionUnmounter;
+pub use crate::uring::IoUringConfig;
+pub use crate::uring::IoUringStats;
+pub use crate::uring::QueueStats;
+pub use crate::uring::Transport;
 
 mod access_flags;
 mod bsd_file_flags;
@@ -104,6 +108,8 @@ mod request;
 mod request_param;
 mod session;
 mod time;
+#[cfg(target_os = "linux")]
+mod uring;
 
 /// We generally support async reads
 #[cfg(not(target_os = "macos"))]

@@ -139,6 +139,11 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// What carries the requests, decided at `INIT`.
+    transport: crate::Transport,
+    /// The io_uring queues made at `INIT`, started by `run`.
+    #[cfg(target_os = "linux")]
+    rings: Option<crate::uring::Rings>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,9 +191,17 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            transport: crate::Transport::DevFuse,
+            #[cfg(target_os = "linux")]
+            rings: None,
         };
 
         session.handshake()?;
+        // Not canonicalised: that would look the mount up before its rings serve.
+        #[cfg(target_os = "linux")]
+        if let Some(rings) = &mut session.rings {
+            rings.kick_path = std::path::absolute(mountpoint).ok();
+        }
 
         Ok(session)
     }
@@ -214,6 +227,9 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            transport: crate::Transport::DevFuse,
+            #[cfg(target_os = "linux")]
+            rings: None,
         };
 
         session.handshake()?;
@@ -252,6 +268,9 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            transport: _,
+            #[cfg(target_os = "linux")]
+            rings,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -268,6 +287,9 @@ impl<FS: Filesystem> Session<FS> {
         };
 
         let mut filesystem = Arc::new(filesystem);
+        // The rings' commands go to the connection's first descriptor.
+        #[cfg(target_os = "linux")]
+        let ring_ch = ch.clone();
 
         let mut channels = Vec::with_capacity(n_threads);
 
@@ -308,6 +330,26 @@ impl<FS: Filesystem> Session<FS> {
             );
         }
 
+        // Started after the /dev/fuse threads: until every queue has an entry registered
+        // the kernel holds all requests, and this is what registers them.
+        #[cfg(target_os = "linux")]
+        let (ring_threads, ring_queues) = match rings {
+            Some(rings) => {
+                let queues = rings.shared.clone();
+                let threads = crate::uring::spawn(rings, &ring_ch, |qid| SessionEventLoop {
+                    thread_name: format!("fuser-uring-{qid}"),
+                    thread: n_threads + qid,
+                    gate: None,
+                    filesystem: filesystem.clone(),
+                    ch: ring_ch.clone(),
+                    allowed,
+                    session_owner,
+                })?;
+                (threads, queues)
+            }
+            None => (Vec::new(), Vec::new()),
+        };
+
         let mut reply: io::Result<()> = Ok(());
         for thread in threads {
             let res = match thread.join() {
@@ -321,6 +363,21 @@ impl<FS: Filesystem> Session<FS> {
                     reply = Err(e);
                 }
             }
+        }
+
+        // The /dev/fuse threads end with the connection; the queues' fetches are
+        // cancelled then too, but a queue may still wait for its own.
+        #[cfg(target_os = "linux")]
+        {
+            for q in &ring_queues {
+                q.close();
+            }
+            for t in ring_threads {
+                if t.join().is_err() && reply.is_ok() {
+                    reply = Err(io::Error::other("io_uring queue thread panicked"));
+                }
+            }
+            drop(ring_ch);
         }
 
         let Some(filesystem) = Arc::get_mut(&mut filesystem) else {
@@ -434,6 +491,10 @@ impl<FS: Filesystem> Session<FS> {
             // Remember the ABI version supported by kernel and mark the session initialized.
             self.proto_version = Some(v);
 
+            if let Some(asked) = self.config.io_uring {
+                self.transport = self.prepare_io_uring(init.capabilities(), &mut config, &asked);
+            }
+
             // Log capability status for debugging
             for bit in 0..64 {
                 let bitflags = InitFlags::from_bits_retain(1 << bit);
@@ -476,6 +537,55 @@ impl<FS: Filesystem> Session<FS> {
                 .send_ll(&response);
 
             return Ok(());
+        }
+    }
+
+    /// At `INIT`: the rings if io_uring can be had, else why not.
+    #[cfg(target_os = "linux")]
+    fn prepare_io_uring(
+        &mut self,
+        offered: InitFlags,
+        config: &mut KernelConfig,
+        asked: &crate::IoUringConfig,
+    ) -> crate::Transport {
+        match crate::uring::prepare(offered, config, asked) {
+            Ok(rings) => {
+                let t = rings.transport();
+                self.rings = Some(rings);
+                t
+            }
+            Err(reason) => crate::Transport::DevFuseRefused { reason },
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn prepare_io_uring(
+        &mut self,
+        _offered: InitFlags,
+        _config: &mut KernelConfig,
+        _asked: &crate::IoUringConfig,
+    ) -> crate::Transport {
+        crate::Transport::DevFuseRefused {
+            reason: "FUSE over io_uring is Linux's".to_string(),
+        }
+    }
+
+    /// What carries this session's requests: `/dev/fuse`, or io_uring when
+    /// [`Config::io_uring`] asked for it and the kernel agreed at `INIT`.
+    pub fn transport(&self) -> &crate::Transport {
+        &self.transport
+    }
+
+    /// Counters of the io_uring queues (`None` over `/dev/fuse`); the handle stays valid
+    /// after [`Session::run`] takes the session.
+    pub fn io_uring_stats(&self) -> Option<crate::IoUringStats> {
+        #[cfg(target_os = "linux")]
+        {
+            self.rings.as_ref().map(|r| r.stats())
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            None
         }
     }
 

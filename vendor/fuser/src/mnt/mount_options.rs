@@ -23,6 +23,11 @@ pub struct Config {
     ///
     /// [`DispatchGate`]: crate::DispatchGate
     pub dispatch_gate: Option<crate::GateHandle>,
+    /// Serve the connection over io_uring where the kernel allows it (Linux 6.14+,
+    /// `enable_uring`); `/dev/fuse` otherwise. See [`Session::transport`].
+    ///
+    /// [`Session::transport`]: crate::Session::transport
+    pub io_uring: Option<crate::IoUringConfig>,
 }
 
 /// Mount options accepted by the FUSE filesystem type

@@ -1,0 +1,406 @@
+//! One queue's thread: keeps entries fetching, dispatches what they bring, commits the
+//! replies.
+//!
+//! The thread owns its ring: it alone pushes SQEs and reaps CQEs, so the kernel's fetch
+//! completions (which copy requests into the entries) run as task work on it, on the CPU
+//! it is pinned to. Other threads reach it through the commit list and the eventfd.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use std::time::Instant;
+
+use io_uring::IoUring;
+use io_uring::opcode;
+use io_uring::squeue::Entry128;
+use io_uring::types;
+use log::error;
+use log::warn;
+
+use crate::Filesystem;
+use crate::channel::ChannelSender;
+use crate::ll;
+use crate::ll::ResponseErrno;
+use crate::reply::Reply;
+use crate::reply::ReplyRaw;
+use crate::reply::ReplySender;
+use crate::request::RequestWithSender;
+use crate::session::SessionEventLoop;
+use crate::uring::abi;
+use crate::uring::entry::RingEntry;
+use crate::uring::kick::KICKERS;
+use crate::uring::kick::Kicker;
+use crate::uring::reply::Phase;
+use crate::uring::reply::QueueShared;
+use crate::uring::reply::RingReply;
+
+/// `user_data` of the eventfd read.
+const WAKE: u64 = u64::MAX;
+/// Past this many entries on one queue, say so once: parked requests are piling up.
+const MANY_ENTRIES: usize = 65_536;
+/// The most entries a queue keeps fetching.
+const MAX_RESERVE: usize = 1024;
+/// How long a closed queue waits for its fetches to be cancelled before it leaves
+/// their buffers to the kernel for good.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+/// One queue's thread state.
+pub(crate) struct QueueThread<FS: Filesystem> {
+    pub(crate) ring: IoUring<Entry128>,
+    pub(crate) shared: Arc<QueueShared>,
+    /// The `/dev/fuse` descriptor the commands go to (kept open by `se.ch`).
+    pub(crate) dev: RawFd,
+    pub(crate) depth: usize,
+    pub(crate) payload_size: usize,
+    /// Dispatches as the `/dev/fuse` threads do.
+    pub(crate) se: SessionEventLoop<FS>,
+    pub(crate) entries: Vec<Arc<RingEntry>>,
+    /// Entries the kernel has (registered or committed, no completion yet).
+    pub(crate) fetching: usize,
+    pub(crate) parked: usize,
+    /// The connection ended (a fetch failed with `ENOTCONN` and the like).
+    pub(crate) ended: bool,
+    /// The eventfd read's buffer: leaked, as the kernel may fill it after the thread ends.
+    pub(crate) wake_buf: &'static mut [u8; 8],
+    pub(crate) said_many: bool,
+    /// Entries kept fetching: `depth`, multiplied by 4 (up to [`MAX_RESERVE`]) each time the
+    /// queue ran out and by 2 each time a kick found requests queued in the kernel, so
+    /// that a burst of that size finds entries next time.
+    pub(crate) reserve: usize,
+    /// Drains the kernel's list after the queue ran out (see [`kick`](super::kick)).
+    pub(crate) kicker: Option<Kicker>,
+    /// The kernel may hold requests in its list: ask for kicks.
+    pub(crate) kick_mode: bool,
+    /// Kicks asked for in this kick mode...
+    pub(crate) kicks_issued: usize,
+    /// ...and those whose request reached this queue.
+    pub(crate) kicks_seen: usize,
+    /// Every fetching entry got a request in the last batch.
+    pub(crate) exhausted: bool,
+    /// Completions reaped early (right after a kick's commit), handled next.
+    pub(crate) deferred: Vec<(u64, i32)>,
+}
+
+impl<FS: Filesystem> QueueThread<FS> {
+    /// Runs the queue until the connection ends or the session closes it.
+    pub(crate) fn run(mut self) {
+        self.arm_wake();
+        if let Err(e) = self.top_up() {
+            error!(
+                "io_uring queue {}: cannot register entries: {e}; its requests stay on /dev/fuse",
+                self.shared.qid
+            );
+        }
+        let mut cqes: Vec<(u64, i32)> = Vec::new();
+        let mut closing: Option<Instant> = None;
+        loop {
+            self.drain_commits();
+            if self.shared.closed.load(Ordering::Acquire) && closing.is_none() {
+                closing = Some(Instant::now());
+            }
+            if self.fetching == 0 && (self.ended || closing.is_some()) {
+                break;
+            }
+            let waited = match closing {
+                None if !self.deferred.is_empty() => self.ring.submit(),
+                None => self.ring.submit_and_wait(1),
+                Some(t) if t.elapsed() < CLOSE_GRACE => {
+                    let ts = types::Timespec::new().nsec(100_000_000);
+                    let args = types::SubmitArgs::new().timespec(&ts);
+                    self.ring.submitter().submit_with_args(1, &args)
+                }
+                Some(_) => {
+                    // The kernel still holds fetches: their buffers must outlive us.
+                    for e in &self.entries {
+                        if e.slot.lock().phase == Phase::Fetching {
+                            std::mem::forget(e.clone());
+                        }
+                    }
+                    break;
+                }
+            };
+            match waited {
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR | libc::ETIME | libc::EBUSY)
+                    ) => {}
+                Err(e) => {
+                    error!("io_uring queue {}: wait failed: {e}", self.shared.qid);
+                    self.shared.closed.store(true, Ordering::Release);
+                    continue;
+                }
+            }
+            cqes.clear();
+            cqes.append(&mut self.deferred);
+            cqes.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+            for &(ud, res) in &cqes {
+                if ud == WAKE {
+                    if !self.shared.closed.load(Ordering::Acquire) {
+                        self.arm_wake();
+                    }
+                } else {
+                    self.complete(ud as usize, res);
+                }
+            }
+            if !self.ended && closing.is_none() {
+                if std::mem::take(&mut self.exhausted) {
+                    self.reserve = (self.reserve * 4).min(MAX_RESERVE).max(self.depth);
+                    self.kick_mode = true;
+                } else if self.fetching * 2 < self.reserve {
+                    // Entries whose requests are not reaped yet may have left the kernel
+                    // none to give while we counted more: probe with a kick.
+                    self.kick_mode = true;
+                }
+                if let Err(e) = self.top_up() {
+                    error!(
+                        "io_uring queue {}: cannot register an entry: {e}",
+                        self.shared.qid
+                    );
+                }
+                self.maybe_kick();
+            }
+        }
+    }
+
+    /// A registration or commit of entry `i` completed with `res`.
+    fn complete(&mut self, i: usize, res: i32) {
+        let Some(entry) = self.entries.get(i).cloned() else {
+            return;
+        };
+        self.fetching -= 1;
+        if self.fetching == 0 && res >= 0 {
+            self.exhausted = true;
+        }
+        if res < 0 {
+            entry.slot.lock().phase = Phase::Replied;
+            match -res {
+                libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED | libc::ENODEV => {
+                    self.ended = true;
+                }
+                e => {
+                    error!(
+                        "io_uring queue {}: fetch failed: {}",
+                        self.shared.qid,
+                        io::Error::from_raw_os_error(e)
+                    );
+                    if self.shared.counters.requests.load(Ordering::Relaxed) == 0 {
+                        // A registration refused: the kernel turned io_uring off for the
+                        // connection and serves it over /dev/fuse.
+                        self.ended = true;
+                    }
+                }
+            }
+            return;
+        }
+        self.shared
+            .counters
+            .requests
+            .fetch_add(1, Ordering::Relaxed);
+        self.dispatch(&entry);
+    }
+
+    /// Dispatches the request in `entry`, then commits its reply or counts it parked.
+    fn dispatch(&mut self, entry: &Arc<RingEntry>) {
+        // SAFETY: the fetch completed: the queue thread has the entry until dispatch ends.
+        let unique = unsafe { entry.header_unique() };
+        // SAFETY: as above.
+        let pid = unsafe { entry.header_pid() };
+        let kick = self.kicker.as_ref().is_some_and(|k| k.is_kick(pid));
+        {
+            let mut slot = entry.slot.lock();
+            slot.phase = Phase::Dispatching;
+            entry.unique.store(unique, Ordering::Release);
+        }
+        let reply = RingReply {
+            entry: entry.clone(),
+            queue: self.shared.clone(),
+            unique,
+        };
+        let sender = self.se.ch.sender();
+        // SAFETY: as above; the request slice is dropped at the end of this block, before
+        // the reply kept in the slot is written into the entry.
+        match unsafe { entry.request() } {
+            Ok((data, _)) => match RequestWithSender::new_ring(sender, reply.clone(), data) {
+                Some(req) => req.dispatch(&self.se),
+                None => answer_eio(&reply, self.se.ch.sender(), unique),
+            },
+            Err(why) => {
+                error!(
+                    "io_uring queue {}: unreadable request: {why}",
+                    self.shared.qid
+                );
+                answer_eio(&reply, self.se.ch.sender(), unique);
+            }
+        }
+        let mut slot = entry.slot.lock();
+        match slot.phase {
+            Phase::Replied => {
+                let pending = std::mem::take(&mut slot.pending);
+                // SAFETY: the reply was made during dispatch, which has ended: the queue
+                // thread has the entry and no request slice is alive.
+                unsafe { entry.write_reply(&[io::IoSlice::new(&pending)]) };
+                slot.pending = pending;
+                slot.phase = Phase::Fetching;
+                drop(slot);
+                self.commit(entry);
+                if kick {
+                    self.kicks_seen += 1;
+                    self.kick_mode = self.fetched_inline(entry.index);
+                    if self.kick_mode {
+                        self.reserve = (self.reserve * 2).min(MAX_RESERVE);
+                    }
+                }
+            }
+            Phase::Dispatching => {
+                slot.phase = Phase::Parked;
+                drop(slot);
+                self.parked += 1;
+                self.shared.counters.set_parked(self.parked as u64);
+            }
+            Phase::Fetching | Phase::Parked => {}
+        }
+    }
+
+    /// Commits the replies made to parked entries.
+    fn drain_commits(&mut self) {
+        let ready = std::mem::take(&mut *self.shared.commits.lock());
+        for entry in ready {
+            entry.slot.lock().phase = Phase::Fetching;
+            self.parked -= 1;
+            self.shared.counters.set_parked(self.parked as u64);
+            self.commit(&entry);
+        }
+    }
+
+    /// Submits now, and tells whether entry `index` (just committed) was given a request
+    /// at once: one the kernel had queued. Reaped completions are kept for the loop.
+    fn fetched_inline(&mut self, index: u32) -> bool {
+        if let Err(e) = self.ring.submit() {
+            error!("io_uring queue {}: submit failed: {e}", self.shared.qid);
+            return false;
+        }
+        let before = self.deferred.len();
+        self.deferred
+            .extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+        self.deferred[before..]
+            .iter()
+            .any(|&(ud, res)| ud == u64::from(index) && res >= 0)
+    }
+
+    /// In kick mode, keeps [`KICKERS`] kicks in flight; leaves kick mode when kicks
+    /// could not reach this queue.
+    fn maybe_kick(&mut self) {
+        let Some(k) = &self.kicker else {
+            self.kick_mode = false;
+            return;
+        };
+        if !self.kick_mode || !k.ready() {
+            self.kick_mode = false;
+            if k.in_flight() == 0 {
+                (self.kicks_issued, self.kicks_seen) = (0, 0);
+            }
+            return;
+        }
+        // Every kick answered, yet some never reached this queue.
+        if k.in_flight() == 0 && self.kicks_issued > self.kicks_seen {
+            self.kick_mode = false;
+            (self.kicks_issued, self.kicks_seen) = (0, 0);
+            return;
+        }
+        while k.in_flight() < KICKERS {
+            self.kicks_issued += 1;
+            k.kick();
+        }
+    }
+
+    /// Queues `COMMIT_AND_FETCH` for `entry`, whose reply is written.
+    fn commit(&mut self, entry: &Arc<RingEntry>) {
+        let commit_id = entry.unique.load(Ordering::Acquire);
+        let sqe = abi::uring_cmd(
+            self.dev,
+            abi::CMD_COMMIT_AND_FETCH,
+            self.shared.qid,
+            commit_id,
+            entry.iov(),
+            u64::from(entry.index),
+        );
+        self.push(&sqe);
+        self.fetching += 1;
+    }
+
+    /// Registers new entries until `reserve` are fetching.
+    fn top_up(&mut self) -> io::Result<()> {
+        while self.fetching < self.reserve {
+            let index = u32::try_from(self.entries.len())
+                .map_err(|_| io::Error::other("too many entries"))?;
+            let entry = Arc::new(RingEntry::new(index, self.payload_size)?);
+            let sqe = abi::uring_cmd(
+                self.dev,
+                abi::CMD_REGISTER,
+                self.shared.qid,
+                0,
+                entry.iov(),
+                u64::from(index),
+            );
+            self.entries.push(entry);
+            self.push(&sqe);
+            self.fetching += 1;
+            self.shared
+                .counters
+                .registered
+                .fetch_add(1, Ordering::Relaxed);
+            if self.entries.len() > MANY_ENTRIES && !self.said_many {
+                self.said_many = true;
+                warn!(
+                    "io_uring queue {}: {} entries registered, {} requests parked",
+                    self.shared.qid,
+                    self.entries.len(),
+                    self.parked
+                );
+            }
+        }
+        self.ring.submit()?;
+        Ok(())
+    }
+
+    /// Keeps a read posted on the wake eventfd.
+    fn arm_wake(&mut self) {
+        let sqe = opcode::Read::new(
+            types::Fd(self.shared.wake.as_raw_fd()),
+            self.wake_buf.as_mut_ptr(),
+            8,
+        )
+        .build()
+        .user_data(WAKE);
+        self.push(&Entry128::from(sqe));
+    }
+
+    /// Pushes an SQE, submitting first when the submission queue is full.
+    fn push(&mut self, sqe: &Entry128) {
+        loop {
+            // SAFETY: every buffer an SQE names (an entry's iovecs and memory, the wake
+            // buffer) lives as long as the queue thread, or is leaked if the kernel may
+            // still hold it when the thread ends.
+            if unsafe { self.ring.submission().push(sqe) }.is_ok() {
+                return;
+            }
+            if let Err(e) = self.ring.submit() {
+                if e.raw_os_error() != Some(libc::EBUSY) && e.raw_os_error() != Some(libc::EINTR) {
+                    error!("io_uring queue {}: submit failed: {e}", self.shared.qid);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Answers a request that could not be read with `EIO`.
+fn answer_eio(reply: &RingReply, ch: ChannelSender, unique: u64) {
+    <ReplyRaw as Reply>::new(ll::RequestId(unique), ReplySender::Ring(reply.clone(), ch))
+        .send_ll(&ResponseErrno(ll::Errno::EIO));
+}

@@ -1,0 +1,60 @@
+//! Per-queue counters of the io_uring transport, readable while the session runs.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::uring::reply::QueueShared;
+
+/// Counters one queue thread keeps (relaxed: figures, not synchronisation).
+#[derive(Debug, Default)]
+pub(crate) struct QueueCounters {
+    pub(crate) registered: AtomicU64,
+    pub(crate) parked: AtomicU64,
+    pub(crate) max_parked: AtomicU64,
+    pub(crate) requests: AtomicU64,
+}
+
+impl QueueCounters {
+    pub(crate) fn set_parked(&self, now: u64) {
+        self.parked.store(now, Relaxed);
+        self.max_parked.fetch_max(now, Relaxed);
+    }
+}
+
+/// A snapshot of one queue (one possible CPU).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Queue index: the CPU whose requests it carries.
+    pub qid: u16,
+    /// Ring entries registered so far (`depth` at start, more as requests park).
+    pub registered: u64,
+    /// Requests dispatched and not answered yet (each holds an entry).
+    pub parked_now: u64,
+    /// The most requests parked at once.
+    pub max_parked: u64,
+    /// Requests that came over this queue.
+    pub requests: u64,
+}
+
+/// A handle on a session's io_uring queues, for their [`QueueStats`].
+#[derive(Debug, Clone)]
+pub struct IoUringStats {
+    pub(crate) queues: Vec<Arc<QueueShared>>,
+}
+
+impl IoUringStats {
+    /// One snapshot per queue, by queue index.
+    pub fn queues(&self) -> Vec<QueueStats> {
+        self.queues
+            .iter()
+            .map(|q| QueueStats {
+                qid: q.qid,
+                registered: q.counters.registered.load(Relaxed),
+                parked_now: q.counters.parked.load(Relaxed),
+                max_parked: q.counters.max_parked.load(Relaxed),
+                requests: q.counters.requests.load(Relaxed),
+            })
+            .collect()
+    }
+}
