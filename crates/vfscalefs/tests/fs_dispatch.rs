@@ -22,6 +22,10 @@ fn populate(dir: &Path) {
 /// A mount with `ttl=0` (every `lstat` is a `LOOKUP`) over a populated source, its stats
 /// file in the returned directory.
 fn mount(tag: &str) -> Option<(TempDir, PathBuf, Mounted)> {
+    if common::transport_is_io_uring() {
+        say("SKIP: the dispatch gate is /dev/fuse's; over io_uring each CPU's queue has a thread");
+        return None;
+    }
     if let Some(why) = cannot_mount() {
         say(&format!("SKIP: {why}"));
         return None;

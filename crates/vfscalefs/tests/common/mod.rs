@@ -50,6 +50,30 @@ pub fn lock_corpus() -> Vec<PathBuf> {
     files
 }
 
+/// Set to `io_uring` to run every server these tests start with `-o io_uring` (the
+/// kernel's FUSE-over-io_uring transport; CI runs the suite once more so). A server that
+/// then serves `/dev/fuse` anyway fails its test instead of passing on the other transport.
+pub const TRANSPORT_VAR: &str = "VFSCALEFS_TEST_TRANSPORT";
+
+/// Whether [`TRANSPORT_VAR`] asks for io_uring.
+pub fn transport_is_io_uring() -> bool {
+    std::env::var(TRANSPORT_VAR).is_ok_and(|v| v == "io_uring")
+}
+
+/// Whether `opts` choose the transport themselves (the io_uring tests do).
+fn names_transport(opts: &str) -> bool {
+    opts.split(',').any(|o| o.starts_with("io_uring"))
+}
+
+/// `opts` with the transport [`TRANSPORT_VAR`] asks for, unless they name one.
+pub fn with_transport(opts: &str) -> String {
+    match (transport_is_io_uring() && !names_transport(opts), opts.is_empty()) {
+        (false, _) => opts.to_string(),
+        (true, true) => "io_uring".to_string(),
+        (true, false) => format!("{opts},io_uring"),
+    }
+}
+
 /// A fresh directory under /dev/shm, removed on drop.
 pub struct TempDir(pub PathBuf);
 
@@ -122,8 +146,10 @@ impl Mounted {
         }
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_vfscalefs"));
         cmd.arg(&source).args(&mounts);
+        let must_use_io_uring = transport_is_io_uring() && !names_transport(opts);
+        let opts = with_transport(opts);
         if !opts.is_empty() {
-            cmd.arg("-o").arg(opts);
+            cmd.arg("-o").arg(&opts);
         }
         cmd.stdin(Stdio::null());
         for (k, v) in env {
@@ -163,7 +189,28 @@ impl Mounted {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+        // The queues' threads start once the mount is up.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while must_use_io_uring && !m.serves_io_uring() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if must_use_io_uring && !m.serves_io_uring() {
+            return Err(format!(
+                "{TRANSPORT_VAR}=io_uring, but the server serves /dev/fuse \
+                 (is /sys/module/fuse/parameters/enable_uring Y?)"
+            ));
+        }
         Ok(m)
+    }
+
+    /// Whether the server runs io_uring queues (their threads are named `fuser-uring-N`).
+    pub fn serves_io_uring(&self) -> bool {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.pid())) else {
+            return false;
+        };
+        tasks.flatten().any(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("fuser-uring"))
+        })
     }
 
     /// The server's pid.
