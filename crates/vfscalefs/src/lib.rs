@@ -586,10 +586,13 @@ fn check_mountpoint(p: &Path) -> Result<(), Error> {
 /// lock_wait_nodes=`, see `vfscale_locks::ContextStats`: `lock_wait_nodes` over
 /// `lock_blocks` is the wait-tree work per sleep), then the dispatch gates' counters over
 /// every connection (`dispatch_reads= dispatch_busy_reads= dispatch_parks= dispatch_wakes=
-/// dispatch_stall_wakes=`, see [`dispatch::GateStats`]). After the kernels have forgotten
+/// dispatch_stall_wakes=`, see [`dispatch::GateStats`]) and, over io_uring, the queues'
+/// counters summed over every connection (`uring_requests= uring_entries= uring_parked=
+/// uring_max_parked=`: requests carried, ring entries registered, requests parked now,
+/// and the most parked at once on one queue). After the kernels have forgotten
 /// everything (`umount`, or `echo 2 > /proc/sys/vm/drop_caches` with nothing open) it
 /// reads `inodes=1 lookups=0`.
-fn write_stats(srv: &Server, gates: &[Arc<dispatch::ConnGate>]) {
+fn write_stats(srv: &Server, gates: &[Arc<dispatch::ConnGate>], rings: &[fuser::IoUringStats]) {
     use std::io::Write as _;
     let g = gates
         .iter()
@@ -605,6 +608,20 @@ fn write_stats(srv: &Server, gates: &[Arc<dispatch::ConnGate>]) {
         s.inodes, s.lookups, f.cached, f.capacity, f.opened, l.grants, l.blocks, l.wakeups, l.handoffs, l.held, l.wait_nodes,
         g.reads, g.busy_reads, g.parks, g.wakes, g.stall_wakes
     );
+    let queues: Vec<fuser::QueueStats> = rings.iter().flat_map(|r| r.queues()).collect();
+    let line = if queues.is_empty() {
+        line
+    } else {
+        let sum = |f: fn(&fuser::QueueStats) -> u64| queues.iter().map(f).sum::<u64>();
+        format!(
+            "{} uring_requests={} uring_entries={} uring_parked={} uring_max_parked={}\n",
+            line.trim_end(),
+            sum(|q| q.requests),
+            sum(|q| q.registered),
+            sum(|q| q.parked_now),
+            queues.iter().map(|q| q.max_parked).max().unwrap_or(0)
+        )
+    };
     let wrote = std::env::var_os("VFSCALEFS_STATS").is_some_and(|p| {
         std::fs::OpenOptions::new()
             .create(true)
@@ -699,6 +716,7 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
     let mut sessions = Vec::new();
     let mut unmounters = Vec::new();
     let mut gates = Vec::new();
+    let mut rings = Vec::new();
     for (i, mp) in mountpoints.iter().enumerate() {
         config.dispatch_gate = None;
         if opts.dispatch_gate && opts.threads > 1 {
@@ -711,6 +729,7 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
                 if opts.io_uring.is_some() {
                     eprintln!("vfscalefs: {}: {}", mp.display(), transport_line(s.transport()));
                 }
+                rings.extend(s.io_uring_stats());
                 unmounters.push((mp.clone(), s.unmount_callable()));
                 sessions.push((mp.clone(), s));
             }
@@ -781,7 +800,7 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
         .spawn(move || {
             loop {
                 match sigs.wait() {
-                    Ok(Signal::SIGUSR1) => write_stats(&stats_srv, &gates),
+                    Ok(Signal::SIGUSR1) => write_stats(&stats_srv, &gates, &rings),
                     Ok(_) => break,
                     Err(_) => return,
                 }

@@ -267,13 +267,44 @@ fn parked_wait_granted_later_and_interrupted() {
 
 /// 1,000 waiters parked at once, each on an entry of its own: the mount still answers,
 /// and the unlock grants them all.
+/// The server's io_uring counters from its `SIGUSR1` line: requests parked now, ring
+/// entries registered.
+fn uring_counters(m: &Mounted, stats: &Path) -> (u64, u64) {
+    let before = std::fs::read_to_string(stats)
+        .map(|s| s.lines().count())
+        .unwrap_or(0);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(m.pid()),
+        nix::sys::signal::Signal::SIGUSR1,
+    )
+    .unwrap();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(5) {
+        let text = std::fs::read_to_string(stats).unwrap_or_default();
+        if let Some(line) = text.lines().nth(before) {
+            let field = |k: &str| {
+                line.split_whitespace()
+                    .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+                    .unwrap_or_else(|| panic!("no {k} in {line}"))
+                    .parse::<u64>()
+                    .unwrap()
+            };
+            return (field("uring_parked"), field("uring_entries"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("the server wrote no stats line to {}", stats.display());
+}
+
 #[test]
 fn a_thousand_parked_waiters_do_not_stall_the_queues() {
     let Some(_p) = param("Y") else {
         return;
     };
     const WAITERS: usize = 1000;
-    let m = Mounted::start(1, "io_uring").unwrap();
+    let dir = common::TempDir::new("uring-stats");
+    let stats = dir.0.join("stats");
+    let m = Mounted::start_env(1, "io_uring", &[("VFSCALEFS_STATS", &stats)]).unwrap();
     let path = m.mounts[0].join("herd");
     let holder = File::create(&path).unwrap();
     ofd(&holder, libc::F_OFD_SETLK, libc::F_WRLCK).unwrap();
@@ -302,25 +333,30 @@ fn a_thousand_parked_waiters_do_not_stall_the_queues() {
         rx.try_recv().is_err(),
         "a waiter was granted while the lock was held"
     );
-    // Each parked waiter holds an entry, and a new one (~132 KiB of address space) was
-    // registered in its place.
-    let want = (WAITERS as u64) * 128 * 3 / 4;
+    // Each parked waiter holds an entry, and a new one was registered in its place: the
+    // server's counters (SIGUSR1) show them all parked with entries to spare.
     let t = Instant::now();
-    let mut grown = 0;
+    let mut seen = (0, 0);
     while t.elapsed() < Duration::from_secs(20) {
-        grown = vm_kib(m.pid(), "VmSize").saturating_sub(vm_before);
-        if grown >= want {
+        seen = uring_counters(&m, &stats);
+        if seen.0 >= WAITERS as u64 {
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    let (parked, entries) = seen;
     say(&format!(
-        "{WAITERS} parked: the server's address space grew by {grown} KiB, resident {} KiB",
+        "{WAITERS} waiters: {parked} parked, {entries} ring entries; address space +{} KiB, resident {} KiB",
+        vm_kib(m.pid(), "VmSize").saturating_sub(vm_before),
         vm_kib(m.pid(), "VmRSS")
     ));
+    assert_eq!(
+        parked, WAITERS as u64,
+        "not every waiter's request was parked on an entry"
+    );
     assert!(
-        grown >= want,
-        "{grown} KiB more address space for {WAITERS} parked waiters: were entries registered?"
+        entries >= parked + 8,
+        "{entries} entries for {parked} parked requests: no queue keeps entries fetching"
     );
     let t = Instant::now();
     std::fs::metadata(m.mounts[0].join("herd")).unwrap();
@@ -340,6 +376,11 @@ fn a_thousand_parked_waiters_do_not_stall_the_queues() {
             .unwrap_or_else(|_| panic!("{i} of {WAITERS} waiters granted"));
         assert_eq!(got, Ok(()));
     }
+    assert_eq!(
+        uring_counters(&m, &stats).0,
+        0,
+        "requests still parked after every grant"
+    );
     for t in &threads {
         t.thread().unpark();
     }
