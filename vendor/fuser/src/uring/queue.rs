@@ -87,6 +87,7 @@ pub(crate) struct QueueThread<FS: Filesystem> {
 impl<FS: Filesystem> QueueThread<FS> {
     /// Runs the queue until the connection ends or the session closes it.
     pub(crate) fn run(mut self) {
+        crate::uring::reply::serve_queue(&self.shared);
         self.arm_wake();
         if let Err(e) = self.top_up() {
             error!(
@@ -333,8 +334,12 @@ impl<FS: Filesystem> QueueThread<FS> {
         self.fetching += 1;
     }
 
-    /// Registers new entries until `reserve` are fetching.
+    /// Registers new entries until `reserve` are fetching, and submits them (commits
+    /// queued meanwhile wait for the loop's `submit_and_wait`, one syscall for both).
     fn top_up(&mut self) -> io::Result<()> {
+        if self.fetching >= self.reserve {
+            return Ok(());
+        }
         while self.fetching < self.reserve {
             let index = u32::try_from(self.entries.len())
                 .map_err(|_| io::Error::other("too many entries"))?;

@@ -86,6 +86,18 @@ impl QueueShared {
     }
 }
 
+thread_local! {
+    /// The queue this thread serves, if it is a queue thread: a reply it makes to a
+    /// parked entry of that queue needs no wake-up, as the thread drains the commits
+    /// before it next waits.
+    static SERVING: std::cell::Cell<*const QueueShared> = const { std::cell::Cell::new(std::ptr::null()) };
+}
+
+/// Marks the calling thread as `queue`'s queue thread (see [`SERVING`]).
+pub(crate) fn serve_queue(queue: &Arc<QueueShared>) {
+    SERVING.with(|s| s.set(Arc::as_ptr(queue)));
+}
+
 /// The reply side of one request that came over a ring.
 #[derive(Debug, Clone)]
 pub(crate) struct RingReply {
@@ -119,7 +131,9 @@ impl RingReply {
                 // lock: no dispatch holds the request and no other reply may write.
                 unsafe { self.entry.write_reply(data) };
                 self.queue.commits.lock().push(self.entry.clone());
-                self.queue.wake();
+                if !SERVING.with(|s| std::ptr::eq(s.get(), Arc::as_ptr(&self.queue))) {
+                    self.queue.wake();
+                }
             }
             Phase::Fetching | Phase::Replied => {}
         }
