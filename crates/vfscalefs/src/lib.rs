@@ -18,6 +18,7 @@
 //! | | `fs/reply.rs` | errors to errnos (`EMFILE` → `ENFILE`) and the replies several operations share |
 //! | | `fs/attr.rs` | FUSE attributes from the source's `stat`, and the times the kernel sets |
 //! | [`dispatch::ConnGate`] | `dispatch.rs` | which dispatch threads read `/dev/fuse`: one serves a serial stream, spares park until requests queue up or may block |
+//! | (transport) | `vendor/fuser/src/uring/` | with `-o io_uring`: one ring per CPU, served by a pinned thread beside the `/dev/fuse` threads (forgets, interrupts, notifications); see `vendor/fuser/VFSCALE-PATCH.md` |
 //! | [`inodes::InodeTable`] | `inodes.rs` | the `vfscale-icache` inode cache: node id ↔ `(st_dev, st_ino)`, each inode's file handle, `I_NEW`-coalesced lookups, lookup counts per connection, eviction when forgotten |
 //! | [`fdcache::FdCache`] | `fdcache.rs` | the bounded cache of source descriptors (inodes' `O_PATH` descriptors, open files without passthrough), CLOCK per shard, reopened on a miss |
 //! | [`handle_ino::HandleIno`] | `handle_ino.rs` | where the source's file handles carry the inode number, learned from checked handles, so a new inode's handle needs no second `stat` |
@@ -133,7 +134,10 @@
 //!   before the answer (`FUSE_NOTIFY_INVAL_INODE`, from a notify thread: the kernel may
 //!   wait there for a page that a read waiting for a dispatch thread holds, so a grant
 //!   waits at most 100 ms for it), unless the file's times and size are those the
-//!   client's last grant saw, or the server held on the source a lock that excludes
+//!   client's last grant saw, or those the client's own `SETATTR` left where the view
+//!   before it was current (a view is trusted at once on a filesystem that gives every
+//!   change after a `stat` a new change time, elsewhere 50 ms after the change time;
+//!   `mirror/ctime.rs`), or the server held on the source a lock that excludes
 //!   every host lock of the kind since then and no other connection was granted one
 //!   (no `stat` then); and the file's directory answers entries with no cache
 //!   time from then on (a journal deleted on the source must not still show), and
