@@ -18,10 +18,8 @@ OUT=vfscale-report/vfscalefs-locks
 if [ "$(id -u)" != 0 ]; then echo "SKIP: needs root (mounts)"; exit 0; fi
 command -v jq >/dev/null || { echo "SKIP: jq is not installed"; exit 0; }
 # BIN: where the binaries are (default: build them into target/release).
-if [ -z "${BIN:-}" ]; then
-  cargo build --release -q -p vfscalefs -p vfscale-lab
-  BIN=target/release
-fi
+. scripts/lib-vfscalefs.sh
+use_binaries vfscalefs vfscale-lab
 mkdir -p "$OUT"
 BASE=$(mktemp -d /dev/shm/vfscalefs-locks.XXXXXX)
 mkdir "$BASE/src" "$BASE/mirror" "$BASE/off"

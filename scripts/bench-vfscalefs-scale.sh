@@ -18,10 +18,8 @@ for t in bindfs jq; do
   command -v $t >/dev/null || { echo "SKIP: $t is not installed"; exit 0; }
 done
 # BIN: where the binaries are (default: build them into target/release).
-if [ -z "${BIN:-}" ]; then
-  cargo build --release -q -p vfscalefs -p vfscale-lab
-  BIN=target/release
-fi
+. scripts/lib-vfscalefs.sh
+use_binaries vfscalefs vfscale-lab
 mkdir -p "$OUT"
 : >"$OUT/ratios.txt"
 BASE=$(mktemp -d /dev/shm/vfscalefs-scale.XXXXXX)
@@ -34,7 +32,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-. scripts/lib-vfscalefs.sh
 mount_vfscalefs() {
   ( ulimit -n 1024; exec "$BIN/vfscalefs" "$BASE/src" "$BASE/vf" ) \
     2>"$BASE/vf.log" &

@@ -21,10 +21,8 @@ OUT=vfscale-report/vfscalefs-stress-ng
 if [ "$(id -u)" != 0 ]; then echo "SKIP: needs root (mounts)"; exit 0; fi
 command -v stress-ng >/dev/null || { echo "SKIP: stress-ng is not installed"; exit 0; }
 # BIN: where the binaries are (default: build them into target/release).
-if [ -z "${BIN:-}" ]; then
-  cargo build --release -q -p vfscalefs
-  BIN=target/release
-fi
+. scripts/lib-vfscalefs.sh
+use_binaries vfscalefs
 mkdir -p "$OUT"
 : >"$OUT/ratios.txt"
 BASE=$(mktemp -d /dev/shm/vfscalefs-stress-ng.XXXXXX)
@@ -39,7 +37,6 @@ cleanup() {
 trap cleanup EXIT
 
 # One server per setting, both of $BASE/src.
-. scripts/lib-vfscalefs.sh
 for m in mirror off; do
   "$BIN/vfscalefs" "$BASE/src" "$BASE/$m" -o "source_locks=$m" 2>"$BASE/$m.log" &
   wait_for_server "$BASE/$m.log"

@@ -25,10 +25,8 @@ if [ "$(id -u)" != 0 ]; then echo "SKIP: needs root (mounts, $PARAM)"; exit 0; f
 command -v jq >/dev/null || { echo "SKIP: jq is not installed"; exit 0; }
 [ -w "$PARAM" ] || { echo "SKIP: $PARAM is missing (Linux >= 6.14 with CONFIG_FUSE_IO_URING)"; exit 0; }
 # BIN: where the binaries are (default: build them into target/release).
-if [ -z "${BIN:-}" ]; then
-  cargo build --release -q -p vfscalefs -p vfscale-lab
-  BIN=target/release
-fi
+. scripts/lib-vfscalefs.sh
+use_binaries vfscalefs vfscale-lab
 mkdir -p "$OUT"
 BASE=$(mktemp -d /dev/shm/vfscalefs-uring.XXXXXX)
 mkdir "$BASE/src" "$BASE/ur" "$BASE/df"
@@ -42,7 +40,6 @@ cleanup() {
 trap cleanup EXIT
 echo Y >"$PARAM"
 
-. scripts/lib-vfscalefs.sh
 "$BIN/vfscalefs" "$BASE/src" "$BASE/ur" -o io_uring 2>"$BASE/ur.log" &
 UR_PID=$!
 wait_for_server "$BASE/ur.log"

@@ -9,3 +9,14 @@ wait_for_server() {
   done
   cat "$1"
 }
+
+# use_binaries PACKAGE...: sets BIN, where the binaries are: as given, or the packages
+# built into target/release.
+use_binaries() {
+  if [ -z "${BIN:-}" ]; then
+    local p args=()
+    for p in "$@"; do args+=(-p "$p"); done
+    cargo build --release -q "${args[@]}"
+    BIN=target/release
+  fi
+}
