@@ -929,6 +929,9 @@ fn a_clients_own_change_is_not_taken_for_the_hosts() {
 /// A grant waits for its cache invalidation only so long, then is answered: with one
 /// dispatch thread, a read through the mount that waits for it holds the page that the
 /// invalidation must lock. The grant is answered after that wait, and the read after it.
+/// Over io_uring the requests of one CPU share its queue's one thread: the client and
+/// the reader are pinned to CPU 0 so that the read waits for that thread as it waits for
+/// the one dispatch thread over /dev/fuse.
 #[test]
 fn a_grant_waits_for_an_invalidation_only_so_long() {
     if let Some(why) = skip() {
@@ -938,6 +941,13 @@ fn a_grant_waits_for_an_invalidation_only_so_long() {
     use std::os::unix::fs::FileExt as _;
     let (m, mut host, mut client) = setup("nopassthrough,threads=1");
     let server = nix::unistd::Pid::from_raw(m.pid());
+    let cpu0 = || {
+        let mut set = nix::sched::CpuSet::new();
+        set.set(0).unwrap();
+        set
+    };
+    let client_pid = nix::unistd::Pid::from_raw(client.pid());
+    nix::sched::sched_setaffinity(client_pid, &cpu0()).unwrap();
     // The directory's first grant is done; a host change makes the next one invalidate.
     client.status(&lk(SETLK, WR, 0, 0)).unwrap();
     client.status(&lk(SETLK, UN, 0, 0)).unwrap();
@@ -952,6 +962,7 @@ fn a_grant_waits_for_an_invalidation_only_so_long() {
     client.send(&lk(SETLK, WR, 0, 0));
     std::thread::sleep(Duration::from_millis(200));
     let reader = std::thread::spawn(move || {
+        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpu0()).unwrap();
         let mut b = [0u8; 16];
         let r = f.read_exact_at(&mut b, 0).map(|_| b[0]);
         (r, std::time::SystemTime::now())
