@@ -240,6 +240,8 @@ pub(crate) fn spawn<FS: Filesystem>(
             kicks_seen: 0,
             exhausted: false,
             deferred: Vec::new(),
+            probe: std::time::Duration::from_millis(1),
+            probing_round: false,
         };
         threads.push(
             std::thread::Builder::new()

@@ -46,6 +46,14 @@ const MAX_RESERVE: usize = 1024;
 /// How long a closed queue waits for its fetches to be cancelled before it leaves
 /// their buffers to the kernel for good.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
+/// While requests are parked and nothing comes, the queue kicks after this long, then
+/// after twice as long each time up to [`PROBE_MAX`] (back to this once a kick finds
+/// requests queued, or nothing is parked): a request left in the kernel's list after a
+/// kick round ended is drained within [`PROBE_MAX`] at worst, and a long wait costs a
+/// kick a second.
+const PROBE_MIN: Duration = Duration::from_millis(1);
+/// See [`PROBE_MIN`].
+const PROBE_MAX: Duration = Duration::from_secs(1);
 
 /// One queue's thread state.
 pub(crate) struct QueueThread<FS: Filesystem> {
@@ -82,6 +90,10 @@ pub(crate) struct QueueThread<FS: Filesystem> {
     pub(crate) exhausted: bool,
     /// Completions reaped early (right after a kick's commit), handled next.
     pub(crate) deferred: Vec<(u64, i32)>,
+    /// How long to wait, with requests parked, before a probing kick (see [`PROBE_MIN`]).
+    pub(crate) probe: Duration,
+    /// The kick round in progress is a probe (one kick), not a drain.
+    pub(crate) probing_round: bool,
 }
 
 impl<FS: Filesystem> QueueThread<FS> {
@@ -105,8 +117,18 @@ impl<FS: Filesystem> QueueThread<FS> {
             if self.fetching == 0 && (self.ended || closing.is_some()) {
                 break;
             }
+            let probing = closing.is_none()
+                && self.deferred.is_empty()
+                && self.parked > 0
+                && !self.kick_mode
+                && self.kicker.as_ref().is_some_and(|k| k.ready() && k.in_flight() == 0);
             let waited = match closing {
                 None if !self.deferred.is_empty() => self.ring.submit(),
+                None if probing => {
+                    let ts = types::Timespec::from(self.probe);
+                    let args = types::SubmitArgs::new().timespec(&ts);
+                    self.ring.submitter().submit_with_args(1, &args)
+                }
                 None => self.ring.submit_and_wait(1),
                 Some(t) if t.elapsed() < CLOSE_GRACE => {
                     let ts = types::Timespec::new().nsec(100_000_000);
@@ -139,6 +161,13 @@ impl<FS: Filesystem> QueueThread<FS> {
             cqes.clear();
             cqes.append(&mut self.deferred);
             cqes.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+            if cqes.is_empty() && probing {
+                // Nothing came while requests are parked: requests may wait in the
+                // kernel's list with no commit to pull them out. One kick round finds out.
+                self.kick_mode = true;
+                self.probing_round = true;
+                self.probe = (self.probe * 2).min(PROBE_MAX);
+            }
             for &(ud, res) in &cqes {
                 if ud == WAKE {
                     if !self.shared.closed.load(Ordering::Acquire) {
@@ -252,8 +281,10 @@ impl<FS: Filesystem> QueueThread<FS> {
                 if kick {
                     self.kicks_seen += 1;
                     self.kick_mode = self.fetched_inline(entry.index);
+                    self.probing_round = false;
                     if self.kick_mode {
                         self.reserve = (self.reserve * 2).min(MAX_RESERVE);
+                        self.probe = PROBE_MIN;
                     }
                 }
             }
@@ -273,6 +304,9 @@ impl<FS: Filesystem> QueueThread<FS> {
         for entry in ready {
             entry.slot.lock().phase = Phase::Fetching;
             self.parked -= 1;
+            if self.parked == 0 {
+                self.probe = PROBE_MIN;
+            }
             self.shared.counters.set_parked(self.parked as u64);
             self.commit(&entry);
         }
@@ -288,9 +322,17 @@ impl<FS: Filesystem> QueueThread<FS> {
         let before = self.deferred.len();
         self.deferred
             .extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
-        self.deferred[before..]
+        let fetched = self.deferred[before..]
             .iter()
-            .any(|&(ud, res)| ud == u64::from(index) && res >= 0)
+            .any(|&(ud, res)| ud == u64::from(index) && res >= 0);
+        // Another kick in flight taking the entry at once says nothing of the list.
+        fetched
+            && self.entries.get(index as usize).is_some_and(|e| {
+                // SAFETY: the entry's fetch completed (its completion is reaped above and
+                // not yet handled): the kernel is done with it and only this thread has it.
+                let pid = unsafe { e.header_pid() };
+                !self.kicker.as_ref().is_some_and(|k| k.is_kick(pid))
+            })
     }
 
     /// In kick mode, keeps [`KICKERS`] kicks in flight; leaves kick mode when kicks
@@ -313,7 +355,9 @@ impl<FS: Filesystem> QueueThread<FS> {
             (self.kicks_issued, self.kicks_seen) = (0, 0);
             return;
         }
-        while k.in_flight() < KICKERS {
+        // A probe asks one kick; a round that found requests queued keeps several going.
+        let want = if self.probing_round { 1 } else { KICKERS };
+        while k.in_flight() < want {
             self.kicks_issued += 1;
             k.kick();
         }
