@@ -269,11 +269,12 @@ impl Conn {
         ((again.st_dev, again.st_ino) == (st.st_dev, st.st_ino)).then_some((node, fd))
     }
 
-    /// After the link `victim` named is gone: an open inode keeps the descriptor (its
-    /// handle no longer opens it, and its open files must keep working).
+    /// After the link `victim` named is gone: an inode a client holds keeps the
+    /// descriptor (its handle no longer opens it, and its open files, and opens of it
+    /// through an `O_PATH` descriptor, must keep working).
     fn keep_victim(&self, victim: Option<(Node, OwnedFd)>) {
         if let Some((node, fd)) = victim {
-            self.srv.inodes.keep_if_open(&node, fd);
+            self.srv.inodes.keep_if_held(&node, fd);
         }
     }
 

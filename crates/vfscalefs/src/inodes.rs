@@ -661,6 +661,16 @@ impl InodeTable {
         }
     }
 
+    /// As [`InodeTable::keep_if_open`], for an inode a client's kernel still holds, open
+    /// or not: a client may open it again (an `O_PATH` descriptor through
+    /// `/proc/self/fd`), and its handle no longer opens it. The kernel forgets an
+    /// unlinked inode nobody uses at once, so this costs a descriptor only while one does.
+    pub fn keep_if_held(&self, inode: &Inode, fd: OwnedFd) {
+        if inode.opens.load(Ordering::Acquire) > 0 || inode.total_lookups() > 0 {
+            self.pin(inode, fd);
+        }
+    }
+
     /// `inode` keeps `fd` as its own descriptor (unless it has one), counted in
     /// [`InodeTable::own_fds`] until its eviction.
     fn pin(&self, inode: &Inode, fd: OwnedFd) {
