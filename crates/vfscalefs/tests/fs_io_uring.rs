@@ -267,35 +267,6 @@ fn parked_wait_granted_later_and_interrupted() {
 
 /// 1,000 waiters parked at once, each on an entry of its own: the mount still answers,
 /// and the unlock grants them all.
-/// The server's io_uring counters from its `SIGUSR1` line: requests parked now, ring
-/// entries registered.
-fn uring_counters(m: &Mounted, stats: &Path) -> (u64, u64) {
-    let before = std::fs::read_to_string(stats)
-        .map(|s| s.lines().count())
-        .unwrap_or(0);
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(m.pid()),
-        nix::sys::signal::Signal::SIGUSR1,
-    )
-    .unwrap();
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(5) {
-        let text = std::fs::read_to_string(stats).unwrap_or_default();
-        if let Some(line) = text.lines().nth(before) {
-            let field = |k: &str| {
-                line.split_whitespace()
-                    .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
-                    .unwrap_or_else(|| panic!("no {k} in {line}"))
-                    .parse::<u64>()
-                    .unwrap()
-            };
-            return (field("uring_parked"), field("uring_entries"));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("the server wrote no stats line to {}", stats.display());
-}
-
 #[test]
 fn a_thousand_parked_waiters_do_not_stall_the_queues() {
     let Some(_p) = param("Y") else {
@@ -336,15 +307,18 @@ fn a_thousand_parked_waiters_do_not_stall_the_queues() {
     // Each parked waiter holds an entry, and a new one was registered in its place: the
     // server's counters (SIGUSR1) show them all parked with entries to spare.
     let t = Instant::now();
-    let mut seen = (0, 0);
+    let mut seen = common::UringStats {
+        parked: 0,
+        entries: 0,
+    };
     while t.elapsed() < Duration::from_secs(20) {
-        seen = uring_counters(&m, &stats);
-        if seen.0 >= WAITERS as u64 {
+        seen = m.uring_stats(&stats);
+        if seen.parked >= WAITERS as u64 {
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let (parked, entries) = seen;
+    let common::UringStats { parked, entries } = seen;
     say(&format!(
         "{WAITERS} waiters: {parked} parked, {entries} ring entries; address space +{} KiB, resident {} KiB",
         vm_kib(m.pid(), "VmSize").saturating_sub(vm_before),
@@ -377,7 +351,7 @@ fn a_thousand_parked_waiters_do_not_stall_the_queues() {
         assert_eq!(got, Ok(()));
     }
     assert_eq!(
-        uring_counters(&m, &stats).0,
+        m.uring_stats(&stats).parked,
         0,
         "requests still parked after every grant"
     );

@@ -60,17 +60,14 @@ pub fn transport_is_io_uring() -> bool {
     std::env::var(TRANSPORT_VAR).is_ok_and(|v| v == "io_uring")
 }
 
-/// Whether `opts` choose the transport themselves (the io_uring tests do).
-fn names_transport(opts: &str) -> bool {
-    opts.split(',').any(|o| o.starts_with("io_uring"))
-}
-
-/// `opts` with the transport [`TRANSPORT_VAR`] asks for, unless they name one.
-pub fn with_transport(opts: &str) -> String {
-    match (transport_is_io_uring() && !names_transport(opts), opts.is_empty()) {
-        (false, _) => opts.to_string(),
-        (true, true) => "io_uring".to_string(),
-        (true, false) => format!("{opts},io_uring"),
+/// `opts` with the transport [`TRANSPORT_VAR`] asks for, unless they name one (the
+/// io_uring tests do), and whether the server must then serve io_uring.
+fn with_transport(opts: &str) -> (String, bool) {
+    let add = transport_is_io_uring() && !opts.split(',').any(|o| o.starts_with("io_uring"));
+    match (add, opts.is_empty()) {
+        (false, _) => (opts.to_string(), false),
+        (true, true) => ("io_uring".to_string(), true),
+        (true, false) => (format!("{opts},io_uring"), true),
     }
 }
 
@@ -146,8 +143,7 @@ impl Mounted {
         }
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_vfscalefs"));
         cmd.arg(&source).args(&mounts);
-        let must_use_io_uring = transport_is_io_uring() && !names_transport(opts);
-        let opts = with_transport(opts);
+        let (opts, must_use_io_uring) = with_transport(opts);
         if !opts.is_empty() {
             cmd.arg("-o").arg(&opts);
         }
@@ -289,6 +285,15 @@ pub struct DispatchStats {
     pub dispatch_wakes: u64,
 }
 
+/// The io_uring queues' counters from the same line, summed over the connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UringStats {
+    /// `uring_parked=`: requests parked now, each holding a ring entry.
+    pub parked: u64,
+    /// `uring_entries=`: ring entries registered.
+    pub entries: u64,
+}
+
 impl Mounted {
     /// The server's counters: sends `SIGUSR1` and reads the line it appends to `file`
     /// (the server's `VFSCALEFS_STATS`).
@@ -310,6 +315,15 @@ impl Mounted {
             reads: field("dispatch_reads"),
             busy_reads: field("dispatch_busy_reads"),
             dispatch_wakes: field("dispatch_wakes"),
+        }
+    }
+
+    /// The io_uring queues' counters, as [`Mounted::stats`] reads the others.
+    pub fn uring_stats(&self, file: &Path) -> UringStats {
+        let field = self.stats_line(file);
+        UringStats {
+            parked: field("uring_parked"),
+            entries: field("uring_entries"),
         }
     }
 
