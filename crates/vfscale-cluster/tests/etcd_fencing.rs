@@ -18,6 +18,11 @@ async fn a_member_that_cannot_renew_fences_and_rejoins() {
     let old = a.me();
     let first = a.home(InodeId(1)).await.expect("claim");
     let mut rx = a.events();
+    // Renewals keep the member unfenced well past its TTL.
+    for _ in 0..20 {
+        tokio::time::sleep(ttl / 5).await;
+        assert!(!a.fenced(), "fenced while etcd answers");
+    }
     // Freeze every etcd member: no renewal can succeed.
     for i in 0..etcd.len() {
         etcd.pause(i).expect("SIGSTOP etcd");

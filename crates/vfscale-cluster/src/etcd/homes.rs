@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 
+use super::endpoints::Failure;
 use super::fence::now_nanos;
-use super::lease::{etcd_error, lease_not_found};
 use super::view::{HomeEntry, View};
 use super::Shared;
 use crate::{ClusterError, Home, InodeId, Member};
@@ -66,16 +66,19 @@ pub(crate) async fn home(shared: &Shared, ino: InodeId) -> Result<Home, ClusterE
                 Some(PutOptions::new().with_lease(lease)),
             )])
             .or_else([TxnOp::get(key.as_str(), None)]);
-        let resp = match tokio::time::timeout(ATTEMPT, shared.kv().txn(txn)).await {
-            Ok(Ok(resp)) => resp,
-            Ok(Err(e)) if lease_not_found(&e) => return Err(ClusterError::Fenced),
-            Ok(Err(e)) => {
-                last_error = etcd_error("claim", &e).to_string();
-                tokio::time::sleep(RETRY).await;
+        let resp = match shared
+            .request(ATTEMPT, |mut c| async move { c.txn(txn).await })
+            .await
+        {
+            Ok(resp) => resp,
+            Err(f) if f.lease_not_found() => return Err(ClusterError::Fenced),
+            Err(Failure::Timeout(d)) => {
+                last_error = format!("no answer within {d:?}");
                 continue;
             }
-            Err(_) => {
-                last_error = format!("no answer within {ATTEMPT:?}");
+            Err(f) => {
+                last_error = f.to_string();
+                tokio::time::sleep(RETRY).await;
                 continue;
             }
         };
@@ -142,10 +145,10 @@ pub(crate) async fn home(shared: &Shared, ino: InodeId) -> Result<Home, ClusterE
 /// Reads `members/<node>`: the member, if it is registered under the entry's lease.
 async fn read_member(shared: &Shared, entry: &HomeEntry) -> Option<Member> {
     let key = shared.keys.member(&entry.node);
-    let resp = tokio::time::timeout(ATTEMPT, shared.kv().get(key, Some(GetOptions::new())))
-        .await
-        .ok()?
-        .ok()?;
+    let get = shared.request(ATTEMPT, |mut c| async move {
+        c.get(key, Some(GetOptions::new())).await
+    });
+    let resp = get.await.ok()?;
     let kv = resp.kvs().first()?;
     let addr = super::keys::decode_member_addr(kv.value())?;
     (kv.lease() == entry.lease).then(|| Member {

@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, Error as EtcdError, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use tracing::{debug, info, warn};
 
+use super::endpoints::lease_not_found;
 use super::fence::now_nanos;
 use super::keys::encode_member;
 use super::Shared;
@@ -59,8 +60,10 @@ async fn keep(shared: &Shared, lease: i64) -> LeaseEnd {
         // The stream's first renewal is sent when it opens.
         let sent = now_nanos();
         let bound = period.min(shared.fence.until_deadline());
-        let mut client = shared.client.lease_client();
-        let (mut keeper, mut stream) = match tokio::time::timeout(bound, client.keep_alive(lease)).await {
+        let pick = shared.endpoints.pick();
+        let mut client = pick.client.clone();
+        let (mut keeper, mut stream) = match tokio::time::timeout(bound, client.lease_keep_alive(lease)).await
+        {
             Ok(Ok(pair)) => {
                 shared.fence.renewed(sent);
                 pair
@@ -68,10 +71,14 @@ async fn keep(shared: &Shared, lease: i64) -> LeaseEnd {
             Ok(Err(e)) if lease_not_found(&e) => return LeaseEnd::Gone,
             Ok(Err(e)) => {
                 debug!(error = %e, "keep-alive stream failed to open");
+                shared.endpoints.failed(&pick);
                 tokio::time::sleep(RETRY.min(shared.fence.until_deadline())).await;
                 continue;
             }
-            Err(_) => continue,
+            Err(_) => {
+                shared.endpoints.failed(&pick);
+                continue;
+            }
         };
         let mut last = sent;
         loop {
@@ -82,6 +89,7 @@ async fn keep(shared: &Shared, lease: i64) -> LeaseEnd {
             }
             let sent = now_nanos();
             if keeper.keep_alive().await.is_err() {
+                shared.endpoints.failed(&pick);
                 break;
             }
             let bound = period.min(shared.fence.until_deadline());
@@ -91,7 +99,10 @@ async fn keep(shared: &Shared, lease: i64) -> LeaseEnd {
                     last = sent;
                 }
                 Ok(Ok(Some(_))) => return LeaseEnd::Gone,
-                Ok(Ok(None)) | Ok(Err(_)) | Err(_) => break,
+                Ok(Ok(None)) | Ok(Err(_)) | Err(_) => {
+                    shared.endpoints.failed(&pick);
+                    break;
+                }
             }
         }
     }
@@ -101,15 +112,10 @@ async fn keep(shared: &Shared, lease: i64) -> LeaseEnd {
 /// claims anything again), then grants a new lease and registers under it.
 async fn rejoin(shared: &Shared, old: i64) -> Result<(), ClusterError> {
     if old != 0 {
-        shared.counters.etcd_txns.inc();
-        let mut leases = shared.client.lease_client();
-        let revoke = leases.revoke(old);
-        match tokio::time::timeout(shared.cfg.lease_ttl, revoke).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) if lease_not_found(&e) => {}
-            Ok(Err(e)) => return Err(etcd_error("revoking the old lease", &e)),
-            Err(_) => return Err(ClusterError::Etcd("revoking the old lease timed out".into())),
-        }
+        shared
+            .revoke(old)
+            .await
+            .map_err(|f| ClusterError::Etcd(format!("revoking the old lease: {f}")))?;
     }
     register(shared, Duration::ZERO).await
 }
@@ -121,14 +127,11 @@ pub(crate) async fn register(shared: &Shared, wait_for_name: Duration) -> Result
     let ttl = shared.cfg.lease_ttl;
     let ttl_secs = ttl.as_secs().max(1) as i64;
     let sent = now_nanos();
-    shared.counters.etcd_txns.inc();
-    let mut leases = shared.client.lease_client();
-    let grant = leases.grant(ttl_secs, None);
-    let lease = match tokio::time::timeout(ttl, grant).await {
-        Ok(Ok(resp)) => resp.id(),
-        Ok(Err(e)) => return Err(etcd_error("granting a lease", &e)),
-        Err(_) => return Err(ClusterError::Etcd("granting a lease timed out".into())),
-    };
+    let grant = shared.request(ttl, |mut c| async move { c.lease_grant(ttl_secs, None).await });
+    let lease = grant
+        .await
+        .map_err(|f| ClusterError::Etcd(format!("granting a lease: {f}")))?
+        .id();
     let key = shared.keys.member(&shared.cfg.node);
     let value = encode_member(shared.cfg.peer_addr, lease);
     let give_up = now_nanos() + wait_for_name.as_nanos() as u64;
@@ -141,11 +144,10 @@ pub(crate) async fn register(shared: &Shared, wait_for_name: Duration) -> Result
                 Some(PutOptions::new().with_lease(lease)),
             )])
             .or_else([TxnOp::get(key.as_str(), None)]);
-        let resp = match tokio::time::timeout(ttl, shared.kv().txn(txn)).await {
-            Ok(Ok(resp)) => resp,
-            Ok(Err(e)) => return Err(etcd_error("registering", &e)),
-            Err(_) => return Err(ClusterError::Etcd("registering timed out".into())),
-        };
+        let resp = shared
+            .request(ttl, |mut c| async move { c.txn(txn).await })
+            .await
+            .map_err(|f| ClusterError::Etcd(format!("registering: {f}")))?;
         if resp.succeeded() {
             break;
         }
@@ -157,8 +159,7 @@ pub(crate) async fn register(shared: &Shared, wait_for_name: Duration) -> Result
             _ => None,
         });
         if now_nanos() >= give_up {
-            shared.counters.etcd_txns.inc();
-            let _ = shared.client.lease_client().revoke(lease).await;
+            let _ = shared.revoke(lease).await;
             return Err(ClusterError::Config(format!(
                 "node name {:?} is registered by a live member ({}) in cluster {:?}; give each server its own --node",
                 shared.cfg.node,
@@ -171,18 +172,4 @@ pub(crate) async fn register(shared: &Shared, wait_for_name: Duration) -> Result
     shared.set_lease(lease);
     shared.fence.rejoined(sent);
     Ok(())
-}
-
-/// Whether etcd says the lease does not exist.
-pub(crate) fn lease_not_found(e: &EtcdError) -> bool {
-    match e {
-        EtcdError::LeaseKeepAliveError(m) => m.contains("not found"),
-        EtcdError::GRpcStatus(s) => s.message().contains("lease not found"),
-        _ => false,
-    }
-}
-
-/// An etcd failure, saying what was being done.
-pub(crate) fn etcd_error(doing: &str, e: &EtcdError) -> ClusterError {
-    ClusterError::Etcd(format!("{doing}: {e}"))
 }

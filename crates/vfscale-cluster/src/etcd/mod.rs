@@ -41,6 +41,7 @@
 //! after a rejoin); a deleted `homes/<ino>` is `HomeGone`. When the watch falls behind
 //! compaction it re-lists, and emits the same events for what the listing lacks.
 
+mod endpoints;
 mod fence;
 mod homes;
 mod keys;
@@ -48,18 +49,20 @@ mod lease;
 mod view;
 mod waits;
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, KvClient};
+use etcd_client::{Client, Error as EtcdError};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
 use crate::directory::{BoxFuture, Directory, DirectoryStats, WaitCycle};
 use crate::{ClusterError, DirectoryEvent, Home, InodeId, Member, WaitEdge};
+use endpoints::{Endpoints, Failure};
 use fence::FenceClock;
 use keys::Keys;
 use view::View;
@@ -154,7 +157,7 @@ pub(crate) struct Counters {
 pub(crate) struct Shared {
     pub(crate) cfg: EtcdConfig,
     pub(crate) keys: Keys,
-    pub(crate) client: Client,
+    pub(crate) endpoints: Endpoints,
     lease: AtomicI64,
     pub(crate) fence: FenceClock,
     pub(crate) view: RwLock<View>,
@@ -181,10 +184,27 @@ impl Shared {
         }
     }
 
-    /// A KV client for one counted request (everything but keep-alive and the watch).
-    pub(crate) fn kv(&self) -> KvClient {
+    /// One counted request (everything but keep-alive and the watch), bounded by
+    /// `limit`, on the current etcd endpoint.
+    pub(crate) async fn request<T, F, Fut>(&self, limit: Duration, f: F) -> Result<T, Failure>
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: Future<Output = Result<T, EtcdError>>,
+    {
         self.counters.etcd_txns.inc();
-        self.client.kv_client()
+        self.endpoints.request(limit, f).await
+    }
+
+    /// Revokes `lease`, best effort (an orderly leave, or a failed join).
+    pub(crate) async fn revoke(&self, lease: i64) -> Result<(), Failure> {
+        let revoke = self.request(
+            self.cfg.lease_ttl,
+            |mut c| async move { c.lease_revoke(lease).await },
+        );
+        match revoke.await {
+            Err(f) if !f.lease_not_found() => Err(f),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -201,20 +221,13 @@ impl EtcdDirectory {
     /// TTL + 2 s for it to go.
     pub async fn join(cfg: EtcdConfig) -> Result<Arc<EtcdDirectory>, ClusterError> {
         cfg.validate()?;
-        let opts = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(1))
-            .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1))
-            .with_keep_alive_while_idle(true)
-            .with_require_leader(true);
-        let client = Client::connect(&cfg.endpoints, Some(opts))
-            .await
-            .map_err(|e| ClusterError::Etcd(format!("connecting to {}: {e}", cfg.endpoints.join(","))))?;
+        let endpoints = Endpoints::connect(&cfg.endpoints).await?;
         let (events, _) = broadcast::channel(EVENT_BUFFER);
         let shared = Arc::new(Shared {
             keys: Keys::new(&cfg.cluster_name),
             fence: FenceClock::new(cfg.lease_ttl),
             cfg,
-            client,
+            endpoints,
             lease: AtomicI64::new(0),
             view: RwLock::new(View::default()),
             events,
@@ -223,7 +236,7 @@ impl EtcdDirectory {
         });
         lease::register(&shared, shared.cfg.lease_ttl + Duration::from_secs(2)).await?;
         if let Err(e) = view::relist(&shared).await {
-            let _ = shared.client.lease_client().revoke(shared.lease()).await;
+            let _ = shared.revoke(shared.lease()).await;
             return Err(e);
         }
         let tasks = vec![
@@ -244,10 +257,9 @@ impl EtcdDirectory {
         self.shared.fence.set_lost();
         let lease = self.shared.lease();
         if lease != 0 {
-            self.shared.counters.etcd_txns.inc();
-            let mut leases = self.shared.client.lease_client();
-            let revoke = leases.revoke(lease);
-            let _ = tokio::time::timeout(self.shared.cfg.lease_ttl, revoke).await;
+            if let Err(e) = self.shared.revoke(lease).await {
+                tracing::warn!(lease, error = %e, "leaving: the lease could not be revoked; it expires after its TTL");
+            }
         }
     }
 

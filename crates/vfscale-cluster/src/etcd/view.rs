@@ -15,6 +15,8 @@ use crate::{ClusterError, DirectoryEvent, InodeId, Member};
 
 /// Pause before reopening a broken watch.
 const REOPEN: Duration = Duration::from_millis(200);
+/// How long opening a watch may take before another endpoint is tried.
+const WATCH_OPEN: Duration = Duration::from_secs(2);
 
 /// An ownership key as read: the home's node, its lease and the fencing token.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,14 +119,12 @@ impl View {
 /// events for what the old view had and the new one lacks.
 pub(crate) async fn relist(shared: &Shared) -> Result<(), ClusterError> {
     let (from, to) = shared.keys.view_range();
-    shared.counters.etcd_txns.inc();
-    let mut kv = shared.client.kv_client();
-    let get = kv.get(from, Some(GetOptions::new().with_range(to)));
-    let resp = match tokio::time::timeout(shared.cfg.lease_ttl, get).await {
-        Ok(Ok(resp)) => resp,
-        Ok(Err(e)) => return Err(ClusterError::Etcd(format!("listing members and homes: {e}"))),
-        Err(_) => return Err(ClusterError::Etcd("listing members and homes timed out".into())),
-    };
+    let get = shared.request(shared.cfg.lease_ttl, |mut c| async move {
+        c.get(from, Some(GetOptions::new().with_range(to))).await
+    });
+    let resp = get
+        .await
+        .map_err(|f| ClusterError::Etcd(format!("listing members and homes: {f}")))?;
     let mut fresh = View {
         rev: resp.header().map_or(0, |h| h.revision()),
         ..View::default()
@@ -156,12 +156,21 @@ pub(crate) async fn watch_task(shared: Arc<Shared>) {
         let opts = WatchOptions::new()
             .with_range(end)
             .with_start_revision(from)
-            .with_prev_key()
             .with_progress_notify();
-        let mut stream = match shared.client.watch_client().watch(start, Some(opts)).await {
-            Ok(s) => s,
-            Err(e) => {
+        let pick = shared.endpoints.pick();
+        let mut client = pick.client.clone();
+        let opened = tokio::time::timeout(WATCH_OPEN, client.watch(start, Some(opts))).await;
+        let mut stream = match opened {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
                 debug!(error = %e, "watch failed to open");
+                shared.endpoints.failed(&pick);
+                tokio::time::sleep(REOPEN).await;
+                continue;
+            }
+            Err(_) => {
+                debug!("watch did not open in time");
+                shared.endpoints.failed(&pick);
                 tokio::time::sleep(REOPEN).await;
                 continue;
             }
@@ -185,9 +194,16 @@ pub(crate) async fn watch_task(shared: Arc<Shared>) {
                     }
                     break;
                 }
-                Ok(Some(resp)) if resp.canceled() => break,
+                // etcd cancels watches on a member that lost its leader.
+                Ok(Some(resp)) if resp.canceled() => {
+                    debug!(reason = resp.cancel_reason(), "watch canceled, reopening");
+                    shared.endpoints.failed(&pick);
+                    tokio::time::sleep(REOPEN).await;
+                    break;
+                }
                 Ok(Some(resp)) => apply_response(&shared, &resp),
                 Ok(None) | Err(_) => {
+                    shared.endpoints.failed(&pick);
                     tokio::time::sleep(REOPEN).await;
                     break;
                 }

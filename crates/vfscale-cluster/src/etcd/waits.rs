@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
+use super::endpoints::Failure;
 use super::fence::now_nanos;
 use super::keys::{decode_edges, encode_edges};
-use super::lease::{etcd_error, lease_not_found};
 use super::Shared;
 use crate::{ClusterError, PublishedEdge, WaitCycle, WaitEdge};
 
@@ -38,17 +38,15 @@ pub(crate) async fn publish(
             )));
         }
         // The graph and its version at one revision.
-        let mut kv = shared.kv();
-        let read = kv.get(shared.keys.waits_prefix(), Some(GetOptions::new().with_prefix()));
-        let resp = match tokio::time::timeout(ATTEMPT, read).await {
-            Ok(Ok(resp)) => resp,
-            Ok(Err(e)) => {
-                last_error = etcd_error("reading the wait graph", &e).to_string();
-                tokio::time::sleep(RETRY).await;
-                continue;
-            }
-            Err(_) => {
-                last_error = format!("no answer within {ATTEMPT:?}");
+        let prefix = shared.keys.waits_prefix();
+        let read = shared.request(ATTEMPT, |mut c| async move {
+            c.get(prefix, Some(GetOptions::new().with_prefix())).await
+        });
+        let resp = match read.await {
+            Ok(resp) => resp,
+            Err(f) => {
+                last_error = format!("reading the wait graph: {f}");
+                pause_after(&f).await;
                 continue;
             }
         };
@@ -88,20 +86,29 @@ pub(crate) async fn publish(
                 version,
             )])
             .and_then([write, TxnOp::put(version_key.as_str(), me, None)]);
-        match tokio::time::timeout(ATTEMPT, shared.kv().txn(txn)).await {
-            Ok(Ok(resp)) if resp.succeeded() => {
+        match shared
+            .request(ATTEMPT, |mut c| async move { c.txn(txn).await })
+            .await
+        {
+            Ok(resp) if resp.succeeded() => {
                 shared.counters.wait_publications.inc();
                 return Ok(Vec::new());
             }
             // Another member published in between: read its edges and check again.
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) if lease_not_found(&e) => return Err(ClusterError::Fenced),
-            Ok(Err(e)) => {
-                last_error = etcd_error("publishing wait-for edges", &e).to_string();
-                tokio::time::sleep(RETRY).await;
+            Ok(_) => {}
+            Err(f) if f.lease_not_found() => return Err(ClusterError::Fenced),
+            Err(f) => {
+                last_error = f.to_string();
+                pause_after(&f).await;
             }
-            Err(_) => last_error = format!("no answer within {ATTEMPT:?}"),
         }
+    }
+}
+
+/// An error answer is retried after a pause; a timeout has paused already.
+async fn pause_after(f: &Failure) {
+    if !matches!(f, Failure::Timeout(_)) {
+        tokio::time::sleep(RETRY).await;
     }
 }
 
