@@ -78,6 +78,11 @@ async fn a_home_goes_with_its_lease_and_the_next_token_is_larger() {
         b.cached_home(ino).is_none()
     })
     .await;
+    let mut client = etcd_client::Client::connect(etcd.endpoints(), None)
+        .await
+        .expect("connect");
+    let key = client.get("/vfscale/test/homes/7", None).await.expect("get");
+    assert!(key.kvs().is_empty(), "the home's key went with its lease");
     let second = b.home(ino).await.expect("b claims");
     assert_eq!(second.member, b.me());
     assert!(
@@ -138,4 +143,49 @@ async fn claims_go_on_when_the_etcd_leader_is_killed() {
         "an etcd election must not fence members"
     );
     assert_eq!(a.stats().fences + b.stats().fences, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_endpoint_dying_moves_requests_watch_and_keep_alive() {
+    let Some(mut etcd) = etcd() else { return };
+    let a = join(&etcd, "a", 5).await;
+    let b = join(&etcd, "b", 5).await;
+    a.home(InodeId(1)).await.expect("warm");
+    // Every client starts on the first endpoint.
+    etcd.kill(0);
+    let h = b
+        .home(InodeId(2))
+        .await
+        .expect("b claims after its endpoint died");
+    eventually(Duration::from_secs(10), "a's watch sees b's claim", || {
+        a.cached_home(InodeId(2)) == Some(h.clone())
+    })
+    .await;
+    // Past TTL minus the margin (4 s): only a renewal through another endpoint keeps a.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(!a.fenced() && !b.fenced());
+    assert_eq!(a.stats().fences + b.stats().fences, 0);
+    assert_eq!(a.home(InodeId(1)).await.expect("still home").member, a.me());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_first_endpoint_is_left_for_the_others() {
+    let Some(etcd) = etcd() else { return };
+    let a = join(&etcd, "a", 5).await;
+    let b = join(&etcd, "b", 5).await;
+    a.home(InodeId(1)).await.expect("warm");
+    // SIGSTOP: the connection stays up and nothing answers on it.
+    etcd.pause(0).expect("SIGSTOP");
+    let h = b
+        .home(InodeId(2))
+        .await
+        .expect("b claims after its endpoint froze");
+    eventually(Duration::from_secs(10), "a's watch sees b's claim", || {
+        a.cached_home(InodeId(2)) == Some(h.clone())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(!a.fenced() && !b.fenced());
+    assert_eq!(a.stats().fences + b.stats().fences, 0);
+    etcd.resume(0).expect("SIGCONT");
 }
