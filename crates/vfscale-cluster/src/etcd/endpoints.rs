@@ -12,6 +12,7 @@ use std::time::Duration;
 use etcd_client::{Client, ConnectOptions, Error as EtcdError};
 use tracing::debug;
 
+use super::fence::{now_nanos, FenceClock};
 use crate::ClusterError;
 
 /// The clients, and which one is current.
@@ -58,6 +59,34 @@ pub(crate) fn lease_not_found(e: &EtcdError) -> bool {
         EtcdError::LeaseKeepAliveError(m) => m.contains("not found"),
         EtcdError::GRpcStatus(s) => s.message().contains("lease not found"),
         _ => false,
+    }
+}
+
+/// Attempts at one operation, for up to a time budget: the operation ends when this
+/// member is fenced or the budget is spent, with the last failure in the message.
+pub(crate) struct Retries {
+    give_up: u64,
+    /// What went wrong last.
+    pub(crate) last_error: String,
+}
+
+impl Retries {
+    pub(crate) fn new(budget: Duration) -> Retries {
+        Retries {
+            give_up: now_nanos() + budget.as_nanos() as u64,
+            last_error: String::from("no attempt"),
+        }
+    }
+
+    /// Whether another attempt may be made; `doing` names the operation in the error.
+    pub(crate) fn next(&self, fence: &FenceClock, doing: fmt::Arguments<'_>) -> Result<(), ClusterError> {
+        if fence.fenced() {
+            return Err(ClusterError::Fenced);
+        }
+        if now_nanos() >= self.give_up {
+            return Err(ClusterError::Etcd(format!("{doing}: {}", self.last_error)));
+        }
+        Ok(())
     }
 }
 

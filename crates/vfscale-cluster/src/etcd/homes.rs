@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 
-use super::endpoints::Failure;
-use super::fence::now_nanos;
+use super::endpoints::{Failure, Retries};
 use super::view::{HomeEntry, View};
 use super::Shared;
 use crate::{ClusterError, Home, InodeId, Member};
@@ -45,18 +44,9 @@ pub(crate) async fn home(shared: &Shared, ino: InodeId) -> Result<Home, ClusterE
         return Ok(h);
     }
     let key = shared.keys.home(ino);
-    let give_up = now_nanos() + shared.cfg.lease_ttl.as_nanos() as u64;
-    let mut last_error = String::from("no attempt");
+    let mut retries = Retries::new(shared.cfg.lease_ttl);
     loop {
-        if shared.fence.fenced() {
-            return Err(ClusterError::Fenced);
-        }
-        if now_nanos() >= give_up {
-            return Err(ClusterError::Etcd(format!(
-                "claiming inode {}: {last_error}",
-                ino.0
-            )));
-        }
+        retries.next(&shared.fence, format_args!("claiming inode {}", ino.0))?;
         let lease = shared.lease();
         let txn = Txn::new()
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
@@ -73,11 +63,11 @@ pub(crate) async fn home(shared: &Shared, ino: InodeId) -> Result<Home, ClusterE
             Ok(resp) => resp,
             Err(f) if f.lease_not_found() => return Err(ClusterError::Fenced),
             Err(Failure::Timeout(d)) => {
-                last_error = format!("no answer within {d:?}");
+                retries.last_error = format!("no answer within {d:?}");
                 continue;
             }
             Err(f) => {
-                last_error = f.to_string();
+                retries.last_error = f.to_string();
                 tokio::time::sleep(RETRY).await;
                 continue;
             }
@@ -135,7 +125,7 @@ pub(crate) async fn home(shared: &Shared, ino: InodeId) -> Result<Home, ClusterE
             }
             None => {
                 // The key's lease is ending (its member is gone): etcd deletes it soon.
-                last_error = format!("home {:?} (lease {:x}) is going away", entry.node, entry.lease);
+                retries.last_error = format!("home {:?} (lease {:x}) is going away", entry.node, entry.lease);
                 tokio::time::sleep(RETRY).await;
             }
         }

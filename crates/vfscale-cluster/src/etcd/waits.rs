@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
-use super::endpoints::Failure;
-use super::fence::now_nanos;
+use super::endpoints::{Failure, Retries};
 use super::keys::{decode_edges, encode_edges};
 use super::Shared;
 use crate::{ClusterError, PublishedEdge, WaitCycle, WaitEdge};
@@ -26,17 +25,9 @@ pub(crate) async fn publish(
     new: Vec<WaitEdge>,
 ) -> Result<Vec<WaitCycle>, ClusterError> {
     let me = shared.cfg.node.as_str();
-    let give_up = now_nanos() + shared.cfg.lease_ttl.as_nanos() as u64;
-    let mut last_error = String::from("no attempt");
+    let mut retries = Retries::new(shared.cfg.lease_ttl);
     loop {
-        if shared.fence.fenced() {
-            return Err(ClusterError::Fenced);
-        }
-        if now_nanos() >= give_up {
-            return Err(ClusterError::Etcd(format!(
-                "publishing wait-for edges: {last_error}"
-            )));
-        }
+        retries.next(&shared.fence, format_args!("publishing wait-for edges"))?;
         // The graph and its version at one revision.
         let prefix = shared.keys.waits_prefix();
         let read = shared.request(ATTEMPT, |mut c| async move {
@@ -45,7 +36,7 @@ pub(crate) async fn publish(
         let resp = match read.await {
             Ok(resp) => resp,
             Err(f) => {
-                last_error = format!("reading the wait graph: {f}");
+                retries.last_error = format!("reading the wait graph: {f}");
                 pause_after(&f).await;
                 continue;
             }
@@ -98,7 +89,7 @@ pub(crate) async fn publish(
             Ok(_) => {}
             Err(f) if f.lease_not_found() => return Err(ClusterError::Fenced),
             Err(f) => {
-                last_error = f.to_string();
+                retries.last_error = f.to_string();
                 pause_after(&f).await;
             }
         }
