@@ -22,6 +22,9 @@ use std::time::{Duration, Instant};
 /// How long `start` and `restart` wait for members to report healthy.
 const HEALTHY_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// How many sets of ports `start` tries when a member exits at start.
+const START_ATTEMPTS: usize = 3;
+
 /// Revisions etcd keeps before auto-compaction drops older ones.
 const COMPACTION_RETENTION: &str = "10000";
 
@@ -74,6 +77,19 @@ impl EtcdCluster {
     /// (tmpfs) and auto-compaction on; returns once every member reports healthy
     /// (within 20 s, else an error naming the members that did not).
     pub fn start(n: usize) -> io::Result<EtcdCluster> {
+        // A port found free can be taken by another process before etcd binds it; then
+        // that member exits at start, and a new set of ports is tried.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::start_once(n) {
+                Err(e) if attempt < START_ATTEMPTS && e.kind() == io::ErrorKind::AddrInUse => continue,
+                result => return result,
+            }
+        }
+    }
+
+    fn start_once(n: usize) -> io::Result<EtcdCluster> {
         if n == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -269,11 +285,26 @@ impl EtcdCluster {
             for &i in which {
                 let m = &mut self.members[i];
                 if let Some(Some(status)) = m.child.as_mut().map(|c| c.try_wait().ok().flatten()) {
-                    return Err(io::Error::other(format!(
-                        "etcd member {} exited at start ({status}); its log: {}",
-                        m.name,
-                        self.root.join(format!("{}.log", m.name)).display()
-                    )));
+                    // The data directory goes with the cluster: quote the log's end.
+                    let log = std::fs::read_to_string(self.root.join(format!("{}.log", m.name)))
+                        .unwrap_or_default();
+                    let mut start = log.len().saturating_sub(800);
+                    while !log.is_char_boundary(start) {
+                        start += 1;
+                    }
+                    let tail = &log[start..];
+                    let kind = if log.contains("address already in use") {
+                        io::ErrorKind::AddrInUse
+                    } else {
+                        io::ErrorKind::Other
+                    };
+                    return Err(io::Error::new(
+                        kind,
+                        format!(
+                            "etcd member {} exited at start ({status}); its log ends: {tail}",
+                            m.name
+                        ),
+                    ));
                 }
                 if !healthy(m.client_port) {
                     sick.push(m.name.clone());
