@@ -7,8 +7,8 @@ mod etcd_support;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
-use etcd_support::{etcd, join};
-use vfscale_cluster::{Directory, InodeId};
+use etcd_support::{etcd, join, wait_event};
+use vfscale_cluster::{Directory, DirectoryEvent, InodeId};
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
@@ -73,4 +73,23 @@ async fn etcd_txn_latency_and_txns_per_claim() {
         wall.elapsed() / n as u32,
         a.stats().etcd_txns - before
     );
+    // A member that stops renewing (dropped without leaving): how long until the other
+    // member hears its home is gone, for TTL 2 s.
+    let b = join(&etcd, "b", 5).await;
+    for round in 0..3 {
+        let c = join(&etcd, "c", 2).await;
+        let ino = InodeId(1_000_000 + round);
+        c.home(ino).await.expect("c claims");
+        let mut rx = b.events();
+        drop(c);
+        let t = Instant::now();
+        wait_event(&mut rx, Duration::from_secs(10), "HomeGone", |e| {
+            matches!(e, DirectoryEvent::HomeGone { ino: i, .. } if *i == ino).then_some(())
+        })
+        .await;
+        println!(
+            "TTL 2 s member dropped: HomeGone at the other after {:?}",
+            t.elapsed()
+        );
+    }
 }

@@ -25,6 +25,20 @@
 //!   atomics only: `fenced()` is one load and one `CLOCK_MONOTONIC` read.
 //! * Two tasks run on the caller's tokio runtime: the keep-alive (it alone fences and
 //!   rejoins) and the watch (it alone re-lists). Dropping the directory aborts both.
+//! * etcd is reached through one client per endpoint; which one is current is an atomic
+//!   index that a failed or timed-out request moves to the next endpoint.
+//!
+//! # Where to find what
+//!
+//! | concept | file |
+//! |---|---|
+//! | key names, value encodings | `keys.rs` |
+//! | the endpoints, failover between them, retry budgets | `endpoints.rs` |
+//! | the fence clock (`CLOCK_MONOTONIC`, TTL minus margin) | `fence.rs` |
+//! | keep-alive, fencing, rejoin, registration | `lease.rs` |
+//! | the view (members, homes), its watch and re-list | `view.rs` |
+//! | claims and cached homes | `homes.rs` |
+//! | the wait-for graph and cycle search | `waits.rs` |
 //!
 //! # Fencing rule
 //!
