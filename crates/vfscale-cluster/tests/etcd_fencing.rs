@@ -115,3 +115,42 @@ async fn a_watch_behind_compaction_relists() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_etcd_ended_is_noticed_at_the_next_renewal() {
+    let Some(etcd) = etcd() else { return };
+    let a = join(&etcd, "a", 3).await;
+    let b = join(&etcd, "b", 3).await;
+    let old = a.me();
+    let first = a.home(InodeId(5)).await.expect("a claims");
+    let (mut ra, mut rb) = (a.events(), b.events());
+    // Someone else ends a's lease (as etcd does when it expires it).
+    let mut client = Client::connect(etcd.endpoints(), None).await.expect("connect");
+    client.lease_revoke(old.lease).await.expect("revoke");
+    let gone = wait_event(&mut rb, Duration::from_secs(5), "MemberGone(a)", |e| match e {
+        DirectoryEvent::MemberGone(m) => Some(m.clone()),
+        _ => None,
+    })
+    .await;
+    assert_eq!(gone, old);
+    // The next renewal (within TTL/3 = 1 s) finds the lease gone.
+    wait_event(&mut ra, Duration::from_secs(3), "Fenced", |e| {
+        (*e == DirectoryEvent::Fenced).then_some(())
+    })
+    .await;
+    let me = wait_event(&mut ra, Duration::from_secs(10), "Rejoined", |e| match e {
+        DirectoryEvent::Rejoined(m) => Some(m.clone()),
+        _ => None,
+    })
+    .await;
+    assert_ne!(me.lease, old.lease);
+    // b claims what a lost; a learns b is home, with a larger token.
+    let now = b.home(InodeId(5)).await.expect("b claims");
+    assert_eq!(now.member, b.me());
+    assert!(now.token > first.token);
+    assert_eq!(a.home(InodeId(5)).await.expect("a learns"), now);
+    eventually(Duration::from_secs(5), "b sees a again", || {
+        b.members().iter().any(|m| *m == me)
+    })
+    .await;
+}
