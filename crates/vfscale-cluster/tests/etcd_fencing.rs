@@ -150,7 +150,7 @@ async fn a_lease_etcd_ended_is_noticed_at_the_next_renewal() {
     assert!(now.token > first.token);
     assert_eq!(a.home(InodeId(5)).await.expect("a learns"), now);
     eventually(Duration::from_secs(5), "b sees a again", || {
-        b.members().iter().any(|m| *m == me)
+        b.members().contains(&me)
     })
     .await;
 }
