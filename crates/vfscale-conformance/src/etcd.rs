@@ -459,7 +459,16 @@ mod tests {
             println!("SKIP: {why}");
             return;
         }
-        let mut c = EtcdCluster::start(3).expect("start etcd");
+        // Started on a thread that then exits: the members are the spawner thread's
+        // children, so their parent-death signal does not fire with that thread.
+        let mut c = std::thread::spawn(|| EtcdCluster::start(3).expect("start etcd"))
+            .join()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            (0..3).all(|i| healthy(c.members[i].client_port)),
+            "members outlive the starting thread"
+        );
         assert_eq!(c.endpoints().len(), 3);
         assert_eq!(c.endpoints_arg().split(',').count(), 3);
         let leader = c.leader().expect("a leader");
