@@ -103,7 +103,8 @@ impl EtcdCluster {
         } else {
             std::env::temp_dir()
         };
-        let token = format!("vfscale-etcd-{}-{}", std::process::id(), unique_suffix());
+        remove_stale_dirs(&base);
+        let token = format!("{DIR_PREFIX}{}-{}", std::process::id(), unique_suffix());
         let root = base.join(&token);
         std::fs::create_dir_all(&root)?;
         let mut cluster = EtcdCluster {
@@ -339,6 +340,31 @@ impl Drop for EtcdCluster {
     }
 }
 
+/// The data directories' name: `vfscale-etcd-<pid>-<unique>`.
+const DIR_PREFIX: &str = "vfscale-etcd-";
+
+/// Removes the data directories of clusters whose process is gone (killed before its
+/// drop ran; the members died with it, their data stayed on tmpfs).
+fn remove_stale_dirs(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(DIR_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// A loopback port nobody listens on, held open by the returned listener.
 fn free_port() -> io::Result<(TcpListener, u16)> {
     let l = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
@@ -452,6 +478,22 @@ fn json_u64(v: &serde_json::Value) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stale_data_directories_of_dead_processes_go() {
+        let base = std::env::temp_dir().join(format!("{DIR_PREFIX}sweep-{}", std::process::id()));
+        // pid_max is at most 2^22: this pid never runs.
+        let dead = base.join(format!("{DIR_PREFIX}{}-1", 1u32 << 30));
+        let live = base.join(format!("{DIR_PREFIX}{}-1", std::process::id()));
+        let other = base.join("unrelated");
+        for d in [&dead, &live, &other] {
+            std::fs::create_dir_all(d.join("m0")).unwrap();
+        }
+        remove_stale_dirs(&base);
+        assert!(!dead.exists());
+        assert!(live.exists() && other.exists());
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 
     #[test]
     fn three_members_elect_a_leader_and_survive_its_loss() {

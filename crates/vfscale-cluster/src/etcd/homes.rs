@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+use tracing::debug;
 
 use super::endpoints::{Failure, Retries};
 use super::view::{HomeEntry, View};
@@ -81,6 +82,7 @@ pub(crate) async fn home(shared: &Shared, ino: InodeId) -> Result<Home, ClusterE
             };
             shared.view.write().note_claim(ino, entry, token);
             shared.counters.claims_won.inc();
+            debug!(ino = ino.0, token, "claimed: this member is home");
             if shared.fence.fenced() {
                 return Err(ClusterError::Fenced);
             }
@@ -118,6 +120,7 @@ pub(crate) async fn home(shared: &Shared, ino: InodeId) -> Result<Home, ClusterE
             }
             Some(m) => {
                 shared.counters.claims_lost.inc();
+                debug!(ino = ino.0, token = entry.token, home = %m.node, "claim found another home");
                 return Ok(Home {
                     member: m,
                     token: entry.token,
