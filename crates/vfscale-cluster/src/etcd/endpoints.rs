@@ -15,6 +15,11 @@ use tracing::debug;
 use super::fence::{now_nanos, FenceClock};
 use crate::ClusterError;
 
+/// How long one request (or one keep-alive renewal) may go unanswered before it is
+/// retried, on the next endpoint: a request a follower forwarded to a leader that died
+/// hangs until then.
+pub(crate) const ATTEMPT: Duration = Duration::from_secs(1);
+
 /// The clients, and which one is current.
 pub(crate) struct Endpoints {
     clients: Vec<(String, Client)>,

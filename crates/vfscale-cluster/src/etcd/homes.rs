@@ -6,13 +6,11 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use tracing::debug;
 
-use super::endpoints::{Failure, Retries};
+use super::endpoints::{Failure, Retries, ATTEMPT};
 use super::view::{HomeEntry, View};
 use super::Shared;
 use crate::{ClusterError, Home, InodeId, Member};
 
-/// How long one etcd request may take before it is retried.
-const ATTEMPT: Duration = Duration::from_secs(1);
 /// Pause between attempts.
 const RETRY: Duration = Duration::from_millis(50);
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use tracing::{debug, info, warn};
 
-use super::endpoints::lease_not_found;
+use super::endpoints::{lease_not_found, ATTEMPT};
 use super::fence::now_nanos;
 use super::keys::encode_member;
 use super::Shared;
@@ -59,7 +59,7 @@ async fn keep(shared: &Shared, lease: i64) -> LeaseEnd {
         }
         // The stream's first renewal is sent when it opens.
         let sent = now_nanos();
-        let bound = period.min(shared.fence.until_deadline());
+        let bound = period.min(ATTEMPT).min(shared.fence.until_deadline());
         let pick = shared.endpoints.pick();
         let mut client = pick.client.clone();
         let (mut keeper, mut stream) = match tokio::time::timeout(bound, client.lease_keep_alive(lease)).await
@@ -92,7 +92,7 @@ async fn keep(shared: &Shared, lease: i64) -> LeaseEnd {
                 shared.endpoints.failed(&pick);
                 break;
             }
-            let bound = period.min(shared.fence.until_deadline());
+            let bound = period.min(ATTEMPT).min(shared.fence.until_deadline());
             match tokio::time::timeout(bound, stream.message()).await {
                 Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
                     shared.fence.renewed(sent);

@@ -8,13 +8,11 @@ use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
-use super::endpoints::{Failure, Retries};
+use super::endpoints::{Failure, Retries, ATTEMPT};
 use super::keys::{decode_edges, encode_edges};
 use super::Shared;
 use crate::{ClusterError, PublishedEdge, WaitCycle, WaitEdge};
 
-/// How long one etcd request may take before it is retried.
-const ATTEMPT: Duration = Duration::from_secs(1);
 /// Pause between attempts after an error.
 const RETRY: Duration = Duration::from_millis(50);
 
