@@ -24,7 +24,8 @@
 //! * The lease id is an atomic, replaced only by (re)registration. The fence clock is
 //!   atomics only: `fenced()` is one load and one `CLOCK_MONOTONIC` read.
 //! * Two tasks run on the caller's tokio runtime: the keep-alive (it alone fences and
-//!   rejoins) and the watch (it alone re-lists). Dropping the directory aborts both.
+//!   rejoins) and the watch (it alone re-lists). Their handles sit behind a mutex that
+//!   only `leave` and drop take. Dropping the directory aborts both.
 //! * etcd is reached through one client per endpoint; which one is current is an atomic
 //!   index that a failed or timed-out request moves to the next endpoint.
 //!
@@ -42,7 +43,8 @@
 //!
 //! # Fencing rule
 //!
-//! Renewals go out every TTL/3. This member is fenced when the last renewal etcd
+//! Renewals go out every TTL/3, each answered within 1 s or retried on the next
+//! endpoint. This member is fenced when the last renewal etcd
 //! acknowledged was *sent* more than `TTL - max(TTL/5, 500 ms)` ago, or when etcd said
 //! the lease is gone. Then `Fenced` is emitted once, `home` answers `Err(Fenced)`, and
 //! the keep-alive task rejoins: it revokes the old lease (or learns it is gone) before
@@ -51,7 +53,9 @@
 //!
 //! # Events
 //!
-//! A deleted `members/<node>` is `MemberGone` (this member's own old registration too,
+//! One watch covers the key range `[homes/, members0)`, which holds exactly the homes
+//! and the members, so their events arrive in revision order (a home's member is always
+//! known before its home). A deleted `members/<node>` is `MemberGone` (this member's own old registration too,
 //! after a rejoin); a deleted `homes/<ino>` is `HomeGone`. When the watch falls behind
 //! compaction it re-lists, and emits the same events for what the listing lacks.
 
