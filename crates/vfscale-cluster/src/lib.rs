@@ -40,6 +40,7 @@
 
 mod directory;
 mod error;
+pub mod etcd;
 mod types;
 
 pub use directory::{BoxFuture, Directory, DirectoryStats, WaitCycle};
