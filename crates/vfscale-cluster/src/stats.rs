@@ -29,6 +29,9 @@ pub struct ClusterStats {
     pub dead_owners_dropped: u64,
     /// Wait-graph publications this member asked for.
     pub wait_publications: u64,
+    /// Cycles the directory reported that a member refuted (a published edge was no
+    /// longer a wait): no `EDEADLK` was answered.
+    pub cycles_unconfirmed: u64,
     /// The directory's counters.
     pub directory: DirectoryStats,
 }
@@ -45,6 +48,7 @@ pub(crate) struct Counters {
     pub homes_claimed: AtomicU64,
     pub dead_owners_dropped: AtomicU64,
     pub wait_publications: AtomicU64,
+    pub cycles_unconfirmed: AtomicU64,
 }
 
 impl Counters {
@@ -69,6 +73,7 @@ impl Counters {
             homes_now,
             dead_owners_dropped: g(&self.dead_owners_dropped),
             wait_publications: g(&self.wait_publications),
+            cycles_unconfirmed: g(&self.cycles_unconfirmed),
             directory,
         }
     }

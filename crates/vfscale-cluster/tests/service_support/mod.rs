@@ -89,7 +89,14 @@ pub fn fcntl_start(
 }
 
 /// An fcntl call, waited for.
-pub fn fcntl(m: &ClusterLocks, ino: u64, p: ClusterProcess, f: ClusterFile, cmd: FcntlCmd, fl: Flock) -> Result<Flock, Errno> {
+pub fn fcntl(
+    m: &ClusterLocks,
+    ino: u64,
+    p: ClusterProcess,
+    f: ClusterFile,
+    cmd: FcntlCmd,
+    fl: Flock,
+) -> Result<Flock, Errno> {
     let (_c, rx) = fcntl_start(m, ino, p, f, cmd, fl);
     rx.recv_timeout(ANSWER).expect("an answer")
 }
