@@ -90,7 +90,10 @@ fn a_fenced_members_former_holders_get_eio_until_they_close() {
     assert_eq!(setlk(a, 51, pa2, wr(5, 1)), Err(EIO));
     // While fenced nothing is granted, to anyone.
     assert_eq!(setlk(a, 50, pa3, wr(9, 1)), Err(EIO));
-    assert!(a.posix_lost(InodeId(50), pa) && a.posix_lost(InodeId(51), pa2));
+    // The fencing event marks what was held as lost (handled by the service's task).
+    eventually("the former holders are marked lost", || {
+        a.posix_lost(InodeId(50), pa) && a.posix_lost(InodeId(51), pa2)
+    });
     assert!(!a.posix_lost(InodeId(50), pa3));
 
     c.mem.expire("m0");
@@ -109,7 +112,9 @@ fn a_fenced_members_former_holders_get_eio_until_they_close() {
     assert!(!a.posix_lost(InodeId(50), pa));
     setlk(a, 50, pa, wr(5, 1)).unwrap();
     setlk(a, 51, pa2, rd(200, 1)).unwrap();
-    assert!(a.stats().lost_eio >= 4, "{:?}", a.stats());
+    // The two calls after rejoining were refused as lost (before it, `fenced()` may
+    // have answered first).
+    assert!(a.stats().lost_eio >= 2, "{:?}", a.stats());
 }
 
 #[test]
