@@ -3,6 +3,7 @@
 //! with one shared lock.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -77,6 +78,14 @@ impl HomeInode {
         u.owners.len() + u.files.len()
     }
 
+    /// `node`'s owner or file `id` let go of everything here (a close).
+    pub fn forget_peer_id(&self, node: &str, id: u64) {
+        if let Some(u) = self.peers.lock().get_mut(node) {
+            u.owners.remove(&id);
+            u.files.remove(&id);
+        }
+    }
+
     /// Whether global owner or file id `id` belongs to another member.
     pub fn is_peer_id(&self, id: u64) -> bool {
         self.peers
@@ -88,8 +97,29 @@ impl HomeInode {
 
 const SHARDS: usize = 64;
 
+/// Hashes an inode number with one multiply (SipHash cost as much as the rest of the
+/// lookup): inode numbers are not chosen by an adversary of this table.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct InoHasher(u64);
+
+impl std::hash::Hasher for InoHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0 ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
 /// One shard of the home table.
-type Shard = RwLock<HashMap<InodeId, Arc<HomeInode>>>;
+type Shard = RwLock<HashMap<InodeId, Arc<HomeInode>, BuildHasherDefault<InoHasher>>>;
 
 /// Inode → its home state here. Sharded so that lock calls on different inodes from
 /// different threads share no lock word.
@@ -100,7 +130,7 @@ pub(crate) struct HomeTable {
 impl HomeTable {
     pub fn new() -> HomeTable {
         HomeTable {
-            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::default())).collect(),
         }
     }
 

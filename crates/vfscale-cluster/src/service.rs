@@ -30,8 +30,10 @@ use crate::{Directory, Home, InodeId, Member};
 /// `EIO`: what a call gets when its lock was lost or this member cannot grant.
 pub(crate) const EIO: Errno = Errno::Other(libc::EIO);
 
-/// How long a new home waits for one member's reclaim answer.
-const RECLAIM_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a new home waits for a member's reclaim answer (a member that does not
+/// answer is stopped or partitioned: its lease ends soon, and its clients' locks with
+/// it).
+const RECLAIM_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The caller's completion, for either kind of call.
 pub(crate) enum Done {
@@ -48,10 +50,15 @@ impl Done {
     }
 }
 
-/// A first attempt at a home here.
+/// A request that waits at a home here: the home, the request (global ids), the
+/// pending lock and the answer's flock.
+type Waiter = (Arc<HomeInode>, Request, PendingLock, Flock);
+
+/// A first attempt at a home here (small: the usual answer is copied out of the home
+/// table's closure; a wait is boxed, as waiting allocates anyway).
 enum Fast {
     Done(Flock),
-    Wait(Arc<HomeInode>, Request, PendingLock, Flock),
+    Wait(Box<Waiter>),
 }
 
 /// A remote call's outcome.
@@ -202,11 +209,11 @@ impl Service {
             if self.dir.fenced() {
                 return Err(EIO);
             }
-            Counters::bump(&self.counters.local_calls);
+            self.counters.local_calls.bump();
             let g = req.global(seed);
             g.start(&hi.ctx).map(|s| match s {
                 Started::Done(fl) => Fast::Done(fl),
-                Started::Waiting(p, fl) => Fast::Wait(hi.clone(), g, p, fl),
+                Started::Waiting(p, fl) => Fast::Wait(Box::new((hi.clone(), g, p, fl))),
             })
         });
         match fast {
@@ -218,7 +225,8 @@ impl Service {
                 done.call(Err(e));
                 LockCall::answered()
             }
-            Some(Ok(Fast::Wait(hi, g, p, fl))) => {
+            Some(Ok(Fast::Wait(w))) => {
+                let (hi, g, p, fl) = *w;
                 let ctl = CallCtl::new();
                 let svc = self.clone();
                 let c = ctl.clone();
@@ -299,7 +307,7 @@ impl Service {
                 if self.dir.fenced() {
                     return Err(EIO);
                 }
-                Counters::bump(&self.counters.local_calls);
+                self.counters.local_calls.bump();
                 let g = req.global(seed);
                 return match g.start(&hi.ctx)? {
                     Started::Done(fl) => Ok(fl),
@@ -491,9 +499,15 @@ impl Service {
                 }
             }
         }
+        // Every live member at once: one that does not answer in time (stopped, not
+        // yet seen dead) delays the claim by one timeout, not one per member.
         let me = self.me();
         let caller = self.caller();
-        for m in self.dir.members().into_iter().filter(|m| m.node != me.node) {
+        let mut asks = tokio::task::JoinSet::new();
+        for m in self.dir.members() {
+            if m.node == me.node || self.is_dead(&m.node, m.lease) {
+                continue;
+            }
             let Ok(mut c) = self.peers.client(&m) else {
                 continue;
             };
@@ -502,7 +516,10 @@ impl Service {
                 ino: ino.0,
                 token,
             };
-            match tokio::time::timeout(RECLAIM_TIMEOUT, c.reclaim(ask)).await {
+            asks.spawn(async move { (tokio::time::timeout(RECLAIM_TIMEOUT, c.reclaim(ask)).await, m) });
+        }
+        while let Some(Ok((r, m))) = asks.join_next().await {
+            match r {
                 Ok(Ok(reply)) => {
                     for l in reply.into_inner().locks.iter().filter_map(peer::decode_held) {
                         apply_held(&hi.ctx, &l);
