@@ -156,3 +156,21 @@ fn no_false_edeadlk_when_a_published_wait_went_stale() {
     assert!(published >= 20, "{published} publications");
     println!("{published} publications, {stale} cycles refuted as stale");
 }
+
+#[test]
+fn a_waiter_whose_member_goes_away_leaves_the_homes_wait_tree() {
+    let mut c = start(2);
+    let a = c.members[0].clone();
+    setlk(&a, 6, who(1, 10), wr(0, 1)).unwrap();
+    let (_w, rx) = fcntl_start(&c.members[1], 6, who(2, 20), file(2), FcntlCmd::SetLkW, wr(0, 1));
+    still_waiting(&rx);
+    // B's process stops: its runtime and connections go, its lease stays (no event).
+    let b = c.members.pop().unwrap();
+    drop(b);
+    // The broken stream dropped the pending request at A: once A's owner unlocks, a
+    // third owner gets the range instead of B's orphaned request.
+    setlk(&a, 6, who(1, 10), un(0, 1)).unwrap();
+    eventually("the orphaned request is gone", || {
+        setlk(&a, 6, who(3, 30), wr(0, 1)).is_ok()
+    });
+}
