@@ -46,6 +46,19 @@ pub struct ClusterLocks {
     leave: Mutex<Option<LeaveFn>>,
 }
 
+/// A call of `who` through `file` on `ino`, by this member's own ids.
+#[inline]
+fn request(ino: InodeId, who: ClusterProcess, file: ClusterFile, op: Op) -> Request {
+    Request {
+        ino,
+        owner: who.owner,
+        pid: who.pid,
+        file: file.id,
+        mode: file.mode,
+        op,
+    }
+}
+
 /// The runtime's worker threads: peers' calls, waits and the directory's streams are
 /// light; the lock path itself runs on the caller's threads.
 const WORKERS: usize = 2;
@@ -144,17 +157,8 @@ impl ClusterLocks {
         fl: Flock,
         done: LockDone<Flock>,
     ) -> LockCall {
-        self.svc.call(
-            Request {
-                ino,
-                owner: who.owner,
-                pid: who.pid,
-                file: file.id,
-                mode: file.mode,
-                op: Op::Fcntl { cmd, fl },
-            },
-            Done::Fcntl(done),
-        )
+        self.svc
+            .call(request(ino, who, file, Op::Fcntl { cmd, fl }), Done::Fcntl(done))
     }
 
     /// `flock(2)` on `ino` through `file` (`nb`: `LOCK_NB`).
@@ -167,17 +171,8 @@ impl ClusterLocks {
         nb: bool,
         done: LockDone<()>,
     ) -> LockCall {
-        self.svc.call(
-            Request {
-                ino,
-                owner: who.owner,
-                pid: who.pid,
-                file: file.id,
-                mode: file.mode,
-                op: Op::Flock { op, nb },
-            },
-            Done::Flock(done),
-        )
+        self.svc
+            .call(request(ino, who, file, Op::Flock { op, nb }), Done::Flock(done))
     }
 
     /// `close(2)` of a descriptor of `who` (FUSE `FLUSH`): drops `who`'s POSIX locks

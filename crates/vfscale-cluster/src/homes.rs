@@ -7,9 +7,21 @@ use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
-use vfscale_locks::{FileId, FileLockContext, OwnerId, Pid, Process};
+use vfscale_locks::{FileId, FileLockContext, InodeKey, LockManager, OwnerId, Pid, Process};
 
 use crate::InodeId;
+
+/// A `vfscale-locks` context for `ino` (a home's or a shadow's).
+pub(crate) fn context_for(mgr: &Arc<LockManager>, ino: InodeId) -> Arc<FileLockContext> {
+    FileLockContext::new(
+        mgr,
+        InodeKey {
+            major: 0,
+            minor: 0,
+            ino: ino.0,
+        },
+    )
+}
 
 /// One other member's owners and files that used an inode homed here: dropped when
 /// that member's lease ends.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tonic::transport::{Channel, Endpoint};
-use vfscale_locks::{AccessMode, Errno, FcntlCmd, Flock, FlockOp, HeldLock, LockKind, LockType, OwnerKey};
+use vfscale_locks::{AccessMode, Errno, FcntlCmd, FileLock, Flock, FlockOp, LockKind, LockType, OwnerKey};
 
 use crate::ids::IdSeed;
 use crate::request::{Op, Request};
@@ -44,17 +44,7 @@ fn mode_of(v: i32) -> Result<AccessMode, Errno> {
 }
 
 fn cmd_of(v: i32) -> Result<FcntlCmd, Errno> {
-    [
-        FcntlCmd::SetLk,
-        FcntlCmd::SetLkW,
-        FcntlCmd::GetLk,
-        FcntlCmd::OfdSetLk,
-        FcntlCmd::OfdSetLkW,
-        FcntlCmd::OfdGetLk,
-    ]
-    .into_iter()
-    .find(|c| c.raw() == v)
-    .ok_or(Errno::EINVAL)
+    FcntlCmd::from_raw(v).ok_or(Errno::EINVAL)
 }
 
 fn type_of(v: i32) -> Result<LockType, Errno> {
@@ -167,7 +157,7 @@ pub(crate) fn result_of(m: &pb::LockReply, asked: &Op) -> Result<Flock, Errno> {
 }
 
 /// A held lock as sent by a reclaim, with ids under `seed`.
-pub(crate) fn encode_held(l: &HeldLock, seed: IdSeed) -> pb::HeldLock {
+pub(crate) fn encode_held(l: &FileLock, seed: IdSeed) -> pb::HeldLock {
     let owner = match l.owner {
         OwnerKey::Process(o) => o.0,
         OwnerKey::File(f) => f.0,
@@ -188,7 +178,7 @@ pub(crate) fn encode_held(l: &HeldLock, seed: IdSeed) -> pb::HeldLock {
 }
 
 /// A reclaimed lock, as the new home applies it.
-pub(crate) fn decode_held(m: &pb::HeldLock) -> Option<HeldLock> {
+pub(crate) fn decode_held(m: &pb::HeldLock) -> Option<FileLock> {
     let kind = match m.kind {
         0 => LockKind::Posix,
         1 => LockKind::Ofd,
@@ -200,7 +190,7 @@ pub(crate) fn decode_held(m: &pb::HeldLock) -> Option<HeldLock> {
     } else {
         OwnerKey::File(vfscale_locks::FileId(m.owner))
     };
-    Some(HeldLock {
+    Some(FileLock {
         kind,
         ty: type_of(m.l_type).ok()?,
         start: m.start,

@@ -11,13 +11,12 @@ use parking_lot::{Mutex, RwLock};
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, OnceCell};
 use vfscale_locks::{
-    flock_to_posix_range, AccessMode, Errno, FcntlCmd, FileId, FileLockContext, Flock, FlockOp, HeldLock,
-    InodeKey, LockKind, LockManager, LockType, OpenFile, OwnerId, OwnerKey, PendingLock, Pid, Process,
-    Whence,
+    flock_to_posix_range, AccessMode, Errno, FcntlCmd, FileId, FileLock, FileLockContext, Flock, FlockOp,
+    LockKind, LockManager, LockType, OpenFile, OwnerId, OwnerKey, PendingLock, Pid, Process, Whence,
 };
 
 use crate::call::{CallCtl, Hook, LockCall, LockDone};
-use crate::homes::{HomeInode, HomeTable};
+use crate::homes::{context_for, HomeInode, HomeTable};
 use crate::ids::IdSeed;
 use crate::lost::LostSet;
 use crate::peer::{self, pb, Peers, MOVED};
@@ -479,14 +478,7 @@ impl Service {
         let hi = Arc::new(HomeInode {
             ino,
             token,
-            ctx: FileLockContext::new(
-                &self.mgr,
-                InodeKey {
-                    major: 0,
-                    minor: 0,
-                    ino: ino.0,
-                },
-            ),
+            ctx: context_for(&self.mgr, ino),
             peers: Mutex::new(HashMap::new()),
         });
         let seed = self.seed();
@@ -627,7 +619,7 @@ pub(crate) fn remove_at(ctx: &Arc<FileLockContext>, what: Removal, seed: Option<
 
 /// Re-creates a held lock (global ids) at a new home. A conflict means two members
 /// disagree about what was held: the lock is not granted twice, it is logged.
-pub(crate) fn apply_held(ctx: &Arc<FileLockContext>, l: &HeldLock) {
+pub(crate) fn apply_held(ctx: &Arc<FileLockContext>, l: &FileLock) {
     let rw = AccessMode::ReadWrite;
     let r = match (l.kind, l.owner) {
         (LockKind::Posix, OwnerKey::Process(o)) => ctx.fcntl(

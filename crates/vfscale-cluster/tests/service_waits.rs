@@ -101,10 +101,11 @@ fn edeadlk_for_a_cycle_whose_waits_sit_at_two_homes() {
     assert_eq!(total, 1);
 }
 
-type Answers = std::sync::mpsc::Receiver<Result<vfscale_locks::Flock, Errno>>;
-
 /// The first answer of two calls, and whether it was the first call's.
-fn first_answer(rxa: &Answers, rxb: &Answers) -> (Result<(), Errno>, bool) {
+fn first_answer(
+    rxa: &Answers<vfscale_locks::Flock>,
+    rxb: &Answers<vfscale_locks::Flock>,
+) -> (Result<(), Errno>, bool) {
     let end = std::time::Instant::now() + ANSWER;
     while std::time::Instant::now() < end {
         if let Ok(r) = rxa.try_recv() {

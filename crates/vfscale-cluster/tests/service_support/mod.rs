@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use vfscale_cluster::memdir::{MemCluster, MemDirectory};
-use vfscale_cluster::{ClusterFile, ClusterLocks, ClusterProcess, Directory, InodeId, LockCall};
+use vfscale_cluster::{ClusterFile, ClusterLocks, ClusterProcess, Directory, InodeId, LockCall, LockDone};
 use vfscale_locks::{AccessMode, Errno, FcntlCmd, Flock, FlockOp, LockType};
 
 /// How long a test waits for an answer that must come.
@@ -65,6 +65,20 @@ pub fn un(start: i64, len: i64) -> Flock {
     Flock::new(LockType::Unlock, start, len)
 }
 
+/// Where a call's answer arrives.
+pub type Answers<T> = Receiver<Result<T, Errno>>;
+
+/// A completion that sends the answer to the returned receiver.
+fn answer<T: Send + 'static>() -> (LockDone<T>, Answers<T>) {
+    let (tx, rx) = mpsc::channel();
+    (
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+        rx,
+    )
+}
+
 /// An fcntl call whose answer comes on the receiver.
 pub fn fcntl_start(
     m: &ClusterLocks,
@@ -74,18 +88,8 @@ pub fn fcntl_start(
     cmd: FcntlCmd,
     fl: Flock,
 ) -> (LockCall, Receiver<Result<Flock, Errno>>) {
-    let (tx, rx) = mpsc::channel();
-    let call = m.fcntl(
-        InodeId(ino),
-        p,
-        f,
-        cmd,
-        fl,
-        Box::new(move |r| {
-            let _ = tx.send(r);
-        }),
-    );
-    (call, rx)
+    let (done, rx) = answer();
+    (m.fcntl(InodeId(ino), p, f, cmd, fl, done), rx)
 }
 
 /// An fcntl call, waited for.
@@ -118,18 +122,8 @@ pub fn flock_start(
     op: FlockOp,
     nb: bool,
 ) -> (LockCall, Receiver<Result<(), Errno>>) {
-    let (tx, rx) = mpsc::channel();
-    let call = m.flock(
-        InodeId(ino),
-        who(f.id, f.id as i32),
-        f,
-        op,
-        nb,
-        Box::new(move |r| {
-            let _ = tx.send(r);
-        }),
-    );
-    (call, rx)
+    let (done, rx) = answer();
+    (m.flock(InodeId(ino), who(f.id, f.id as i32), f, op, nb, done), rx)
 }
 
 pub fn flock(m: &ClusterLocks, ino: u64, f: ClusterFile, op: FlockOp, nb: bool) -> Result<(), Errno> {
