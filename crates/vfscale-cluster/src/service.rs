@@ -288,8 +288,11 @@ impl Service {
     /// A call whose home is not known to be here: resolve it, then run it here or send
     /// it there; again when the home moved.
     async fn slow_call(self: &Arc<Self>, req: Request, ctl: &Arc<CallCtl>) -> Result<Flock, Errno> {
-        let ttl = self.dir.lease_ttl();
-        let deadline = Instant::now() + ttl * 2 + Duration::from_secs(1);
+        // How long a call keeps trying a home that does not answer: past the lease of
+        // a dead home, so that another member can claim the inode. Counted from the
+        // first failure, not from the call's start (a wait may last any time before).
+        let patience = self.dir.lease_ttl() * 2 + Duration::from_secs(1);
+        let mut deadline: Option<Instant> = None;
         let mut backoff = Duration::from_millis(2);
         loop {
             if let Some(e) = ctl.reason() {
@@ -320,7 +323,8 @@ impl Service {
                 }
                 Remote::Gone => return Err(EIO),
                 Remote::Retry => {
-                    if Instant::now() > deadline {
+                    let now = Instant::now();
+                    if now > *deadline.get_or_insert(now + patience) {
                         tracing::warn!(ino = req.ino.0, "no home answered in time");
                         return Err(EIO);
                     }

@@ -134,3 +134,21 @@ fn a_fenced_members_waiting_calls_answer_eio() {
     // B's holder is untouched.
     assert_eq!(setlk(b, 60, who(5, 205), wr(0, 1)), Err(Errno::EAGAIN));
 }
+
+#[test]
+fn a_waiter_that_waited_past_the_lease_is_granted_at_the_next_home() {
+    // With a 0.5 s lease a call keeps trying a silent home for 2 s after it fails;
+    // the waiter has waited longer than that before the home dies.
+    let mem = vfscale_cluster::memdir::MemCluster::new();
+    mem.set_lease_ttl(Duration::from_millis(500));
+    let c = start_with(2, mem);
+    let (a, b) = (&c.members[0], &c.members[1]);
+    setlk(a, 70, who(1, 100), wr(0, 1)).unwrap();
+    let (_w, rx) = fcntl_start(b, 70, who(2, 200), file(2), FcntlCmd::SetLkW, wr(0, 1));
+    std::thread::sleep(Duration::from_millis(2500));
+    still_waiting(&rx);
+    c.mem.fence(&c.dirs[0]);
+    std::thread::sleep(Duration::from_millis(100));
+    c.mem.expire("m0");
+    assert_eq!(rx.recv_timeout(ANSWER).unwrap().map(|_| ()), Ok(()));
+}

@@ -24,7 +24,11 @@ pub struct Cluster {
 }
 
 pub fn start(n: usize) -> Cluster {
-    let mem = MemCluster::new();
+    start_with(n, MemCluster::new())
+}
+
+/// `n` members over `mem` (set up as the test needs).
+pub fn start_with(n: usize, mem: Arc<MemCluster>) -> Cluster {
     let mut members = Vec::new();
     let mut dirs = Vec::new();
     for i in 0..n {
