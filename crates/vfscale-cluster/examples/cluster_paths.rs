@@ -197,6 +197,59 @@ fn main() {
         l[l.len() / 2],
         l[l.len() * 99 / 100]
     );
+    // Samba's ping_pong (3 one-byte locks, F_SETLKW) with one process on each member:
+    // lock i+1, unlock i; the home is A.
+    let pp_ino = 6000;
+    let stop = AtomicBool::new(false);
+    let total = AtomicU64::new(0);
+    let blocking = |m: &ClusterLocks, owner: u64, ty: LockType, at: i64| {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let _ = m.fcntl(
+            InodeId(pp_ino),
+            ClusterProcess {
+                owner,
+                pid: owner as i32,
+            },
+            ClusterFile {
+                id: owner,
+                mode: AccessMode::ReadWrite,
+            },
+            FcntlCmd::SetLkW,
+            Flock::new(ty, at, 1),
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        if rx.recv().unwrap().is_err() {
+            ERRORS.fetch_add(1, Ordering::Relaxed);
+        }
+    };
+    blocking(&a, 77, LockType::Unlock, 0); // home A
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for (m, owner) in [(&a, 71u64), (&b, 72u64)] {
+            let (stop, total, blocking) = (&stop, &total, &blocking);
+            s.spawn(move || {
+                let mut i = 0i64;
+                blocking(m, owner, LockType::Write, 0);
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    blocking(m, owner, LockType::Write, (i + 1) % 3);
+                    blocking(m, owner, LockType::Unlock, i % 3);
+                    i += 1;
+                    n += 1;
+                }
+                blocking(m, owner, LockType::Unlock, i % 3);
+                total.fetch_add(n, Ordering::Relaxed);
+            });
+        }
+        std::thread::sleep(Duration::from_secs_f64(secs));
+        stop.store(true, Ordering::Relaxed);
+    });
+    println!(
+        "ping_pong across two members (home on one): {:.0} locks/s",
+        total.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+    );
     println!("errors: {}", ERRORS.load(Ordering::Relaxed));
     let s = b.stats();
     println!(

@@ -90,20 +90,27 @@ impl HomeInode {
         u.owners.len() + u.files.len()
     }
 
-    /// `node`'s owner or file `id` let go of everything here (a close).
-    pub fn forget_peer_id(&self, node: &str, id: u64) {
+    /// `node`'s POSIX owner `id` (`posix`) or open file `id` let go of everything here
+    /// (a close). Owner and file ids are separate name spaces: one number may be both.
+    pub fn forget_peer_id(&self, node: &str, posix: bool, id: u64) {
         if let Some(u) = self.peers.lock().get_mut(node) {
-            u.owners.remove(&id);
-            u.files.remove(&id);
+            if posix {
+                u.owners.remove(&id);
+            } else {
+                u.files.remove(&id);
+            }
         }
     }
 
-    /// Whether global owner or file id `id` belongs to another member.
-    pub fn is_peer_id(&self, id: u64) -> bool {
-        self.peers
-            .lock()
-            .values()
-            .any(|u| u.owners.contains(&id) || u.files.contains(&id))
+    /// Whether the POSIX owner (`posix`) or open file `id` belongs to another member.
+    pub fn is_peer_id(&self, posix: bool, id: u64) -> bool {
+        self.peers.lock().values().any(|u| {
+            if posix {
+                u.owners.contains(&id)
+            } else {
+                u.files.contains(&id)
+            }
+        })
     }
 }
 

@@ -137,8 +137,8 @@ pub(crate) fn status_reply(s: pb::Status) -> pb::LockReply {
     }
 }
 
-/// What a `Done` reply answers, with `asked` (the request's flock, for its whence)
-/// filled in as `F_GETLK` does.
+/// What a `Done` reply answers: `asked` (the caller's own flock, before its range
+/// was made absolute) filled in as `F_GETLK` does.
 pub(crate) fn result_of(m: &pb::LockReply, asked: &Op) -> Result<Flock, Errno> {
     if m.errno != 0 {
         return Err(Errno::from_raw(m.errno));
@@ -148,8 +148,13 @@ pub(crate) fn result_of(m: &pb::LockReply, asked: &Op) -> Result<Flock, Errno> {
         Op::Flock { op, .. } => Flock::new(op.lock_type(), 0, 0),
     };
     if let Op::Fcntl { cmd, .. } = asked {
-        if cmd.is_get() {
-            fl = Flock::new(type_of(m.l_type).unwrap_or(LockType::Unlock), m.l_start, m.l_len);
+        let ty = type_of(m.l_type).unwrap_or(LockType::Unlock);
+        // As F_GETLK: with no conflict only l_type changes (the rest stays as asked,
+        // l_whence included); a conflict is described from SEEK_SET.
+        if cmd.is_get() && ty == LockType::Unlock {
+            fl.l_type = LockType::Unlock;
+        } else if cmd.is_get() {
+            fl = Flock::new(ty, m.l_start, m.l_len);
             fl.l_pid = m.l_pid;
         }
     }

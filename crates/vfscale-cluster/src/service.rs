@@ -362,6 +362,7 @@ impl Service {
 
     /// One request to the remote home.
     async fn remote_lock(&self, home: &Home, req: Request, seed: IdSeed, ctl: &Arc<CallCtl>) -> Remote {
+        let asked = req.op;
         let mut req = req;
         // The home sees the range from SEEK_SET (it knows neither position nor size).
         if let Op::Fcntl { cmd, fl } = &mut req.op {
@@ -423,7 +424,7 @@ impl Service {
             Some(Ok(reply)) => {
                 let m = reply.into_inner();
                 match pb::Status::try_from(m.status) {
-                    Ok(pb::Status::Done) => Remote::Done(peer::result_of(&m, &req.op)),
+                    Ok(pb::Status::Done) => Remote::Done(peer::result_of(&m, &asked)),
                     Ok(pb::Status::Gone) => Remote::Gone,
                     _ => Remote::Retry,
                 }
