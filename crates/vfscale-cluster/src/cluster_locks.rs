@@ -233,11 +233,13 @@ impl ClusterLocks {
     }
 
     /// Leaves the cluster in order (the lease is revoked: homes and registration go at
-    /// once) and stops the peer service. Also done on drop.
+    /// once) and stops the peer service. Also done on drop. Calls still waiting, and
+    /// every call made after, answer `EIO`.
     pub fn leave(&self) {
         let Some(rt) = self.rt.lock().take() else {
             return;
         };
+        self.svc.close();
         if let Some(f) = self.leave.lock().take() {
             let _ = rt.block_on(rt.spawn(f()));
         }

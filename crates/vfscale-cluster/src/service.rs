@@ -3,7 +3,7 @@
 //! by the peer server, the event handler and the deadlock publisher.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,6 +45,26 @@ impl Done {
         match self {
             Done::Fcntl(d) => d(r),
             Done::Flock(d) => d(r.map(|_| ())),
+        }
+    }
+}
+
+/// A completion carried by a task: if the task is dropped unfinished (the service shut
+/// down under it), the caller still gets its one answer, `EIO`.
+struct DoneOnce(Option<Done>);
+
+impl DoneOnce {
+    fn call(mut self, r: Result<Flock, Errno>) {
+        if let Some(d) = self.0.take() {
+            d.call(r);
+        }
+    }
+}
+
+impl Drop for DoneOnce {
+    fn drop(&mut self) {
+        if let Some(d) = self.0.take() {
+            d.call(Err(EIO));
         }
     }
 }
@@ -131,6 +151,8 @@ pub(crate) struct Service {
     next_call: AtomicU64,
     /// Kicks the wait-graph publisher: a POSIX request started waiting.
     pub waits_kick: Notify,
+    /// The member left: every call answers `EIO`.
+    closed: AtomicBool,
 }
 
 impl Service {
@@ -153,7 +175,15 @@ impl Service {
             dead: Mutex::new(HashSet::new()),
             next_call: AtomicU64::new(1),
             waits_kick: Notify::new(),
+            closed: AtomicBool::new(false),
         }
+    }
+
+    /// The member leaves: nothing is homed here any more, and every call from now on
+    /// answers `EIO` (the home table is emptied, so the lock path needs no check).
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.homes.drain();
     }
 
     #[inline]
@@ -229,6 +259,7 @@ impl Service {
                 let ctl = CallCtl::new();
                 let svc = self.clone();
                 let c = ctl.clone();
+                let done = DoneOnce(Some(done));
                 self.rt.spawn(async move {
                     let r = svc.finish_wait(&hi, g, p, fl, &c, None).await;
                     done.call(c.finish(r));
@@ -236,9 +267,14 @@ impl Service {
                 LockCall::waiting(ctl)
             }
             None => {
+                if self.closed.load(Ordering::Acquire) {
+                    done.call(Err(EIO));
+                    return LockCall::answered();
+                }
                 let ctl = CallCtl::new();
                 let svc = self.clone();
                 let c = ctl.clone();
+                let done = DoneOnce(Some(done));
                 self.rt.spawn(async move {
                     let r = svc.slow_call(req, &c).await;
                     done.call(c.finish(r));

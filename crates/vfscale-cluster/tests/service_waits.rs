@@ -175,3 +175,20 @@ fn a_waiter_whose_member_goes_away_leaves_the_homes_wait_tree() {
         setlk(&a, 6, who(3, 30), wr(0, 1)).is_ok()
     });
 }
+
+#[test]
+fn leaving_answers_waiting_and_later_calls_with_eio() {
+    let c = start(2);
+    let (a, b) = (&c.members[0], &c.members[1]);
+    setlk(a, 8, who(1, 10), wr(0, 1)).unwrap();
+    setlk(b, 9, who(1, 20), wr(0, 1)).unwrap();
+    let (_w1, rx1) = fcntl_start(b, 8, who(2, 21), file(2), FcntlCmd::SetLkW, wr(0, 1));
+    let (_w2, rx2) = fcntl_start(b, 9, who(3, 22), file(3), FcntlCmd::SetLkW, wr(0, 1));
+    still_waiting(&rx1);
+    still_waiting(&rx2);
+    b.leave();
+    assert_eq!(rx1.recv_timeout(ANSWER).unwrap().map(|_| ()), Err(EIO));
+    assert_eq!(rx2.recv_timeout(ANSWER).unwrap().map(|_| ()), Err(EIO));
+    assert_eq!(setlk(b, 9, who(1, 20), wr(5, 1)), Err(EIO));
+    assert_eq!(setlk(b, 8, who(1, 20), wr(5, 1)), Err(EIO));
+}
