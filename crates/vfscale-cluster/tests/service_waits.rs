@@ -192,3 +192,25 @@ fn leaving_answers_waiting_and_later_calls_with_eio() {
     assert_eq!(setlk(b, 9, who(1, 20), wr(5, 1)), Err(EIO));
     assert_eq!(setlk(b, 8, who(1, 20), wr(5, 1)), Err(EIO));
 }
+
+#[test]
+fn edeadlk_at_once_for_a_cycle_of_two_members_owners_at_one_home() {
+    let c = start(2);
+    let (a, b) = (&c.members[0], &c.members[1]);
+    let (pa, pb) = (who(1, 100), who(1, 200));
+    setlk(a, 12, pa, wr(0, 1)).unwrap(); // home A
+    setlk(b, 12, pb, wr(1, 1)).unwrap();
+    let (_w, rx) = fcntl_start(a, 12, pa, file(1), FcntlCmd::SetLkW, wr(1, 1));
+    still_waiting(&rx);
+    // The home's own detector sees both owners (cluster-wide ids): no publication needed.
+    assert_eq!(
+        fcntl(b, 12, pb, file(1), FcntlCmd::SetLkW, wr(0, 1)).map(|_| ()),
+        Err(Errno::EDEADLK)
+    );
+    b.posix_remove_owner(InodeId(12), pb);
+    rx.recv_timeout(ANSWER).unwrap().unwrap();
+    assert_eq!(
+        c.members.iter().map(|m| m.stats().deadlocks_across).sum::<u64>(),
+        0
+    );
+}
