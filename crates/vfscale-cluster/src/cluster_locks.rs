@@ -111,9 +111,14 @@ impl ClusterLocks {
         let events = dir.events();
         let svc = Arc::new(Service::new(dir, rt.handle().clone()));
         let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        let server = tonic::transport::Server::builder().tcp_nodelay(true).add_service(
-            crate::peer::pb::peer_server::PeerServer::new(PeerService { svc: svc.clone() }),
-        );
+        let server = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            // Every waiting F_SETLKW of a member is one open stream: no stream limit
+            // (hyper's own default is 200) may queue the unlock that would end them.
+            .max_concurrent_streams(None)
+            .add_service(crate::peer::pb::peer_server::PeerServer::new(PeerService {
+                svc: svc.clone(),
+            }));
         rt.spawn(async move {
             if let Err(e) = server.serve_with_incoming(incoming).await {
                 tracing::error!(%e, "peer service stopped");

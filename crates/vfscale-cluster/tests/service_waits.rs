@@ -214,3 +214,43 @@ fn edeadlk_at_once_for_a_cycle_of_two_members_owners_at_one_home() {
         0
     );
 }
+
+#[test]
+fn hundreds_of_remote_waiters_are_granted_one_after_another() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    const N: usize = 300;
+    let c = start(2);
+    let (a, b) = (c.members[0].clone(), c.members[1].clone());
+    setlk(&a, 13, who(1, 10), wr(0, 1)).unwrap();
+    let granted = Arc::new(AtomicUsize::new(0));
+    let mut calls = Vec::new();
+    for i in 0..N as u64 {
+        let (g, m) = (granted.clone(), b.clone());
+        let p = who(100 + i, 100 + i as i32);
+        calls.push(b.fcntl(
+            InodeId(13),
+            p,
+            file(p.owner),
+            FcntlCmd::SetLkW,
+            wr(0, 1),
+            Box::new(move |r| {
+                assert!(r.is_ok(), "{r:?}");
+                g.fetch_add(1, Ordering::SeqCst);
+                // Hand the range on (no waiting inside a completion).
+                let _ = m.fcntl(
+                    InodeId(13),
+                    p,
+                    file(p.owner),
+                    FcntlCmd::SetLk,
+                    un(0, 1),
+                    Box::new(|_| {}),
+                );
+            }),
+        ));
+    }
+    std::thread::sleep(STILL);
+    assert_eq!(granted.load(Ordering::SeqCst), 0);
+    setlk(&a, 13, who(1, 10), un(0, 1)).unwrap();
+    eventually("every waiter is granted", || granted.load(Ordering::SeqCst) == N);
+}
