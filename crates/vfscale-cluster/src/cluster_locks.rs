@@ -232,9 +232,11 @@ impl ClusterLocks {
 
     /// The counters, with the directory's.
     pub fn stats(&self) -> ClusterStats {
-        self.svc
-            .counters
-            .snapshot(self.svc.homes.len() as u64, self.svc.dir.stats())
+        self.svc.counters.snapshot(
+            self.svc.homes.len() as u64,
+            self.svc.waiting.len() as u64,
+            self.svc.dir.stats(),
+        )
     }
 
     /// Leaves the cluster in order (the lease is revoked: homes and registration go at
