@@ -9,10 +9,11 @@ use tokio::runtime::Runtime;
 use vfscale_locks::{AccessMode, FcntlCmd, FileId, Flock, FlockOp, OwnerId, Pid, Process};
 
 use crate::call::{LockCall, LockDone};
+use crate::close::Removal;
 use crate::etcd_join::LeaveFn;
 use crate::request::{LockOwner, Op, Request};
 use crate::server::PeerService;
-use crate::service::{Done, Removal, Service};
+use crate::service::{Done, Service};
 use crate::stats::ClusterStats;
 use crate::{ClusterConfig, ClusterError, Directory, InodeId, Member};
 

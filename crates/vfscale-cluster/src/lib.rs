@@ -122,7 +122,10 @@
 //! |---|---|
 //! | the public face: [`ClusterLocks`], its ids | `cluster_locks.rs` |
 //! | configuration | `config.rs` |
-//! | the lock path, claims and reclaim, closes | `service.rs` |
+//! | what the parts share; the lock path | `service.rs` |
+//! | claiming an inode, reclaim | `claim.rs` |
+//! | closes (`posix_remove_owner`, `file_remove`) | `close.rs` |
+//! | remote calls in flight (re-sent when a home dies) | `in_flight.rs` |
 //! | one call as carried (`Request`), and its mirror in the shadow | `request.rs` |
 //! | a call's interrupt and end: [`LockCall`] | `call.rs` |
 //! | cluster-wide ids | `ids.rs` |
@@ -141,6 +144,8 @@
 #![warn(missing_docs)]
 
 mod call;
+mod claim;
+mod close;
 mod cluster_locks;
 mod config;
 mod directory;
@@ -149,6 +154,7 @@ mod etcd_join;
 mod events;
 mod homes;
 mod ids;
+mod in_flight;
 mod lost;
 #[doc(hidden)]
 pub mod memdir;
