@@ -79,7 +79,9 @@
 //!   wait for the claim.
 //! * When a member's lease ends, every home drops its owners' and files' locks and
 //!   ends their waits; members re-send their calls that waited there and re-resolve the
-//!   homes of their shadows.
+//!   homes of their shadows. After missed directory events (a lagging receiver) the
+//!   service does the same for every member its homes served that the directory no
+//!   longer lists, and re-resolves every shadow's home.
 //! * A lost lock (fenced home, or shadow at fencing) makes its (inode, owner) answer
 //!   `EIO` to every lock call until the owner closes the file.
 //! * `EDEADLK` across members is answered only after every other edge of the cycle was
