@@ -98,15 +98,19 @@
 //! | waiting calls, early interrupts | `Waiting`'s two mutexes |
 //! | a call's interrupt reason and hook | its `CallCtl` mutex |
 //! | claims in progress | the `claims` mutex; each claim's `OnceCell` |
+//! | remote calls in flight | `InFlight`'s mutex |
+//! | leases seen ending (refused callers) | the `dead` mutex |
 //! | this member's identity and id seed | an `RwLock` and an atomic (changed on rejoin) |
+//! | left the cluster | an atomic flag (and the emptied home table) |
 //!
 //! # Lock order
 //!
 //! A home shard's read lock → a context's `flc_lock` (the lock path; also closes and a
 //! home's drop of a dead member's owners, which take a home's `peers` mutex first and
 //! release it before the context). `Waiting`'s map → a `CallCtl` → a wait cell's leaf
-//! lock (interrupts). The shadow table's mutex is released before a shadow's context or
-//! `home` is locked. No lock is held across an `.await`.
+//! lock (interrupts). The shadow table's mutex → a shadow's `home` mutex; a shadow's
+//! context is locked with neither held. Every other mutex is a leaf. No lock is held
+//! across an `.await`.
 //!
 //! # Known limits
 //!
