@@ -156,6 +156,8 @@ mod cluster_locks;
 mod config;
 mod directory;
 mod error;
+#[cfg(vfscale_etcd)]
+pub mod etcd;
 mod etcd_join;
 mod events;
 mod homes;
