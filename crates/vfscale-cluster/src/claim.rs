@@ -84,6 +84,8 @@ impl Service {
             ctx: context_for(&self.mgr, ino),
             peers: Mutex::new(HashMap::new()),
         });
+        // The claim is under this lease; a rejoin meanwhile makes it void.
+        let lease = self.me().lease;
         let seed = self.seed();
         let mut n = 0u64;
         if let Some(sh) = self.shadow.take(ino) {
@@ -132,7 +134,7 @@ impl Service {
                 Err(_) => tracing::warn!(node = %m.node, ino = ino.0, "reclaim timed out"),
             }
         }
-        if self.dir.fenced() {
+        if !self.insert_home_under(lease, &hi) {
             return Err(EIO);
         }
         Counters::add(&self.counters.reclaimed, n);
@@ -140,7 +142,6 @@ impl Service {
         if n > 0 {
             tracing::info!(ino = ino.0, token, locks = n, "home claimed; locks reclaimed");
         }
-        self.homes.insert(hi.clone());
         Ok(hi)
     }
 }

@@ -72,7 +72,10 @@ fn handle(svc: &Arc<Service>, ev: DirectoryEvent) {
         DirectoryEvent::Fenced => fence(svc),
         DirectoryEvent::Rejoined(m) => {
             tracing::info!(node = %m.node, lease = m.lease, "rejoined the cluster");
-            svc.set_me(m);
+            for hi in svc.set_me(m) {
+                // Claimed under the old lease after the fencing emptied the table.
+                lose_home(svc, &hi);
+            }
         }
     }
 }

@@ -65,8 +65,10 @@
 //! # Invariants
 //!
 //! * An inode is in the home table only under the token this member claimed it with,
-//!   and only while this member is not fenced (the `Fenced` event empties the table; a
-//!   `HomeGone` for that token removes the inode). A home grants nothing while
+//!   and only under the lease it claimed it with, while not fenced: a claim enters the
+//!   table only if the lease is unchanged and `fenced()` is false (checked under the
+//!   identity's read lock); the `Fenced` event and a rejoin empty the table; a
+//!   `HomeGone` for that token removes the inode. A home grants nothing while
 //!   `fenced()`: the lock path checks it before the call, a wait that ends granted
 //!   checks it again and answers `EIO` (a peer's: "moved") instead.
 //! * A peer's call is served only under the token the home holds (else "moved": the

@@ -151,11 +151,26 @@ impl Service {
         self.me.read().clone()
     }
 
-    /// A new lease: new global ids from now on.
-    pub fn set_me(&self, m: Member) {
+    /// A new lease: new global ids from now on, and nothing homed here (every home
+    /// was claimed under an earlier lease, which etcd ended).
+    pub fn set_me(&self, m: Member) -> Vec<Arc<HomeInode>> {
         self.seed
             .store(IdSeed::new(&m.node, m.lease).raw(), Ordering::Release);
         *self.me.write() = m;
+        self.homes.drain()
+    }
+
+    /// Puts a claimed home in the table if this member still holds the lease it was
+    /// claimed under and is not fenced. Under the identity's read lock, so a rejoin
+    /// ([`Service::set_me`], which empties the table after it) cannot come between the
+    /// check and the insert.
+    pub fn insert_home_under(&self, lease: i64, hi: &Arc<HomeInode>) -> bool {
+        let me = self.me.read();
+        if me.lease != lease || self.dir.fenced() {
+            return false;
+        }
+        self.homes.insert(hi.clone());
+        true
     }
 
     pub fn is_me(&self, m: &Member) -> bool {
