@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use crate::context::{Inner, NodeId};
 use crate::lock::{FileLock, LockKind};
 use crate::manager::LockManager;
-use crate::{InodeKey, LockType, OFFSET_MAX};
+use crate::{FileLockContext, InodeKey, LockType, OFFSET_MAX};
 
 /// One record in the listing.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,6 +114,36 @@ pub fn render_proc_locks(listing: &[LockListing]) -> String {
         }
     }
     f
+}
+
+impl FileLockContext {
+    /// Every lock held on this inode (POSIX and OFD locks in list order, then flock
+    /// locks), each with its owner: what a caller needs to take the same locks again
+    /// elsewhere (a lock service that moves an inode's locks to another server).
+    /// Waiting requests are not included. Under the inode's lock.
+    ///
+    /// ```
+    /// use vfscale_locks::*;
+    /// let mgr = LockManager::new();
+    /// let inode = FileLockContext::new(&mgr, InodeKey::default());
+    /// let f = OpenFile::new(9, AccessMode::ReadWrite);
+    /// inode.fcntl(Process::new(1), f, FcntlCmd::SetLk, &mut Flock::new(LockType::Read, 0, 10)).unwrap();
+    /// inode.flock(Process::new(1), f, FlockOp::Exclusive, true).unwrap();
+    /// let held = inode.held_locks();
+    /// assert_eq!(held.len(), 2);
+    /// assert_eq!((held[0].owner, held[0].start, held[0].end), (OwnerKey::Process(OwnerId(1)), 0, 9));
+    /// assert_eq!((held[1].kind, held[1].owner), (LockKind::Flock, OwnerKey::File(FileId(9))));
+    /// ```
+    pub fn held_locks(&self) -> Vec<FileLock> {
+        let _big = self.mgr.big_lock();
+        let inner = self.inner.lock();
+        inner
+            .posix_in_list_order()
+            .iter()
+            .chain(inner.flock.iter())
+            .map(|&id| inner.node(id).fl)
+            .collect()
+    }
 }
 
 impl LockManager {
