@@ -147,6 +147,7 @@
 //! | deadlock detection across members | `waits.rs` |
 //! | counters | `stats.rs` |
 //! | the seam to etcd: [`Directory`] | `directory.rs`, `types.rs`, `error.rs`; joining: `etcd_join.rs` |
+//! | the directory on etcd: [`etcd::EtcdDirectory`] (keys, watch, lease and fence clock) | `etcd/` (its first page maps its files) |
 //! | an in-memory directory for tests | `memdir.rs` |
 
 #![warn(missing_docs)]
