@@ -134,14 +134,20 @@ pub struct ReplayArgs {
     #[arg(long, value_enum, default_value_t = Wake::Tree)]
     pub wake: Wake,
     /// The kernel target's directory, instead of a fresh one under /dev/shm (any
-    /// mounted filesystem). Repeated, a mixed replay: the first is a source directory,
-    /// the others show its files (mounts of it), and the scenario's processes, in the
-    /// order they start, take the directories in turn (process i on directory i mod n).
-    /// With --against both its results must then agree with the library's except for
-    /// pids and, in an F_GETLK on the first directory, a lock held by the server for
-    /// the processes on the others.
+    /// mounted filesystem). Repeated: the others show the first one's files (mounts of
+    /// it), and the scenario's processes, in the order they start, take the directories
+    /// in turn (process i on directory i mod n). Unless --one-lock-space, a mixed
+    /// replay: the first is a source directory and the others mounts that mirror their
+    /// locks on it; with --against both its results must then agree with the library's
+    /// except for pids and, in an F_GETLK on the first directory, a lock held by the
+    /// server for the processes on the others.
     #[arg(long = "dir", value_name = "DIR")]
     pub dirs: Vec<PathBuf>,
+    /// The repeated --dir directories share one lock space (one directory given twice,
+    /// bind mounts, the mounts of servers of one cluster): the results must be one
+    /// directory's, compared exactly.
+    #[arg(long)]
+    pub one_lock_space: bool,
 }
 
 /// `vfscale locks check`.
@@ -157,9 +163,13 @@ pub struct CheckArgs {
     /// (any mounted filesystem, e.g. a FUSE mount). Repeated, mixed replays as with
     /// `locks replay --dir`: the first is the source, the others show its files; a
     /// scenario a mixed replay cannot judge (a cycle, OFD or `interrupt` steps) is
-    /// listed as skipped, with why.
+    /// listed as skipped, with why (unless --one-lock-space).
     #[arg(long = "dir", value_name = "DIR")]
     pub dirs: Vec<PathBuf>,
+    /// The repeated --dir directories share one lock space, as with `locks replay
+    /// --one-lock-space`: every scenario is judged, exactly.
+    #[arg(long)]
+    pub one_lock_space: bool,
 }
 
 fn parse_workload(s: &str) -> Result<Workload, String> {
