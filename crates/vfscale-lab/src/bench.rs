@@ -39,6 +39,8 @@ pub struct Scale {
     pub dir: Option<PathBuf>,
     /// The targets these configurations run on, when only some of the plan's; `None`: all.
     pub targets: Option<Vec<Target>>,
+    /// The clustered servers' lease TTL (cluster).
+    pub lease_ttl: Duration,
 }
 
 impl Scale {
@@ -52,6 +54,7 @@ impl Scale {
             sizes: Vec::new(),
             dir: None,
             targets: None,
+            lease_ttl: crate::measure::cluster::DEFAULT_LEASE_TTL,
         };
         match w {
             Workload::Herd => Scale {
@@ -86,6 +89,12 @@ impl Scale {
                 tasks: vec![1, 2, 8, 64],
                 sizes: vec![69],
                 duration: Duration::from_millis(500),
+                ..base
+            },
+            // Two servers; 3 s: ping_pong's three one-second readings after its first.
+            Workload::Cluster => Scale {
+                tasks: vec![2],
+                duration: Duration::from_secs(3),
                 ..base
             },
             _ => Scale {
@@ -131,6 +140,12 @@ impl Scale {
                 return out;
             }
             Workload::Lock1 | Workload::Lock2 => s.duration = ms(250, 50),
+            // The short line: one ping_pong reading, the shortest lease (failover then
+            // takes about 3 s); about 7 s a run, 20 s with etcd's start at 3 runs.
+            Workload::Cluster => {
+                s.duration = Duration::from_secs(1);
+                s.lease_ttl = crate::measure::cluster::MIN_LEASE_TTL;
+            }
             // 3 workloads x 4 thread counts x 3 targets x 3 runs x 0.2 s: about 25 s.
             Workload::Pipebench | Workload::Opensock | Workload::Dup1 => s.duration = ms(200, 30),
             // The kernel at 10,000 held takes about a second to set up (and to release,
@@ -238,6 +253,8 @@ pub fn configs(w: Workload, scale: &Scale) -> Vec<Config> {
         // before it), so it measures them all at once.
         Workload::Inodes => vec![(LockMode::Posix, scale.modes.clone())],
         Workload::Loop => scale.modes.iter().map(|m| (LockMode::Posix, vec![*m])).collect(),
+        // One cluster run measures every selected mode on the rig it keeps.
+        Workload::Cluster => vec![(LockMode::Posix, scale.modes.clone())],
         _ => vec![(LockMode::Posix, Vec::new())],
     };
     let sizes: Vec<u64> = if scale.sizes.is_empty() {
@@ -261,6 +278,7 @@ pub fn configs(w: Workload, scale: &Scale) -> Vec<Config> {
                         size,
                         dir: scale.dir.clone(),
                         targets: scale.targets.clone(),
+                        lease_ttl: scale.lease_ttl,
                     });
                 }
             }
@@ -398,6 +416,7 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
             let cfg = &group[c];
             let samples = by_unit.remove(&(c, target)).unwrap_or_default();
             let fs = match target {
+                Target::Kernel if cfg.workload == Workload::Cluster => Some(measure::cluster::FS.to_string()),
                 Target::Kernel => Some(crate::meta::filesystem_of(
                     cfg.dir
                         .as_deref()

@@ -239,6 +239,14 @@ const WORKLOADS_HELP: &str = "Workloads:
                       bookkeeping per inode and evict_inodes ns per inode (library only)
   loop                per-device loop lock (Tatashin, 2021): boot, open-close,
                       open-close-same, configure, churn, io
+  cluster             several vfscalefs servers, one lock space on a 3-member etcd
+                      it starts (root, /dev/fuse, etcd; ping_pong from Debian ctdb):
+                      uncontended (lock/unlock through a clustered server over one
+                      without --cluster, and etcd requests per lock), pingpong
+                      (ping_pong FILE 3 through two servers, and one client's serial
+                      etcd compare-and-swap rate), failover (a holder's server is
+                      killed: time to the waiter's grant); --duration, --lease-ttl;
+                      the vfscalefs next to vfscale, or $VFSCALEFS
 
 Targets: kernel (real system calls; run as root where a workload needs it), kernel-ext4,
 library (vfscale), library-prepatch (vfscale with the design before the upstream change),
@@ -284,6 +292,9 @@ pub struct BenchArgs {
     /// Devices set up at boot (loop).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000))]
     pub devices: Option<u64>,
+    /// The clustered servers' lease TTL in seconds (cluster; default 5).
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(2..=3600))]
+    pub lease_ttl: Option<u64>,
     /// Run the kernel targets in this directory (any mounted filesystem) instead of a
     /// fresh tmpfs directory; rows then name its filesystem in `fs`.
     #[arg(long)]
