@@ -141,10 +141,14 @@ impl Scale {
             }
             Workload::Lock1 | Workload::Lock2 => s.duration = ms(250, 50),
             // The short line: one ping_pong reading, the shortest lease (failover then
-            // takes about 3 s); about 7 s a run, 20 s with etcd's start at 3 runs.
+            // takes about 3 s); about 7 s a run, under 30 s with etcd's start at 3 runs.
+            // Quick leaves failover out (it waits out a lease): about 3 s a run.
             Workload::Cluster => {
-                s.duration = Duration::from_secs(1);
+                s.duration = ms(1000, 500);
                 s.lease_ttl = crate::measure::cluster::MIN_LEASE_TTL;
+                if quick {
+                    s.modes.retain(|m| *m != "failover");
+                }
             }
             // 3 workloads x 4 thread counts x 3 targets x 3 runs x 0.2 s: about 25 s.
             Workload::Pipebench | Workload::Opensock | Workload::Dup1 => s.duration = ms(200, 30),
@@ -483,6 +487,32 @@ mod tests {
             .iter()
             .all(|c| !runs_on(c, Target::KernelExt4) && c.size == 3_000));
         assert!(quick.iter().any(|c| runs_on(c, Target::Library)));
+    }
+
+    #[test]
+    fn run_gives_the_cluster_a_short_line() {
+        for quick in [false, true] {
+            let cfgs: Vec<Config> = Scale::for_run(Workload::Cluster, quick)
+                .iter()
+                .flat_map(|s| configs(Workload::Cluster, s))
+                .collect();
+            // One configuration measures the modes on one rig, with the shortest lease.
+            assert_eq!(cfgs.len(), 1);
+            let c = &cfgs[0];
+            assert_eq!(c.lease_ttl, crate::measure::cluster::MIN_LEASE_TTL);
+            assert!(c.duration <= Duration::from_secs(1));
+            let want: &[&str] = if quick {
+                &["uncontended", "pingpong"]
+            } else {
+                &["uncontended", "pingpong", "failover"]
+            };
+            assert_eq!(c.modes, want);
+            assert_eq!(c.mode_label(), "all");
+        }
+        // `bench cluster` keeps the servers' own lease and every mode.
+        let s = Scale::default_for(Workload::Cluster);
+        assert_eq!(s.lease_ttl, crate::measure::cluster::DEFAULT_LEASE_TTL);
+        assert_eq!(s.modes, crate::measure::cluster::MODES);
     }
 
     #[test]
