@@ -8,21 +8,16 @@
 //! exists. They say `SKIP` without root, /dev/fuse, etcd, ping_pong or any vfscalefs.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use vfscale_lab::measure::cluster::{etcd_load, pingpong, server};
 
+mod common;
+use common::text;
+
 fn vfscale() -> Command {
     Command::new(env!("CARGO_BIN_EXE_vfscale"))
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 #[test]
@@ -166,20 +161,24 @@ fn leftovers(pid: u32) -> Vec<String> {
 /// One whole run at a time: each starts its own etcd and servers.
 static RUNS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-#[test]
-fn a_run_measures_every_mode_and_leaves_nothing() {
-    if let Some(why) = whole_run_missing() {
-        eprintln!("SKIP: {why}");
-        return;
-    }
-    let env = match vfscalefs_env() {
-        Ok(e) => e,
+/// What a whole run needs: the `$VFSCALEFS` to give it and the turn to run; `None`
+/// (having said `SKIP` and why) when it cannot run here.
+fn whole_run() -> Option<(Option<StandIn>, std::sync::MutexGuard<'static, ()>)> {
+    let env = whole_run_missing().map_or_else(vfscalefs_env, Err);
+    match env {
+        Ok(env) => Some((env, RUNS.lock().unwrap_or_else(|e| e.into_inner()))),
         Err(why) => {
             eprintln!("SKIP: {why}");
-            return;
+            None
         }
+    }
+}
+
+#[test]
+fn a_run_measures_every_mode_and_leaves_nothing() {
+    let Some((env, _one)) = whole_run() else {
+        return;
     };
-    let _one = RUNS.lock().unwrap_or_else(|e| e.into_inner());
     let child = bench(
         &env,
         &["--json", "--runs", "1", "--duration", "1", "--lease-ttl", "2"],
@@ -238,18 +237,9 @@ impl Drop for Run {
 #[test]
 fn an_interrupted_run_stops_servers_and_etcd() {
     use std::os::unix::process::ExitStatusExt as _;
-    if let Some(why) = whole_run_missing() {
-        eprintln!("SKIP: {why}");
+    let Some((env, _one)) = whole_run() else {
         return;
-    }
-    let env = match vfscalefs_env() {
-        Ok(e) => e,
-        Err(why) => {
-            eprintln!("SKIP: {why}");
-            return;
-        }
     };
-    let _one = RUNS.lock().unwrap_or_else(|e| e.into_inner());
     for sig in [libc::SIGINT, libc::SIGTERM] {
         let mut run = Run(bench(&env, &["--runs", "50", "--lease-ttl", "2"])
             .stdout(Stdio::null())

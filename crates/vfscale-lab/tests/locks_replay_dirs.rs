@@ -5,6 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod common;
+use common::text;
+
 fn corpus_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/locks")
 }
@@ -61,18 +64,18 @@ fn replay(file: &Path, dirs: &[&Path]) -> Output {
     cmd.output().expect("run vfscale")
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+/// Whether the kernel runner cannot run here (it says `SKIP` and why).
+fn no_kernel_runner() -> bool {
+    let r = vfscale_conformance::locks::kernel::available();
+    if let Err(why) = &r {
+        eprintln!("SKIP: the kernel runner cannot run here: {why}");
+    }
+    r.is_err()
 }
 
 #[test]
 fn corpus_over_two_views_gives_one_directorys_results() {
-    if let Err(why) = vfscale_conformance::locks::kernel::available() {
-        eprintln!("SKIP: the kernel runner cannot run here: {why}");
+    if no_kernel_runner() {
         return;
     }
     let s = scratch("replay-dirs");
@@ -103,8 +106,7 @@ fn corpus_over_two_views_gives_one_directorys_results() {
 
 #[test]
 fn check_over_one_lock_space_judges_every_scenario() {
-    if let Err(why) = vfscale_conformance::locks::kernel::available() {
-        eprintln!("SKIP: the kernel runner cannot run here: {why}");
+    if no_kernel_runner() {
         return;
     }
     let s = scratch("check-dirs");
