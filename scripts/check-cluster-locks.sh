@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The lock corpus replayed across two vfscalefs servers of one cluster: a 3-member etcd
 # on free loopback ports (data on /dev/shm), two servers with --cluster over one tmpfs
-# source, and `vfscale locks check scenarios/locks --dir A --dir B --one-lock-space`
-# (process i of each scenario on mount i mod 2; every scenario judged, exactly as in
-# one directory, EDEADLK across the servers included).
+# source, and `vfscale locks check SCENARIOS --dir A --dir B --one-lock-space`
+# (process i of each scenario on mount i mod 2; every scenario judged exactly as in one
+# directory, EDEADLK across the servers included).
 #
 #   scripts/check-cluster-locks.sh [LEASE_TTL]      (root; etcd; default 5)
 #
-# Prints the servers' mount lines, then the check (exit status: the check's).
+# SCENARIOS: the POSIX and flock scenarios of scenarios/locks (none with an F_OFD_ step:
+# FUSE carries OFD locks as POSIX ones, so no FUSE mount, one server's either, gives the
+# kernel's OFD results); ALL=1: the whole corpus. Prints the servers' mount lines, then
+# the check (exit status: the check's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TTL=${1:-5}
@@ -66,4 +69,9 @@ done
 wait_for_server "$BASE/a.log"
 wait_for_server "$BASE/b.log"
 echo "$(nproc) CPUs, Linux $(uname -r), commit $(git rev-parse --short HEAD), $(date -u +%FT%TZ)"
-"$BIN/vfscale" locks check scenarios/locks --dir "$BASE/a" --dir "$BASE/b" --one-lock-space
+if [ "${ALL:-0}" = 1 ]; then
+  SCENARIOS=(scenarios/locks)
+else
+  mapfile -t SCENARIOS < <(grep -rL --include='*.jsonl' F_OFD_ scenarios/locks | sort)
+fi
+"$BIN/vfscale" locks check "${SCENARIOS[@]}" --dir "$BASE/a" --dir "$BASE/b" --one-lock-space
