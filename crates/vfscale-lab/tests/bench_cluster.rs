@@ -1,8 +1,8 @@
 //! `vfscale bench cluster`: its flags, the etcd side of its figures, a whole run and an
 //! interrupted one, which must leave no server, mount, etcd member or directory behind.
 //!
-//! The runs use the vfscalefs next to `vfscale` when it takes `--cluster`; otherwise a
-//! stand-in (`$VFSCALEFS`): a script that drops the cluster flags and starts a plain
+//! The runs use `$VFSCALEFS`, or the vfscalefs next to `vfscale` when it takes
+//! `--cluster`; otherwise a stand-in: a script that drops the cluster flags and starts a plain
 //! vfscalefs, whose servers share locks through the source (`source_locks=mirror`), so
 //! that the lab's set-up, modes and tear-down are tested before a clustered server
 //! exists. They say `SKIP` without root, /dev/fuse, etcd, ping_pong or any vfscalefs.
@@ -92,9 +92,13 @@ impl Drop for StandIn {
     }
 }
 
-/// `$VFSCALEFS` for a run: none when the vfscalefs next to vfscale takes --cluster,
-/// else a stand-in over a plain vfscalefs of this build; `Err` when there is none.
+/// `$VFSCALEFS` for a run: none when the test's own `$VFSCALEFS` names a server or
+/// the vfscalefs next to vfscale takes --cluster, else a stand-in over a plain
+/// vfscalefs of this build; `Err` when there is none.
 fn vfscalefs_env() -> Result<Option<StandIn>, String> {
+    if std::env::var_os("VFSCALEFS").is_some() {
+        return Ok(None);
+    }
     let exe = PathBuf::from(env!("CARGO_BIN_EXE_vfscale"));
     let dir = exe.parent().unwrap();
     let next = dir.join("vfscalefs");
