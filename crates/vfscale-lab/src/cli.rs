@@ -134,13 +134,13 @@ pub struct ReplayArgs {
     #[arg(long, value_enum, default_value_t = Wake::Tree)]
     pub wake: Wake,
     /// The kernel target's directory, instead of a fresh one under /dev/shm (any
-    /// mounted filesystem). Repeated: the others show the first one's files (mounts of
-    /// it), and the scenario's processes, in the order they start, take the directories
-    /// in turn (process i on directory i mod n). Unless --one-lock-space, a mixed
-    /// replay: the first is a source directory and the others mounts that mirror their
-    /// locks on it; with --against both its results must then agree with the library's
-    /// except for pids and, in an F_GETLK on the first directory, a lock held by the
-    /// server for the processes on the others.
+    /// mounted filesystem). Repeated: all show the same files (the first directory, and
+    /// mounts of it or of its source), and the scenario's processes, in the order they
+    /// start, take the directories in turn (process i on directory i mod n). Unless
+    /// --one-lock-space, a mixed replay: the first is a source directory and the others
+    /// mounts that mirror their locks on it; with --against both its results must then
+    /// agree with the library's except for pids and, in an F_GETLK on the first
+    /// directory, a lock held by the server for the processes on the others.
     #[arg(long = "dir", value_name = "DIR")]
     pub dirs: Vec<PathBuf>,
     /// The repeated --dir directories share one lock space (one directory given twice,
