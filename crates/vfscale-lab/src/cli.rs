@@ -275,7 +275,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub runs: u32,
     /// Measured interval of the timed workloads (herd, lock1, lock2, pipebench,
-    /// opensock, dup1, loop), in seconds.
+    /// opensock, dup1, loop; cluster: per mode, ping_pong's readings), in seconds.
     #[arg(long, value_parser = parse_seconds, allow_negative_numbers = true)]
     pub duration: Option<f64>,
     /// Lock/unlock pairs per task of the lockperf workloads.
