@@ -197,19 +197,17 @@ impl Rig {
         )
     }
 
-    fn server(s: &Option<Server>) -> &Server {
-        s.as_ref().expect("the rig's servers run between modes")
-    }
-
-    /// One run's file `name` as server `s` shows it.
-    fn file(s: &Option<Server>, name: &str) -> PathBuf {
-        Rig::server(s).mnt().join(name)
+    /// One run's file `name` as server `s` shows it, while it runs.
+    fn file(s: &Option<Server>, name: &str) -> Result<PathBuf, String> {
+        s.as_ref()
+            .map(|s| s.mnt().join(name))
+            .ok_or_else(|| "a server of the rig is not running (it did not start again)".into())
     }
 
     fn uncontended(&self, secs: Duration, sample: &mut Sample) -> Result<(), String> {
         let name = format!("uncontended-{}", self.runs);
-        let test = uncontended::LockFile::open(&Rig::file(&self.a, &name))?;
-        let base = uncontended::LockFile::open(&Rig::file(&self.single, &name))?;
+        let test = uncontended::LockFile::open(&Rig::file(&self.a, &name)?)?;
+        let base = uncontended::LockFile::open(&Rig::file(&self.single, &name)?)?;
         let endpoints = self.etcd.endpoints();
         let before = etcd_load::kv_requests(&endpoints)?;
         // The first lock on the file claims its home in etcd: counted, not timed.
@@ -238,7 +236,7 @@ impl Rig {
     fn pingpong(&self, secs: Duration, sample: &mut Sample) -> Result<(), String> {
         let bin = pingpong::available()?;
         let name = format!("pingpong-{}", self.runs);
-        let files = [Rig::file(&self.a, &name), Rig::file(&self.b, &name)];
+        let files = [Rig::file(&self.a, &name)?, Rig::file(&self.b, &name)?];
         let endpoints = self.etcd.endpoints();
         let before = etcd_load::kv_requests(&endpoints)?;
         let readings = secs.as_secs().max(1) as usize;
@@ -260,8 +258,10 @@ impl Rig {
 
     fn failover(&mut self, sample: &mut Sample) -> Result<(), String> {
         let name = format!("failover-{}", self.runs);
-        let (holder, waiter) = (Rig::file(&self.a, &name), Rig::file(&self.b, &name));
-        let mut a = self.a.take().expect("a runs between modes");
+        let (holder, waiter) = (Rig::file(&self.a, &name)?, Rig::file(&self.b, &name)?);
+        let Some(mut a) = self.a.take() else {
+            return Err("server a is not running".into());
+        };
         let secs = failover::measure(
             &holder,
             &waiter,
@@ -274,11 +274,11 @@ impl Rig {
         );
         drop(a);
         // The next run needs an `a` again, whatever this one found.
-        self.a = Some(self.start_clustered("a")?);
+        let restart = self.start_clustered("a").map(|s| self.a = Some(s));
         let secs = secs?;
         sample.insert_in("failover", "failover_sec".into(), secs);
         sample.insert_in("failover", "lease_ttl_sec".into(), self.lease_ttl.as_secs_f64());
-        Ok(())
+        restart.map_err(|e| format!("server a did not start again: {e}"))
     }
 }
 
@@ -327,6 +327,10 @@ pub fn run(cfg: &Config) -> Result<Sample, Skip> {
         if let Err(why) = r {
             sample.skip(format!("{mode}: {why}"));
         }
+    }
+    if rig.a.is_none() {
+        // `a` did not start again after a failover: the next run starts a new rig.
+        *guard = None;
     }
     Ok(sample)
 }
