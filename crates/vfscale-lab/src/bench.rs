@@ -39,6 +39,8 @@ pub struct Scale {
     pub dir: Option<PathBuf>,
     /// The targets these configurations run on, when only some of the plan's; `None`: all.
     pub targets: Option<Vec<Target>>,
+    /// The clustered servers' lease TTL (cluster).
+    pub lease_ttl: Duration,
 }
 
 impl Scale {
@@ -52,6 +54,7 @@ impl Scale {
             sizes: Vec::new(),
             dir: None,
             targets: None,
+            lease_ttl: crate::measure::cluster::DEFAULT_LEASE_TTL,
         };
         match w {
             Workload::Herd => Scale {
@@ -86,6 +89,12 @@ impl Scale {
                 tasks: vec![1, 2, 8, 64],
                 sizes: vec![69],
                 duration: Duration::from_millis(500),
+                ..base
+            },
+            // Two servers; 3 s: ping_pong's three one-second readings after its first.
+            Workload::Cluster => Scale {
+                tasks: vec![2],
+                duration: Duration::from_secs(3),
                 ..base
             },
             _ => Scale {
@@ -131,6 +140,16 @@ impl Scale {
                 return out;
             }
             Workload::Lock1 | Workload::Lock2 => s.duration = ms(250, 50),
+            // The short line: one ping_pong reading, the shortest lease (failover then
+            // takes about 3 s); about 7 s a run, under 30 s with etcd's start at 3 runs.
+            // Quick leaves failover out (it waits out a lease): about 3 s a run.
+            Workload::Cluster => {
+                s.duration = ms(1000, 500);
+                s.lease_ttl = crate::measure::cluster::MIN_LEASE_TTL;
+                if quick {
+                    s.modes.retain(|m| *m != "failover");
+                }
+            }
             // 3 workloads x 4 thread counts x 3 targets x 3 runs x 0.2 s: about 25 s.
             Workload::Pipebench | Workload::Opensock | Workload::Dup1 => s.duration = ms(200, 30),
             // The kernel at 10,000 held takes about a second to set up (and to release,
@@ -238,6 +257,8 @@ pub fn configs(w: Workload, scale: &Scale) -> Vec<Config> {
         // before it), so it measures them all at once.
         Workload::Inodes => vec![(LockMode::Posix, scale.modes.clone())],
         Workload::Loop => scale.modes.iter().map(|m| (LockMode::Posix, vec![*m])).collect(),
+        // One cluster run measures every selected mode on the rig it keeps.
+        Workload::Cluster => vec![(LockMode::Posix, scale.modes.clone())],
         _ => vec![(LockMode::Posix, Vec::new())],
     };
     let sizes: Vec<u64> = if scale.sizes.is_empty() {
@@ -261,6 +282,7 @@ pub fn configs(w: Workload, scale: &Scale) -> Vec<Config> {
                         size,
                         dir: scale.dir.clone(),
                         targets: scale.targets.clone(),
+                        lease_ttl: scale.lease_ttl,
                     });
                 }
             }
@@ -398,6 +420,7 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
             let cfg = &group[c];
             let samples = by_unit.remove(&(c, target)).unwrap_or_default();
             let fs = match target {
+                Target::Kernel if cfg.workload == Workload::Cluster => Some(measure::cluster::FS.to_string()),
                 Target::Kernel => Some(crate::meta::filesystem_of(
                     cfg.dir
                         .as_deref()
@@ -464,6 +487,32 @@ mod tests {
             .iter()
             .all(|c| !runs_on(c, Target::KernelExt4) && c.size == 3_000));
         assert!(quick.iter().any(|c| runs_on(c, Target::Library)));
+    }
+
+    #[test]
+    fn run_gives_the_cluster_a_short_line() {
+        for quick in [false, true] {
+            let cfgs: Vec<Config> = Scale::for_run(Workload::Cluster, quick)
+                .iter()
+                .flat_map(|s| configs(Workload::Cluster, s))
+                .collect();
+            // One configuration measures the modes on one rig, with the shortest lease.
+            assert_eq!(cfgs.len(), 1);
+            let c = &cfgs[0];
+            assert_eq!(c.lease_ttl, crate::measure::cluster::MIN_LEASE_TTL);
+            assert!(c.duration <= Duration::from_secs(1));
+            let want: &[&str] = if quick {
+                &["uncontended", "pingpong"]
+            } else {
+                &["uncontended", "pingpong", "failover"]
+            };
+            assert_eq!(c.modes, want);
+            assert_eq!(c.mode_label(), "all");
+        }
+        // `bench cluster` keeps the servers' own lease and every mode.
+        let s = Scale::default_for(Workload::Cluster);
+        assert_eq!(s.lease_ttl, crate::measure::cluster::DEFAULT_LEASE_TTL);
+        assert_eq!(s.modes, crate::measure::cluster::MODES);
     }
 
     #[test]

@@ -134,14 +134,20 @@ pub struct ReplayArgs {
     #[arg(long, value_enum, default_value_t = Wake::Tree)]
     pub wake: Wake,
     /// The kernel target's directory, instead of a fresh one under /dev/shm (any
-    /// mounted filesystem). Repeated, a mixed replay: the first is a source directory,
-    /// the others show its files (mounts of it), and the scenario's processes, in the
-    /// order they start, take the directories in turn (process i on directory i mod n).
-    /// With --against both its results must then agree with the library's except for
-    /// pids and, in an F_GETLK on the first directory, a lock held by the server for
-    /// the processes on the others.
+    /// mounted filesystem). Repeated: all show the same files (the first directory, and
+    /// mounts of it or of its source), and the scenario's processes, in the order they
+    /// start, take the directories in turn (process i on directory i mod n). Unless
+    /// --one-lock-space, a mixed replay: the first is a source directory and the others
+    /// mounts that mirror their locks on it; with --against both its results must then
+    /// agree with the library's except for pids and, in an F_GETLK on the first
+    /// directory, a lock held by the server for the processes on the others.
     #[arg(long = "dir", value_name = "DIR")]
     pub dirs: Vec<PathBuf>,
+    /// The repeated --dir directories share one lock space (one directory given twice,
+    /// bind mounts, the mounts of servers of one cluster): the results must be one
+    /// directory's, compared exactly.
+    #[arg(long)]
+    pub one_lock_space: bool,
 }
 
 /// `vfscale locks check`.
@@ -157,9 +163,13 @@ pub struct CheckArgs {
     /// (any mounted filesystem, e.g. a FUSE mount). Repeated, mixed replays as with
     /// `locks replay --dir`: the first is the source, the others show its files; a
     /// scenario a mixed replay cannot judge (a cycle, OFD or `interrupt` steps) is
-    /// listed as skipped, with why.
+    /// listed as skipped, with why (unless --one-lock-space).
     #[arg(long = "dir", value_name = "DIR")]
     pub dirs: Vec<PathBuf>,
+    /// The repeated --dir directories share one lock space, as with `locks replay
+    /// --one-lock-space`: every scenario is judged, exactly.
+    #[arg(long)]
+    pub one_lock_space: bool,
 }
 
 fn parse_workload(s: &str) -> Result<Workload, String> {
@@ -229,6 +239,14 @@ const WORKLOADS_HELP: &str = "Workloads:
                       bookkeeping per inode and evict_inodes ns per inode (library only)
   loop                per-device loop lock (Tatashin, 2021): boot, open-close,
                       open-close-same, configure, churn, io
+  cluster             several vfscalefs servers, one lock space on a 3-member etcd
+                      it starts (root, /dev/fuse, etcd; ping_pong from Debian ctdb):
+                      uncontended (lock/unlock through a clustered server over one
+                      without --cluster, and etcd requests per lock), pingpong
+                      (ping_pong FILE 3 through two servers, and one client's serial
+                      etcd compare-and-swap rate), failover (a holder's server is
+                      killed: time to the waiter's grant); --duration, --lease-ttl;
+                      the vfscalefs next to vfscale, or $VFSCALEFS
 
 Targets: kernel (real system calls; run as root where a workload needs it), kernel-ext4,
 library (vfscale), library-prepatch (vfscale with the design before the upstream change),
@@ -257,7 +275,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub runs: u32,
     /// Measured interval of the timed workloads (herd, lock1, lock2, pipebench,
-    /// opensock, dup1, loop), in seconds.
+    /// opensock, dup1, loop; cluster: per mode, ping_pong's readings), in seconds.
     #[arg(long, value_parser = parse_seconds, allow_negative_numbers = true)]
     pub duration: Option<f64>,
     /// Lock/unlock pairs per task of the lockperf workloads.
@@ -274,6 +292,9 @@ pub struct BenchArgs {
     /// Devices set up at boot (loop).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000))]
     pub devices: Option<u64>,
+    /// The clustered servers' lease TTL in seconds (cluster; default 5).
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(2..=3600))]
+    pub lease_ttl: Option<u64>,
     /// Run the kernel targets in this directory (any mounted filesystem) instead of a
     /// fresh tmpfs directory; rows then name its filesystem in `fs`.
     #[arg(long)]

@@ -105,6 +105,13 @@ pub fn bench(a: &BenchArgs) -> Result<ExitCode, String> {
         only("--devices", w == Workload::Loop, "loop")?;
         s.sizes = vec![d];
     }
+    if w == Workload::Cluster && (!a.tasks.is_empty() || a.dir.is_some()) {
+        return Err("cluster sets up its own servers and processes: no --tasks or --dir".into());
+    }
+    if let Some(ttl) = a.lease_ttl {
+        only("--lease-ttl", w == Workload::Cluster, "cluster")?;
+        s.lease_ttl = Duration::from_secs(ttl);
+    }
     if let Some(dir) = &a.dir {
         if !dir.is_dir() {
             return Err(format!("--dir {}: not a directory", dir.display()));

@@ -32,12 +32,32 @@ trait Subsystem {
 struct Locks {
     settings: Settings,
     kernel: vfscale_conformance::locks::KernelOptions,
+    /// The kernel target's directories share one lock space, so its results must be one
+    /// directory's however many there are.
+    one_lock_space: bool,
 }
 
 impl Locks {
-    /// The kernel target's directories (none: a fresh one under /dev/shm).
-    fn dirs(&self) -> usize {
-        self.kernel.dir.iter().count() + self.kernel.views.len()
+    fn new(wake: Wake, dirs: &[PathBuf], one_lock_space: bool) -> Result<Locks, String> {
+        for d in dirs {
+            if let Err(e) = std::fs::read_dir(d) {
+                return Err(format!(
+                    "--dir {}: not a directory to replay in: {e}",
+                    d.display()
+                ));
+            }
+        }
+        Ok(Locks {
+            settings: lock_settings(wake),
+            kernel: vfscale_conformance::locks::KernelOptions::in_dirs(dirs),
+            one_lock_space,
+        })
+    }
+
+    /// Whether the kernel target is a mixed replay (a source and mounts mirroring their
+    /// locks on it), judged by the rules of `vfscale_conformance::locks::mixed`.
+    fn mixed(&self) -> bool {
+        !self.one_lock_space && self.kernel.dir.iter().count() + self.kernel.views.len() >= 2
     }
 }
 
@@ -62,7 +82,7 @@ impl Subsystem for Locks {
     /// Over several directories, only what a mixed replay is meant for.
     fn judgeable(&self, text: &str) -> Result<(), String> {
         use vfscale_conformance::locks::{mixed, Scenario};
-        if self.dirs() < 2 {
+        if !self.mixed() {
             return Ok(());
         }
         mixed::eligible(&Scenario::parse(text).map_err(|e| e.to_string())?)
@@ -72,12 +92,13 @@ impl Subsystem for Locks {
     /// server's lock are said on stderr.
     fn difference(&self, text: &str, lib: &str, ker: &str) -> Result<Option<String>, String> {
         use vfscale_conformance::locks::{mixed, Scenario};
-        if self.dirs() < 2 {
+        if !self.mixed() {
             return Ok((lib != ker).then(|| first_difference(lib, ker)));
         }
         let scn = Scenario::parse(text).map_err(|e| e.to_string())?;
         // The first directory is the source.
-        let c = mixed::compare(&scn, self.dirs(), 0, lib, ker)?;
+        let dirs = 1 + self.kernel.views.len();
+        let c = mixed::compare(&scn, dirs, 0, lib, ker)?;
         for s in &c.server_locks {
             eprintln!("step {s}: F_GETLK on the source saw the server's lock (allowed)");
         }
@@ -196,32 +217,28 @@ fn check(sub: &dyn Subsystem, paths: &[PathBuf]) -> Result<ExitCode, String> {
     })
 }
 
-/// `vfscale locks replay FILE [--against library|kernel|both] [--dir DIR]...`.
+/// `vfscale locks replay FILE [--against library|kernel|both] [--dir DIR]... [--one-lock-space]`.
 pub fn locks_replay(a: &ReplayArgs) -> Result<ExitCode, String> {
     if !a.dirs.is_empty() && a.against == Against::Library {
         return Err("--dir is where the kernel target runs: give --against kernel or both".into());
     }
-    if a.dirs.len() > 1 {
+    let locks = Locks::new(a.wake, &a.dirs, a.one_lock_space)?;
+    if locks.mixed() {
         use vfscale_conformance::locks::{mixed, Scenario};
         // Said first: a cycle usually ends a mixed replay with an error.
         if let Ok(Err(why)) = Scenario::parse(&read(&a.file)?).map(|s| mixed::eligible(&s)) {
-            eprintln!("note: a mixed replay is meant for POSIX and flock locks without cycles; here {why}");
+            eprintln!(
+                "note: a mixed replay (a source and its mounts) is meant for POSIX and flock locks \
+                 without cycles; here {why} (directories of one lock space: --one-lock-space)"
+            );
         }
     }
-    let locks = Locks {
-        settings: lock_settings(a.wake),
-        kernel: vfscale_conformance::locks::KernelOptions::in_dirs(&a.dirs),
-    };
     replay(&locks, &a.file, a.against)
 }
 
-/// `vfscale locks check PATH... [--dir DIR]...`.
+/// `vfscale locks check PATH... [--dir DIR]... [--one-lock-space]`.
 pub fn locks_check(a: &CheckArgs) -> Result<ExitCode, String> {
-    let locks = Locks {
-        settings: lock_settings(a.wake),
-        kernel: vfscale_conformance::locks::KernelOptions::in_dirs(&a.dirs),
-    };
-    check(&locks, &a.paths)
+    check(&Locks::new(a.wake, &a.dirs, a.one_lock_space)?, &a.paths)
 }
 
 /// `vfscale fd replay FILE [--against library|kernel|both]`.

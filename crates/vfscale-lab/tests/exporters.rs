@@ -349,3 +349,89 @@ fn metric_objects_carry_every_summary_field() {
         .unwrap();
     assert_eq!(metrics.len(), 2);
 }
+
+/// The cluster workload's rows: one per mode, each with its own metrics, as `bench
+/// cluster --json` writes them.
+fn cluster_report() -> Report {
+    let mut rows = vec![
+        row(
+            "cluster",
+            "kernel",
+            "uncontended",
+            2,
+            &[
+                ("uncontended_ratio", &[0.96, 0.94]),
+                ("etcd_txns_per_lock", &[2.1e-5, 1.9e-5]),
+                ("cluster_locks_per_sec", &[48_000.0, 47_000.0]),
+                ("single_locks_per_sec", &[50_000.0, 50_000.0]),
+            ],
+        ),
+        row(
+            "cluster",
+            "kernel",
+            "pingpong",
+            2,
+            &[
+                ("locks_per_sec", &[12_000.0, 12_500.0]),
+                ("etcd_txn_per_sec", &[880.0, 900.0]),
+            ],
+        ),
+        row(
+            "cluster",
+            "kernel",
+            "failover",
+            2,
+            &[("failover_sec", &[5.6, 5.4]), ("lease_ttl_sec", &[5.0, 5.0])],
+        ),
+    ];
+    for r in &mut rows {
+        r.fs = Some(vfscale_lab::measure::cluster::FS.to_string());
+    }
+    Report {
+        meta: fixture().meta,
+        results: rows,
+        skipped: Vec::new(),
+    }
+}
+
+#[test]
+fn cluster_rows_go_through_every_exporter() {
+    let r = cluster_report();
+    assert_eq!(json::from_str(&json::to_string(&r)).unwrap(), r);
+    let text = json::to_string(&r);
+    for m in [
+        "uncontended_ratio",
+        "etcd_txns_per_lock",
+        "locks_per_sec",
+        "etcd_txn_per_sec",
+        "failover_sec",
+        "lease_ttl_sec",
+    ] {
+        assert!(text.contains(&format!("\"{m}\"")), "{m} missing in results.json");
+    }
+    assert!(text.contains("\"workload\": \"cluster\""), "{text}");
+    let c = csv::to_string(&r).unwrap();
+    assert!(
+        c.contains("cluster,kernel,failover,2") && c.contains("failover_sec"),
+        "{c}"
+    );
+    assert!(
+        c.lines()
+            .any(|l| l.contains("locks_per_sec") && l.contains("1/s")),
+        "{c}"
+    );
+    let md = markdown::render(&r);
+    assert!(
+        md.contains("uncontended_ratio") && md.contains("etcd_txn_per_sec"),
+        "{md}"
+    );
+    let summary = export::summary::render(&r);
+    assert!(
+        summary.contains("several servers, one lock space (etcd)"),
+        "{summary}"
+    );
+    assert!(summary.contains("✓"), "{summary}");
+    let dir = std::env::temp_dir().join(format!("vfscale-cluster-export-{}", std::process::id()));
+    export::write_all(&r, &dir).unwrap();
+    let _ = fs::remove_dir_all(&dir);
+}

@@ -55,11 +55,13 @@ pub struct KernelOptions {
     /// the kernel keeps the locks: a FUSE server's locks are not in the client's
     /// `/proc/locks`.
     pub dir: Option<PathBuf>,
-    /// Further directories that show the files of `dir` (a FUSE mount of it, say), for a
-    /// *mixed* replay ([`super::mixed`]): the scenario's processes, numbered in the order
-    /// they start, work in the scratch directory in turn as `dir` and each of these shows
-    /// it, process *i* through directory *i* mod *n* (`dir` being directory 0). Empty:
-    /// every process works in `dir`.
+    /// Further directories that show the files of `dir` (a FUSE mount of it, say): the
+    /// scenario's processes, numbered in the order they start, work in the scratch
+    /// directory in turn as `dir` and each of these shows it, process *i* through
+    /// directory *i* mod *n* (`dir` being directory 0). Empty: every process works in
+    /// `dir`. Directories of one lock space (bind mounts, the mounts of servers of one
+    /// cluster) give one directory's results; a source and mounts that mirror their locks
+    /// on it, a *mixed* replay ([`super::mixed`]).
     pub views: Vec<PathBuf>,
     /// How long the system may take to settle after a step (and a child to start, a
     /// call that cannot block to return, an exiting child to end) before the replay

@@ -72,6 +72,11 @@ pub const GROUPS: &[(&str, &[&str], &str)] = &[
         &["lock1", "lock2"],
         "ops_per_sec",
     ),
+    (
+        "cluster, several servers, one lock space (etcd): ping_pong locks per second through two servers (the other modes: the headline, --verbose)",
+        &["cluster"],
+        "locks_per_sec",
+    ),
 ];
 
 /// The targets a library row is divided by, first found first.

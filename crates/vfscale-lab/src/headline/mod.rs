@@ -12,6 +12,7 @@ use crate::result::{Metric, Report, Row, Summary};
 use crate::stats::Ratio;
 use crate::units;
 
+mod cluster;
 mod fd;
 mod inodes;
 mod lockmany;
@@ -97,6 +98,7 @@ pub fn findings(report: &Report) -> Vec<Finding> {
     out.extend(locks::herd(report));
     out.extend(loop_dev::findings(report));
     out.extend(lockmany::findings(report));
+    out.extend(cluster::findings(report));
     out
 }
 

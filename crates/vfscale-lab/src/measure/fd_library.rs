@@ -271,6 +271,7 @@ mod tests {
             size: 0,
             dir: None,
             targets: None,
+            lease_ttl: crate::measure::cluster::DEFAULT_LEASE_TTL,
         }
     }
 

@@ -14,6 +14,10 @@
 //! | pipebench, opensock, dup1 | `fd_kernel.rs` | `fd_library.rs` |
 //! | inodes | `inodes/kernel.rs` | `inodes/fs.rs` on `inodes/tables.rs`; the evict point `inodes/million.rs` |
 //! | loop | `loop_dev/sys.rs` (kernel) | `loop_dev/sys.rs` (library), driven by `loop_dev/mod.rs` |
+//! | cluster | `cluster/` (vfscalefs servers on one etcd) | |
+//!
+//! A workload that sets the machine up (loop devices, an etcd cluster and mounts) undoes
+//! it on `SIGINT`/`SIGTERM`/`SIGHUP` before the signal ends the process: `interrupt.rs`.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -21,10 +25,12 @@ use std::time::Duration;
 
 use vfscale_conformance::harness::Outcome;
 
+pub mod cluster;
 pub mod fd_kernel;
 pub mod fd_library;
 mod herd_metrics;
 pub mod inodes;
+pub mod interrupt;
 pub mod lockmany;
 pub mod locks_kernel;
 pub mod locks_library;
@@ -207,11 +213,14 @@ pub enum Workload {
     Inodes,
     /// The loop device lock (Pasha Tatashin, 2021): loop devices at boot, open/close storms, configure, churn and block I/O.
     Loop,
+    /// Several vfscalefs servers, one lock space on etcd: the uncontended lock, Samba's
+    /// `ping_pong` across two servers, and failover when a server dies.
+    Cluster,
 }
 
 impl Workload {
     /// All workloads, in report order.
-    pub const ALL: [Workload; 13] = [
+    pub const ALL: [Workload; 14] = [
         Workload::Posix01,
         Workload::Posix02,
         Workload::Flock01,
@@ -225,6 +234,7 @@ impl Workload {
         Workload::Dup1,
         Workload::Inodes,
         Workload::Loop,
+        Workload::Cluster,
     ];
 
     /// The name used on the command line and in results.
@@ -243,6 +253,7 @@ impl Workload {
             Workload::Dup1 => "dup1",
             Workload::Inodes => "inodes",
             Workload::Loop => "loop",
+            Workload::Cluster => "cluster",
         }
     }
 
@@ -271,6 +282,7 @@ impl Workload {
             Workload::Dup1 => "will-it-scale dup1: dup one shared descriptor and close the copy",
             Workload::Inodes => "inode cache scalability (Chinner, 2023): create, walk, chmod, unlink and a cold walk of F files per task",
             Workload::Loop => "per-device loop lock (Tatashin, 2021): loop devices at boot, open/close, configure, churn, block I/O",
+            Workload::Cluster => "several vfscalefs servers, one lock space on etcd: uncontended lock, ping_pong across servers, failover",
         }
     }
 
@@ -290,6 +302,7 @@ impl Workload {
                 Library,
             ],
             Workload::Posix02 | Workload::Flock02 => &[Kernel, LibraryPrepatch, Partitioned, Library],
+            Workload::Cluster => &[Kernel],
             _ => &[Kernel, LibraryPrepatch, Library],
         }
     }
@@ -314,6 +327,7 @@ impl Workload {
             Workload::Pipebench | Workload::Opensock | Workload::Dup1 => &["threads"],
             Workload::Posix01 | Workload::Posix02 => &["posix"],
             Workload::Flock01 | Workload::Flock02 => &["flock"],
+            Workload::Cluster => &cluster::MODES,
         }
     }
 
@@ -362,6 +376,8 @@ pub struct Config {
     /// The targets this configuration runs on, when only some of the plan's (`vfscale
     /// run` gives `kernel-ext4`'s inodes runs fewer files than the others'); `None`: all.
     pub targets: Option<Vec<Target>>,
+    /// The clustered servers' lease TTL (cluster).
+    pub lease_ttl: Duration,
 }
 
 impl Config {
@@ -380,6 +396,7 @@ impl Config {
             size: 0,
             dir: None,
             targets: None,
+            lease_ttl: cluster::DEFAULT_LEASE_TTL,
         }
     }
 
@@ -390,7 +407,7 @@ impl Config {
             Workload::Lock1 | Workload::Lock2 => self.kind.name(),
             w if w.is_fd_table() => self.kind.name(),
             _ if self.modes.len() == 1 => self.modes[0],
-            Workload::Inodes | Workload::Loop => "all",
+            Workload::Inodes | Workload::Loop | Workload::Cluster => "all",
             _ => self.mode.name(),
         }
     }
@@ -437,6 +454,7 @@ pub fn available(workload: Workload, target: Target) -> Result<(), Skip> {
         Workload::Inodes => inodes::available(target),
         Workload::Loop => loop_dev::available(target),
         Workload::Lockmany => lockmany::available(target),
+        Workload::Cluster => cluster::available(target),
         w if w.is_fd_table() => match target {
             Target::Kernel => fd_kernel::available(),
             _ => Ok(()),
@@ -448,11 +466,13 @@ pub fn available(workload: Workload, target: Target) -> Result<(), Skip> {
     }
 }
 
-/// Releases what `workload`'s runs kept between repetitions (lockmany's set-ups): its
-/// runs are over.
+/// Releases what `workload`'s runs kept between repetitions (lockmany's set-ups, the
+/// cluster's etcd and servers): its runs are over.
 pub fn finish(workload: Workload) {
-    if workload == Workload::Lockmany {
-        lockmany::release();
+    match workload {
+        Workload::Lockmany => lockmany::release(),
+        Workload::Cluster => cluster::release(),
+        _ => {}
     }
 }
 
@@ -463,6 +483,7 @@ pub fn run_once(target: Target, cfg: &Config) -> Result<Sample, Skip> {
         Workload::Inodes => return inodes::run(target, cfg),
         Workload::Loop => return loop_dev::run(target, cfg),
         Workload::Lockmany => return lockmany::run(target, cfg),
+        Workload::Cluster => return cluster::run(cfg),
         _ => {}
     }
     if cfg.workload.is_fd_table() {

@@ -13,10 +13,11 @@
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use vfscale_conformance::loop_dev::kernel;
+
+use crate::measure::interrupt::SignalGuard;
 use vfscale_loop::{
     CtlLock, LoopConfig, LoopControl, LoopFile, LoopHandle, LoopInfo, LoopState, LoopStats, OpenMode,
     Settings, LO_FLAGS_READ_ONLY,
@@ -293,7 +294,7 @@ impl KernelLab {
         Ok(KernelLab {
             ctl: Some(ctl),
             reserved: Vec::new(),
-            signals: Some(SignalGuard::install()),
+            signals: Some(SignalGuard::install(Some(kernel::request_stop))),
             finished: false,
         })
     }
@@ -392,67 +393,6 @@ impl Drop for KernelLab {
         // Release the lock before a re-raised signal ends the process.
         drop(self.ctl.take());
         drop(self.signals.take());
-    }
-}
-
-/// The signal that interrupted a kernel workload (0: none).
-static INTERRUPTED_BY: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn on_signal(sig: libc::c_int) {
-    INTERRUPTED_BY.store(sig, Ordering::SeqCst);
-    kernel::request_stop();
-}
-
-const SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
-
-/// `SIGINT`, `SIGTERM` and `SIGHUP` ask the workload to stop (without `SA_RESTART`, so
-/// a blocked call returns `EINTR`); dropping the guard puts the previous dispositions
-/// back and, if a signal came, raises it again.
-struct SignalGuard {
-    old: Vec<(libc::c_int, libc::sigaction)>,
-}
-
-impl SignalGuard {
-    fn install() -> SignalGuard {
-        let mut old = Vec::new();
-        for sig in SIGNALS {
-            // SAFETY: zeroed sigactions are valid values; the handler only stores to
-            // atomics, which is async-signal-safe; the pointers are to locals.
-            unsafe {
-                let mut sa: libc::sigaction = std::mem::zeroed();
-                sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
-                libc::sigemptyset(&mut sa.sa_mask);
-                let mut prev: libc::sigaction = std::mem::zeroed();
-                if libc::sigaction(sig, std::ptr::null(), &mut prev) != 0
-                    || prev.sa_sigaction == libc::SIG_IGN
-                {
-                    // An ignored signal (a background job's SIGINT) stays ignored.
-                    continue;
-                }
-                if libc::sigaction(sig, &sa, std::ptr::null_mut()) == 0 {
-                    old.push((sig, prev));
-                }
-            }
-        }
-        SignalGuard { old }
-    }
-}
-
-impl Drop for SignalGuard {
-    fn drop(&mut self) {
-        for (sig, prev) in &self.old {
-            // SAFETY: restores a disposition sigaction returned for this signal.
-            unsafe {
-                libc::sigaction(*sig, prev, std::ptr::null_mut());
-            }
-        }
-        let sig = INTERRUPTED_BY.swap(0, Ordering::SeqCst);
-        if sig != 0 {
-            // SAFETY: raising a signal in this process, with its previous disposition.
-            unsafe {
-                libc::raise(sig);
-            }
-        }
     }
 }
 
