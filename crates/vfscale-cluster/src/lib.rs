@@ -144,7 +144,7 @@
 //! | the peer protocol: wire types, conversions, connections | `peer.rs`, `proto/peer.proto` |
 //! | the peer service (the home's side) | `server.rs` |
 //! | directory events: dead members, lost homes, fencing | `events.rs` |
-//! | deadlock detection across members | `waits.rs` |
+//! | deadlock detection across members | `waits.rs`; the cycle search both directories use: `wait_graph.rs` |
 //! | counters | `stats.rs` |
 //! | the seam to etcd: [`Directory`] | `directory.rs`, `types.rs`, `error.rs`; joining: `etcd_join.rs` |
 //! | the directory on etcd: [`etcd::EtcdDirectory`] (keys, watch, lease and fence clock) | `etcd/` (its first page maps its files) |
@@ -175,6 +175,7 @@ mod service;
 mod shadow;
 mod stats;
 mod types;
+mod wait_graph;
 mod waiting;
 mod waits;
 

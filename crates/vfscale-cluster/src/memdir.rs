@@ -176,26 +176,6 @@ impl MemDirectory {
     }
 }
 
-/// The path from `from` to `to` over `edges`, if any (depth-first, each owner once).
-fn path(edges: &[PublishedEdge], from: u64, to: u64) -> Option<Vec<PublishedEdge>> {
-    let mut stack: Vec<(u64, Vec<PublishedEdge>)> = vec![(from, Vec::new())];
-    let mut seen = std::collections::HashSet::new();
-    while let Some((at, p)) = stack.pop() {
-        if at == to {
-            return Some(p);
-        }
-        if !seen.insert(at) {
-            continue;
-        }
-        for e in edges.iter().filter(|e| e.edge.waiter == at) {
-            let mut q = p.clone();
-            q.push(e.clone());
-            stack.push((e.edge.blocker, q));
-        }
-    }
-    None
-}
-
 impl Directory for MemDirectory {
     fn me(&self) -> Member {
         self.me.lock().clone()
@@ -273,17 +253,7 @@ impl Directory for MemDirectory {
                     node: node.clone(),
                 }))
                 .collect();
-            let mut cycles = Vec::new();
-            for e in &new {
-                let rest: Vec<PublishedEdge> = others
-                    .iter()
-                    .filter(|p| p.edge != *e || p.node != node)
-                    .cloned()
-                    .collect();
-                if let Some(p) = path(&rest, e.blocker, e.waiter) {
-                    cycles.push(WaitCycle { closing: *e, path: p });
-                }
-            }
+            let cycles = crate::wait_graph::find_cycles(&others, &new);
             if cycles.is_empty() {
                 st.rev += 1;
                 if current.is_empty() {

@@ -3,7 +3,6 @@
 //! mod revision, so publications are serialised cluster-wide: of two edges that close
 //! one cycle, the one committed second read the first before it committed.
 
-use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
@@ -11,6 +10,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use super::endpoints::{Failure, Retries, ATTEMPT};
 use super::keys::{decode_edges, encode_edges};
 use super::Shared;
+use crate::wait_graph::find_cycles;
 use crate::{ClusterError, PublishedEdge, WaitCycle, WaitEdge};
 
 /// Pause between attempts after an error.
@@ -98,104 +98,5 @@ pub(crate) async fn publish(
 async fn pause_after(f: &Failure) {
     if !matches!(f, Failure::Timeout(_)) {
         tokio::time::sleep(RETRY).await;
-    }
-}
-
-/// For each edge of `new` that closes a cycle in `graph`, the cycle: the path from the
-/// edge's blocker back to its waiter.
-pub(crate) fn find_cycles(graph: &[PublishedEdge], new: &[WaitEdge]) -> Vec<WaitCycle> {
-    let mut out: HashMap<u64, Vec<&PublishedEdge>> = HashMap::new();
-    for e in graph {
-        out.entry(e.edge.waiter).or_default().push(e);
-    }
-    new.iter()
-        .filter_map(|&closing| {
-            let path = path_between(&out, closing.blocker, closing.waiter)?;
-            Some(WaitCycle {
-                closing,
-                path: path.into_iter().cloned().collect(),
-            })
-        })
-        .collect()
-}
-
-/// A path of edges from `from` to `to` (depth first; owners wait for few others).
-fn path_between<'g>(
-    out: &HashMap<u64, Vec<&'g PublishedEdge>>,
-    from: u64,
-    to: u64,
-) -> Option<Vec<&'g PublishedEdge>> {
-    let mut seen = HashSet::from([from]);
-    // Each frame: an owner and the index of its next edge to try.
-    let mut stack: Vec<(u64, usize)> = vec![(from, 0)];
-    let mut path: Vec<&PublishedEdge> = Vec::new();
-    while let Some(&mut (owner, ref mut next)) = stack.last_mut() {
-        let edges = out.get(&owner).map_or(&[][..], Vec::as_slice);
-        let Some(&e) = edges.get(*next) else {
-            stack.pop();
-            path.pop();
-            continue;
-        };
-        *next += 1;
-        if e.edge.blocker == to {
-            path.push(e);
-            return Some(path);
-        }
-        if seen.insert(e.edge.blocker) {
-            path.push(e);
-            stack.push((e.edge.blocker, 0));
-        }
-    }
-    None
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn pe(waiter: u64, blocker: u64, node: &str) -> PublishedEdge {
-        PublishedEdge {
-            edge: WaitEdge { waiter, blocker },
-            node: node.into(),
-        }
-    }
-
-    #[test]
-    fn a_closing_edge_gets_the_path_back_to_its_waiter() {
-        // 1 -> 2 (a), 2 -> 3 (b), 3 -> 9 (b, a dead end tried first), 3 -> 1 closes.
-        let graph = vec![pe(1, 2, "a"), pe(2, 4, "b"), pe(2, 3, "b"), pe(4, 9, "a")];
-        let closing = WaitEdge {
-            waiter: 3,
-            blocker: 1,
-        };
-        let cycles = find_cycles(&graph, &[closing]);
-        assert_eq!(
-            cycles,
-            vec![WaitCycle {
-                closing,
-                path: vec![pe(1, 2, "a"), pe(2, 3, "b")]
-            }]
-        );
-        assert!(find_cycles(
-            &graph,
-            &[WaitEdge {
-                waiter: 9,
-                blocker: 5
-            }]
-        )
-        .is_empty());
-    }
-
-    #[test]
-    fn loops_that_do_not_reach_the_waiter_end() {
-        let graph = vec![pe(1, 2, "a"), pe(2, 1, "b")];
-        assert!(find_cycles(
-            &graph,
-            &[WaitEdge {
-                waiter: 7,
-                blocker: 1
-            }]
-        )
-        .is_empty());
     }
 }
