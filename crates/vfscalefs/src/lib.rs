@@ -178,6 +178,7 @@
 
 #![warn(missing_docs)]
 
+pub mod cluster;
 pub mod dispatch;
 pub mod fdcache;
 pub mod fs;
@@ -198,6 +199,9 @@ use std::os::unix::fs::OpenOptionsExt as _;
 
 use fuser::{Config, INodeNo, MountOption, Notifier, Session, SessionACL};
 
+pub use crate::cluster::ClusterOptions;
+
+use crate::cluster::Cluster;
 use crate::fdcache::{CachedFd, FdCache, FdKey};
 use crate::handles::{Handle, Handles};
 use crate::inodes::{HandleMode, Inode, InodeTable};
@@ -234,11 +238,14 @@ pub struct Options {
     /// Descriptors the cache keeps open (`None`: what keeps the server at half of its
     /// `RLIMIT_NOFILE`, see [`Server::size_fd_cache`]).
     pub fd_cache: Option<u64>,
-    /// Whether the clients' locks are held on the source too.
-    pub source_locks: SourceLocks,
+    /// Whether the clients' locks are held on the source too (`None`: the default,
+    /// `mirror`, or `off` under `--cluster`).
+    pub source_locks: Option<SourceLocks>,
     /// Carry requests over io_uring where the kernel allows it (`-o io_uring`,
     /// `io_uring_depth=N`); `/dev/fuse` otherwise.
     pub io_uring: Option<fuser::IoUringConfig>,
+    /// Share one lock space with the other servers of a cluster (`--cluster`).
+    pub cluster: Option<ClusterOptions>,
 }
 
 impl Default for Options {
@@ -257,8 +264,9 @@ impl Default for Options {
             fd_reserve: None,
             inode_handles: HandleMode::Prefer,
             fd_cache: None,
-            source_locks: SourceLocks::Mirror,
+            source_locks: None,
             io_uring: None,
+            cluster: None,
         }
     }
 }
@@ -305,8 +313,8 @@ impl Options {
                 }
                 "source_locks" => {
                     self.source_locks = match v {
-                        Some("mirror") => SourceLocks::Mirror,
-                        Some("off") => SourceLocks::Off,
+                        Some("mirror") => Some(SourceLocks::Mirror),
+                        Some("off") => Some(SourceLocks::Off),
                         _ => {
                             return Err(format!(
                                 "option source_locks: mirror or off, not {:?}",
@@ -334,6 +342,23 @@ impl Options {
         }
         Ok(())
     }
+
+    /// Whether the source's locks are mirrored: as asked, else `mirror` alone, `off`
+    /// under `--cluster` (a stopped server's locks on the source would block the
+    /// others' failover). `-o source_locks=mirror` with `--cluster` is refused.
+    pub fn source_locks(&self) -> Result<SourceLocks, String> {
+        match (self.source_locks, &self.cluster) {
+            (Some(SourceLocks::Mirror), Some(_)) => Err(
+                "-o source_locks=mirror cannot be used with --cluster: a server that stops while \
+                 holding locks on the source would block every other server's failover \
+                 (--cluster implies source_locks=off)"
+                    .into(),
+            ),
+            (Some(s), _) => Ok(s),
+            (None, Some(_)) => Ok(SourceLocks::Off),
+            (None, None) => Ok(SourceLocks::Mirror),
+        }
+    }
 }
 
 /// What every connection shares.
@@ -359,7 +384,7 @@ impl Server {
             _ => 1,
         };
         // Without OFD locks on the source there is nothing to mirror onto: say so once.
-        let mut source_locks = opts.source_locks;
+        let mut source_locks = opts.source_locks().map_err(Error::Usage)?;
         if source_locks == SourceLocks::Mirror {
             let probe = sys::reopen(root.as_fd(), libc::O_RDONLY | libc::O_DIRECTORY)
                 .and_then(|d| crate::mirror::mirror_supported(d.as_raw_fd()));
@@ -376,12 +401,17 @@ impl Server {
             .ok()
             .and_then(|s| s.trim().parse::<u32>().ok())
             .unwrap_or(vfscale_fdtable::DEFAULT_NR_OPEN);
+        // Joined last: a server that cannot serve its source does not join.
+        let cluster = match &opts.cluster {
+            Some(c) => Some(Cluster::join(c).map_err(Error::Cluster)?),
+            None => None,
+        };
         let srv = Arc::new(Server {
             inodes,
             handles: Handles::new(nr_open.max(vfscale_fdtable::DEFAULT_NR_OPEN), fds.clone()),
             fds,
             reopen: sys::is_root(),
-            locks: Locks::new(source_locks),
+            locks: Locks::new(source_locks, cluster),
             opts,
             stack_depth,
         });
@@ -466,6 +496,19 @@ impl Server {
         self.fds.capacity()
     }
 
+    /// Under `--cluster`, before a lock granted to a client on connection `conn` is
+    /// answered: whether the source file may have changed since that connection's
+    /// kernel was last known to cache it (`cluster.rs`; one `stat`).
+    fn changed_since_grant(&self, conn: usize, node: &Inode) -> bool {
+        let Ok(fd) = self.inode_fd(node) else {
+            return true;
+        };
+        match sys::stat_fd(fd.as_fd()) {
+            Ok(st) => node.grant_views().source_changed(conn, &st, fd.as_fd()),
+            Err(_) => true,
+        }
+    }
+
     /// Before a lock granted to a client on connection `conn` is answered, where the
     /// source may have changed since (`Mirror::grant_begin`): what the client's kernel caches
     /// of the inode goes (attributes and data, which processes on the source may have
@@ -509,9 +552,14 @@ impl Server {
     pub fn mode_line(&self) -> String {
         let limit = nofile_limit();
         let cap = self.fds.capacity();
-        let locks = match self.locks.source_locks() {
-            SourceLocks::Mirror => "locks held on the source too",
-            SourceLocks::Off => "locks the server's alone (source_locks=off)",
+        let cluster;
+        let locks = match (self.locks.cluster(), self.locks.source_locks()) {
+            (Some(c), _) => {
+                cluster = format!("locks shared by the cluster's servers ({})", c.line());
+                cluster.as_str()
+            }
+            (None, SourceLocks::Mirror) => "locks held on the source too",
+            (None, SourceLocks::Off) => "locks the server's alone (source_locks=off)",
         };
         match self.inodes.why_not_by_handle() {
             None => {
@@ -533,6 +581,10 @@ pub enum Error {
     Mountpoint(PathBuf, String),
     /// A connection ended with an error.
     Session(PathBuf, std::io::Error),
+    /// The options cannot be used together; the message says why.
+    Usage(String),
+    /// The cluster could not be joined (`--cluster`); the message says why.
+    Cluster(String),
 }
 
 impl fmt::Display for Error {
@@ -541,6 +593,8 @@ impl fmt::Display for Error {
             Error::Source(p, e) => write!(f, "source {}: {e}", p.display()),
             Error::Mountpoint(p, e) => write!(f, "mountpoint {}: {e}", p.display()),
             Error::Session(p, e) => write!(f, "{}: {e}", p.display()),
+            Error::Usage(m) => write!(f, "{m}"),
+            Error::Cluster(m) => write!(f, "--cluster: {m}"),
         }
     }
 }
@@ -612,6 +666,27 @@ fn write_stats(srv: &Server, gates: &[Arc<dispatch::ConnGate>], rings: &[fuser::
         s.inodes, s.lookups, f.cached, f.capacity, f.opened, l.grants, l.blocks, l.wakeups, l.handoffs, l.held, l.wait_nodes,
         g.reads, g.busy_reads, g.parks, g.wakes, g.stall_wakes
     );
+    let line = match srv.locks.cluster() {
+        None => line,
+        Some(c) => {
+            let c = c.stats();
+            format!(
+                "{} cluster_local_calls={} cluster_remote_calls={} cluster_served_for_peers={} cluster_reclaimed={} cluster_deadlocks_across={} cluster_lost_eio={} cluster_homes_claimed={} cluster_homes_now={} cluster_dead_owners_dropped={} cluster_etcd_txns={} cluster_fences={}\n",
+                line.trim_end(),
+                c.local_calls,
+                c.remote_calls,
+                c.served_for_peers,
+                c.reclaimed,
+                c.deadlocks_across,
+                c.lost_eio,
+                c.homes_claimed,
+                c.homes_now,
+                c.dead_owners_dropped,
+                c.directory.etcd_txns,
+                c.directory.fences
+            )
+        }
+    };
     let queues: Vec<fuser::QueueStats> = rings.iter().flat_map(|r| r.queues()).collect();
     let line = if queues.is_empty() {
         line
@@ -748,8 +823,10 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
         }
     }
 
-    // A client granted a lock sees what processes on the source changed under theirs.
-    if srv.locks.source_locks() == SourceLocks::Mirror {
+    // A client granted a lock sees what processes on the source (or, under --cluster,
+    // the other servers' clients) changed under theirs.
+    let mirror = srv.locks.source_locks() == SourceLocks::Mirror;
+    if mirror || srv.locks.cluster().is_some() {
         let notifiers: Vec<Notifier> = sessions.iter().map(|(_, s)| s.notifier()).collect();
         let weak = Arc::downgrade(&srv);
         let (tx, rx) = std::sync::mpsc::channel::<(usize, u64, std::sync::mpsc::SyncSender<()>)>();
@@ -767,13 +844,26 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
                 }
             })
             .map_err(|e| Error::Source(source.to_owned(), e))?;
-        srv.locks.set_grant_hook(Box::new(move |conn, id| {
+        let invalidate: Arc<dyn Fn(usize, u64) + Send + Sync> = Arc::new(move |conn, id| {
             let (done, wait) = std::sync::mpsc::sync_channel(1);
             if tx.send((conn, id, done)).is_ok() {
                 dispatch::blocking();
                 let _ = wait.recv_timeout(GRANT_NOTIFY_WAIT);
             }
-        }));
+        });
+        if mirror {
+            let inval = invalidate.clone();
+            srv.locks
+                .set_grant_hook(Box::new(move |conn, id| inval(conn, id)));
+        }
+        if let Some(c) = srv.locks.cluster() {
+            let weak = Arc::downgrade(&srv);
+            c.set_coherence(Box::new(move |conn, node| {
+                if weak.upgrade().is_some_and(|s| s.changed_since_grant(conn, node)) {
+                    invalidate(conn, node.id);
+                }
+            }));
+        }
     }
 
     // Every mount is made: what the server holds now is its base, and each connection's
@@ -840,6 +930,10 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
                 }
             }
         }
+    }
+    // Orderly: the lease is revoked, and the other servers take this one's inodes now.
+    if let Some(c) = srv.locks.cluster() {
+        c.leave();
     }
     result
 }

@@ -106,6 +106,26 @@ fn is_fuse(p: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// How [`Mounted::launch`] starts a server.
+#[derive(Default)]
+pub struct Launch<'a> {
+    /// Mountpoints (fresh directories; at least one).
+    pub n: usize,
+    /// `-o` options.
+    pub opts: &'a str,
+    /// More arguments (`--cluster ...`).
+    pub args: &'a [String],
+    /// Environment variables for the server.
+    pub env: &'a [(&'a str, &'a Path)],
+    /// `RLIMIT_NOFILE` (soft and hard), as by `ulimit -n`.
+    pub nofile: Option<u64>,
+    /// The source directory to serve (`None`: a fresh one); another server may serve it
+    /// too.
+    pub source: Option<&'a Path>,
+    /// Where the server's stderr goes (`None`: the test's).
+    pub stderr: Option<&'a Path>,
+}
+
 /// A running server with its source and mountpoints.
 pub struct Mounted {
     child: Option<Child>,
@@ -133,25 +153,46 @@ impl Mounted {
         env: &[(&str, &Path)],
         nofile: Option<u64>,
     ) -> Result<Mounted, String> {
+        Self::launch(&Launch {
+            n,
+            opts,
+            env,
+            nofile,
+            ..Launch::default()
+        })
+    }
+
+    /// A server as `how` says.
+    pub fn launch(how: &Launch<'_>) -> Result<Mounted, String> {
         let dir = TempDir::new("mnt");
-        let source = dir.0.join("src");
-        std::fs::create_dir(&source).unwrap();
-        std::fs::set_permissions(&source, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let mounts: Vec<PathBuf> = (0..n).map(|i| dir.0.join(format!("m{i}"))).collect();
+        let source = match how.source {
+            Some(s) => s.to_owned(),
+            None => {
+                let source = dir.0.join("src");
+                std::fs::create_dir(&source).unwrap();
+                std::fs::set_permissions(&source, std::fs::Permissions::from_mode(0o777)).unwrap();
+                source
+            }
+        };
+        let mounts: Vec<PathBuf> = (0..how.n.max(1)).map(|i| dir.0.join(format!("m{i}"))).collect();
         for m in &mounts {
             std::fs::create_dir(m).unwrap();
         }
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_vfscalefs"));
-        cmd.arg(&source).args(&mounts);
-        let (opts, must_use_io_uring) = with_transport(opts);
+        cmd.arg(&source).args(&mounts).args(how.args);
+        let (opts, must_use_io_uring) = with_transport(how.opts);
         if !opts.is_empty() {
             cmd.arg("-o").arg(&opts);
         }
         cmd.stdin(Stdio::null());
-        for (k, v) in env {
+        if let Some(log) = how.stderr {
+            let f = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+            cmd.stderr(f);
+        }
+        for (k, v) in how.env {
             cmd.env(k, v);
         }
-        if let Some(n) = nofile {
+        if let Some(n) = how.nofile {
             use std::os::unix::process::CommandExt as _;
             // SAFETY: setrlimit is async-signal-safe; nothing else runs in the child
             // between fork and exec.
@@ -221,6 +262,13 @@ impl Mounted {
         self.wait_exit(within)
     }
 
+    /// Sends `sig` to the server (`SIGSTOP`, `SIGCONT`, ...) and returns at once.
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        if let Some(c) = &self.child {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), sig);
+        }
+    }
+
     /// Waits up to `within` for the server to exit by itself.
     pub fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
         let child = self.child.as_mut()?;
@@ -246,6 +294,8 @@ impl Mounted {
 impl Drop for Mounted {
     fn drop(&mut self) {
         if self.child.is_some() {
+            // A stopped server (a partition test's) takes no SIGINT until it runs again.
+            self.signal(nix::sys::signal::Signal::SIGCONT);
             let _ = self.stop_with(nix::sys::signal::Signal::SIGINT, Duration::from_secs(5));
         }
         // The last resort: never leave a mount behind (one whose server died answers
@@ -329,7 +379,7 @@ impl Mounted {
 
     /// Sends `SIGUSR1`, waits for the line the server appends to `file`, and returns a
     /// reader of its `key=value` fields.
-    fn stats_line(&self, file: &Path) -> impl Fn(&str) -> u64 {
+    pub fn stats_line(&self, file: &Path) -> impl Fn(&str) -> u64 {
         let before = std::fs::read_to_string(file).unwrap_or_default().lines().count();
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.pid()),
