@@ -41,6 +41,7 @@
 
 #![warn(missing_docs)]
 
+pub mod etcd;
 pub mod fd;
 pub mod format;
 pub mod harness;
