@@ -223,9 +223,14 @@ impl Cluster {
                 reply.locked(start, end, fl.l_type.raw() as i32, fl.l_pid.max(0) as u32)
             }
         });
-        let _answered = self
-            .locks
-            .fcntl(Self::ino(h), Self::who(r), Self::file(h, r.fh), FcntlCmd::GetLk, fl, done);
+        let _answered = self.locks.fcntl(
+            Self::ino(h),
+            Self::who(r),
+            Self::file(h, r.fh),
+            FcntlCmd::GetLk,
+            fl,
+            done,
+        );
     }
 
     /// `SETLK` / `SETLKW`.

@@ -326,7 +326,8 @@ impl Conn {
     /// still show through the mount).
     fn entry_ttl(&self, parent: &Inode) -> Duration {
         let locks = self.srv.locks();
-        if parent.is_lock_dir() && (locks.source_locks() == SourceLocks::Mirror || locks.cluster().is_some()) {
+        if parent.is_lock_dir() && (locks.source_locks() == SourceLocks::Mirror || locks.cluster().is_some())
+        {
             Duration::ZERO
         } else {
             self.ttl()

@@ -6,7 +6,12 @@
 //!
 //! ```text
 //! vfscalefs SOURCE MOUNTPOINT [MOUNTPOINT...] [-o allow_other,...]
+//!           [--cluster ENDPOINTS [--cluster-name NAME] [--node NAME]
+//!            [--peer-listen ADDR] [--lease-ttl SECS]]
 //! ```
+//!
+//! With `--cluster`, several servers (on several hosts, over one shared filesystem)
+//! share one lock space through `vfscale-cluster` and etcd (see "Several servers").
 //!
 //! # Structure
 //!
@@ -25,6 +30,8 @@
 //! | [`handles::Handles`] | `handles.rs` | open files: `fh` = a `vfscale-fdtable` descriptor |
 //! | [`locks::Locks`] | `locks.rs` | `GETLK`/`SETLK`/`SETLKW`/flock, parked waiters, `FLUSH`/`RELEASE`, `INTERRUPT` |
 //! | [`mirror::Mirror`] | `mirror.rs` | per locked inode: the clients' locks held on the source file, host waits |
+//! | [`mirror::SourceViews`] | `mirror/views.rs` | per inode and connection: the source file as the client's kernel caches it at its last grant |
+//! | [`cluster::Cluster`] | `cluster.rs` | `--cluster`: every lock call sent to `vfscale-cluster`, coherence at grants, `EIO` for lost locks |
 //! | `sys` | `sys.rs` | every system call on the source behind a safe wrapper: `openat2(RESOLVE_BENEATH)`, file handles (`name_to_handle_at`, `open_by_handle_at`), `/proc/self/fd` reopening, the `*at` calls, I/O, xattrs, per-thread credentials |
 //!
 //! # Invariants
@@ -95,12 +102,15 @@
 //! `vfscale-locks` call, its raise on the source, the direct hand-off and the lowering)
 //! → `lock_owners` → the lock context's inode lock (`flc_lock`, inside `vfscale-locks`)
 //! → a waiter's state. A connection's interrupt table → a waiter's state
-//! (interrupting). The driver's task map and queue are leaves. No path
-//! holds two inodes' locks, or any lock across a reply.
+//! (interrupting); a parked cluster call is interrupted after the table is unlocked
+//! (its answer unparks it there). The driver's task map and queue are leaves. No path
+//! holds two inodes' locks, or any lock across a reply. Under `--cluster` no lock of
+//! the server is held across a call into `vfscale-cluster`, except an inode's
+//! `lock_owners` across the removals of a `RELEASE` (as without a cluster).
 //!
 //! # Locks on the source
 //!
-//! With `-o source_locks=mirror` (the default) the clients' locks are held on the source
+//! With `-o source_locks=mirror` (the default without `--cluster`) the clients' locks are held on the source
 //! too, so that processes using the source directly and the mount's clients agree
 //! (`mirror.rs` has the design): the union of the clients' POSIX and OFD locks as OFD
 //! locks on one description per locked inode, each client file's flock lock as a flock
@@ -155,6 +165,19 @@
 //!   cannot open at all holds none of them.
 //! * A source without OFD locks makes the mount say so and fall back to `off`, where the
 //!   clients' locks are the server's alone.
+//!
+//! # Several servers
+//!
+//! Under `--cluster` the server's own lock manager and the mirrors are not used: every
+//! lock call goes to `vfscale_cluster::ClusterLocks`, with the ids used without a
+//! cluster (the source inode number, the connection's owner key, the file handle), so
+//! the rules above (owners, close, OFD locks) hold across the servers as among one
+//! server's mountpoints. `source_locks` is `off` (a stopped server's locks on the
+//! source would keep the others from failing over; `mirror` is refused). Before a grant
+//! is answered the client's caches of the file go where the source file changed since
+//! that client's last grant, as for a host's change with source locks; and where the
+//! server lost the lock with its lease, the lock calls, and the reads and writes it
+//! serves itself, answer `EIO` (`cluster.rs`).
 //!
 //! # One process, two mountpoints
 //!

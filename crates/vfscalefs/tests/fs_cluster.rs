@@ -215,17 +215,24 @@ macro_rules! skip_unless_ready {
 fn cluster_flags_are_checked() {
     let bin = env!("CARGO_BIN_EXE_vfscalefs");
     let dir = TempDir::new("cluster-flags");
-    let out = run(Command::new(bin)
-        .arg(&dir.0)
-        .arg(&dir.0)
-        .args(["--cluster", "http://127.0.0.1:1", "-o", "source_locks=mirror"]));
+    let out = run(Command::new(bin).arg(&dir.0).arg(&dir.0).args([
+        "--cluster",
+        "http://127.0.0.1:1",
+        "-o",
+        "source_locks=mirror",
+    ]));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("source_locks=mirror cannot be used with --cluster"), "{err}");
-    let out = run(Command::new(bin)
-        .arg(&dir.0)
-        .arg(&dir.0)
-        .args(["--cluster", "http://127.0.0.1:1", "--lease-ttl", "1"]));
+    assert!(
+        err.contains("source_locks=mirror cannot be used with --cluster"),
+        "{err}"
+    );
+    let out = run(Command::new(bin).arg(&dir.0).arg(&dir.0).args([
+        "--cluster",
+        "http://127.0.0.1:1",
+        "--lease-ttl",
+        "1",
+    ]));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--lease-ttl 1"), "{err}");
@@ -258,7 +265,10 @@ fn locks_conflict_across_servers() {
 
     // POSIX: a's owner takes [0, 10); b's owner conflicts on it, not beside it.
     lk(fa, libc::F_SETLK, libc::F_WRLCK, 0, 10).expect("a: write lock");
-    assert_eq!(lk(fb, libc::F_SETLK, libc::F_WRLCK, 5, 10).err(), Some(libc::EAGAIN));
+    assert_eq!(
+        lk(fb, libc::F_SETLK, libc::F_WRLCK, 5, 10).err(),
+        Some(libc::EAGAIN)
+    );
     let g = lk(fb, libc::F_GETLK, libc::F_WRLCK, 0, 0).unwrap();
     assert_eq!(
         (g.l_type as i32, g.l_start, g.l_len, g.l_pid),
@@ -267,16 +277,26 @@ fn locks_conflict_across_servers() {
     );
     lk(fb, libc::F_SETLK, libc::F_RDLCK, 10, 10).expect("b: beside a's lock");
     lk(fa, libc::F_SETLK, libc::F_RDLCK, 10, 10).expect("a: read locks share");
-    assert_eq!(lk(fa, libc::F_SETLK, libc::F_WRLCK, 10, 1).err(), Some(libc::EAGAIN));
+    assert_eq!(
+        lk(fa, libc::F_SETLK, libc::F_WRLCK, 10, 1).err(),
+        Some(libc::EAGAIN)
+    );
     lk(fa, libc::F_SETLK, libc::F_UNLCK, 0, 0).unwrap();
     lk(fb, libc::F_SETLK, libc::F_WRLCK, 0, 10).expect("b: after a's unlock");
     lk(fb, libc::F_SETLK, libc::F_UNLCK, 0, 0).unwrap();
 
     // OFD: owned by the open file.
     lk(fa, libc::F_OFD_SETLK, libc::F_WRLCK, 0, 1).expect("a: OFD lock");
-    assert_eq!(lk(fb, libc::F_OFD_SETLK, libc::F_WRLCK, 0, 1).err(), Some(libc::EAGAIN));
+    assert_eq!(
+        lk(fb, libc::F_OFD_SETLK, libc::F_WRLCK, 0, 1).err(),
+        Some(libc::EAGAIN)
+    );
     let g = lk(fb, libc::F_OFD_GETLK, libc::F_RDLCK, 0, 1).unwrap();
-    assert_eq!(g.l_type as i32, libc::F_WRLCK, "F_OFD_GETLK through b sees a's lock");
+    assert_eq!(
+        g.l_type as i32,
+        libc::F_WRLCK,
+        "F_OFD_GETLK through b sees a's lock"
+    );
     lk(fa, libc::F_OFD_SETLK, libc::F_UNLCK, 0, 1).unwrap();
     lk(fb, libc::F_OFD_SETLK, libc::F_WRLCK, 0, 1).expect("b: OFD lock after a's unlock");
     lk(fb, libc::F_OFD_SETLK, libc::F_UNLCK, 0, 1).unwrap();
@@ -285,10 +305,16 @@ fn locks_conflict_across_servers() {
     fl(fa, libc::LOCK_SH).unwrap();
     fl(fb, libc::LOCK_SH | libc::LOCK_NB).expect("b: shared beside a's shared");
     fl(fb, libc::LOCK_UN).unwrap();
-    assert_eq!(fl(fb, libc::LOCK_EX | libc::LOCK_NB).err(), Some(libc::EWOULDBLOCK));
+    assert_eq!(
+        fl(fb, libc::LOCK_EX | libc::LOCK_NB).err(),
+        Some(libc::EWOULDBLOCK)
+    );
     fl(fa, libc::LOCK_UN).unwrap();
     fl(fb, libc::LOCK_EX | libc::LOCK_NB).expect("b: exclusive after a's unlock");
-    assert_eq!(fl(fa, libc::LOCK_SH | libc::LOCK_NB).err(), Some(libc::EWOULDBLOCK));
+    assert_eq!(
+        fl(fa, libc::LOCK_SH | libc::LOCK_NB).err(),
+        Some(libc::EWOULDBLOCK)
+    );
     fl(fb, libc::LOCK_UN).unwrap();
 
     // A close drops the closer's POSIX locks on the other server too.
@@ -298,7 +324,10 @@ fn locks_conflict_across_servers() {
     lk(fb, libc::F_SETLK, libc::F_UNLCK, 0, 0).unwrap();
 
     // a locked first: the inode is homed there, b's calls go to a.
-    let (remote, served) = (p.stat("b", "cluster_remote_calls"), p.stat("a", "cluster_served_for_peers"));
+    let (remote, served) = (
+        p.stat("b", "cluster_remote_calls"),
+        p.stat("a", "cluster_served_for_peers"),
+    );
     say(&format!("b's remote calls {remote}, a served {served} for peers"));
     assert!(remote > 0 && served > 0, "b's calls went to a");
 }
@@ -320,8 +349,14 @@ fn waits_are_granted_across_servers() {
     lk(a.as_raw_fd(), libc::F_SETLK, libc::F_UNLCK, 0, 0).unwrap();
     let (r, at) = rx.recv_timeout(Duration::from_secs(10)).expect("b granted");
     assert_eq!(r, Ok(()));
-    say(&format!("POSIX wait granted across servers {:?} after the unlock", at - unlocked));
-    assert_eq!(lk(a.as_raw_fd(), libc::F_SETLK, libc::F_RDLCK, 0, 0).err(), Some(libc::EAGAIN));
+    say(&format!(
+        "POSIX wait granted across servers {:?} after the unlock",
+        at - unlocked
+    ));
+    assert_eq!(
+        lk(a.as_raw_fd(), libc::F_SETLK, libc::F_RDLCK, 0, 0).err(),
+        Some(libc::EAGAIN)
+    );
     lk(b.as_raw_fd(), libc::F_SETLK, libc::F_UNLCK, 0, 0).unwrap();
 
     // flock, the other way round.
@@ -333,7 +368,10 @@ fn waits_are_granted_across_servers() {
     fl(b.as_raw_fd(), libc::LOCK_UN).unwrap();
     let (r, _) = rx.recv_timeout(Duration::from_secs(10)).expect("a granted");
     assert_eq!(r, Ok(()));
-    assert_eq!(fl(b.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB).err(), Some(libc::EWOULDBLOCK));
+    assert_eq!(
+        fl(b.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB).err(),
+        Some(libc::EWOULDBLOCK)
+    );
     fl(a.as_raw_fd(), libc::LOCK_UN).unwrap();
 }
 
@@ -427,7 +465,10 @@ fn failover(home_on_waiter: bool) {
     let rx = in_thread(move || lk(bw.as_raw_fd(), libc::F_SETLKW, libc::F_WRLCK, 0, 0).map(|_| ()));
     still_waiting(&rx, Duration::from_millis(500), "b's wait");
     let killed = Instant::now();
-    let st = p.a.as_mut().unwrap().stop_with(Signal::SIGKILL, Duration::from_secs(5));
+    let st =
+        p.a.as_mut()
+            .unwrap()
+            .stop_with(Signal::SIGKILL, Duration::from_secs(5));
     assert!(st.is_some(), "server a died");
     let ttl = Duration::from_secs(p.ttl);
     let (r, at) = rx
@@ -437,7 +478,11 @@ fn failover(home_on_waiter: bool) {
     let took = at - killed;
     say(&format!(
         "failover (home on {}): granted {:.2} s after SIGKILL, lease TTL {} s",
-        if home_on_waiter { "the waiter's server" } else { "the killed server" },
+        if home_on_waiter {
+            "the waiter's server"
+        } else {
+            "the killed server"
+        },
         took.as_secs_f64(),
         p.ttl
     ));
@@ -651,7 +696,11 @@ fn etcd_leader_loss_during_a_lock_storm() {
     }
     let grants = grants.lock().unwrap().clone();
     assert_eq!(conflicts.load(Ordering::SeqCst), 0, "two holders at once");
-    assert!(errors.lock().unwrap().is_empty(), "lock calls failed: {:?}", errors.lock().unwrap());
+    assert!(
+        errors.lock().unwrap().is_empty(),
+        "lock calls failed: {:?}",
+        errors.lock().unwrap()
+    );
     let mut after: Vec<Instant> = grants.iter().map(|g| g.1).filter(|&t| t > killed).collect();
     after.sort();
     let before = grants.len() - after.len();

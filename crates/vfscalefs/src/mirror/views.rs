@@ -101,9 +101,10 @@ impl SourceViews {
 
     /// Whether the source file's change time shows every change made after a `stat`.
     fn fine_ctime(&self, st: &libc::stat64, file: BorrowedFd<'_>) -> bool {
-        *self.fine_ctime.get_or_init(|| super::ctime::fine_ctime(file, st.st_dev))
+        *self
+            .fine_ctime
+            .get_or_init(|| super::ctime::fine_ctime(file, st.st_dev))
     }
-
 
     /// Takes the source filesystem's change times to be fine or not (tests).
     #[cfg(test)]
