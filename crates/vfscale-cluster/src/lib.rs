@@ -35,13 +35,121 @@
 //!   the I/O it sees (vfscalefs answers `EIO` on the handles of a lost lock where it
 //!   serves reads and writes itself); I/O that bypasses the server (kernel passthrough)
 //!   or a process that ignores the `EIO` is beyond any lock manager's reach, as under NFS.
+//!
+//! # The lock path
+//!
+//! * **Ids.** A member's owner and file ids become cluster-wide [`GlobalOwner`]s, a
+//!   bijection under the seed of (node, lease) (`ids.rs`): one multiply-xor chain per
+//!   call, and the home can tell this member's own ids back (for lost locks).
+//! * **Home here**: a read lock on one of 64 shards of the home table, `fenced()` (an
+//!   atomic load and a clock read), then the `vfscale-locks` call on the caller's
+//!   thread. A request that waits is finished by a task of the service's runtime
+//!   (`.await` on the [`vfscale_locks::PendingLock`]), registered so the service can
+//!   end it.
+//! * **Home elsewhere**: the runtime resolves the home (the directory answers from its
+//!   watch cache) and sends one `Lock` request; a waiting call is one long request,
+//!   interrupted by an `Interrupt` request (the home answers `EINTR` unless it granted
+//!   first) and abandoned at the home when the stream breaks (the handler's future
+//!   owns the pending request). A granted call is mirrored in the shadow.
+//! * **Close** (`posix_remove_owner`, `file_remove`): applied at once when the home is
+//!   here; one `Remove` round trip when the shadow says the owner holds something at a
+//!   remote home; nothing otherwise.
+//!
+//! # Invariants
+//!
+//! * An inode is in the home table only under the token this member claimed it with,
+//!   and only while this member is not fenced (the `Fenced` event empties the table; a
+//!   `HomeGone` for that token removes the inode). A home grants nothing while
+//!   `fenced()`: the lock path checks it before the call, a wait that ends granted
+//!   checks it again and answers `EIO` (a peer's: "moved") instead.
+//! * A peer's call is served only under the token the home holds (else "moved": the
+//!   caller resolves the home again), and never for a member whose lease the home saw
+//!   end ("gone": the caller answers `EIO`).
+//! * The shadow holds exactly the granted locks of this member's clients at remote
+//!   homes (each granted call is applied to it after the home's answer; a failed flock
+//!   conversion drops the file's flock, as Linux does). A new home takes its own shadow
+//!   and every live member's before it serves the inode: calls that arrive meanwhile
+//!   wait for the claim.
+//! * When a member's lease ends, every home drops its owners' and files' locks and
+//!   ends their waits; members re-send their calls that waited there and re-resolve the
+//!   homes of their shadows.
+//! * A lost lock (fenced home, or shadow at fencing) makes its (inode, owner) answer
+//!   `EIO` to every lock call until the owner closes the file.
+//! * `EDEADLK` across members is answered only after every other edge of the cycle was
+//!   confirmed current by the member that published it.
+//!
+//! # What protects what
+//!
+//! | state | protected by |
+//! |---|---|
+//! | the home table (inode → context, token, peers' owners) | one `RwLock` per shard; a context's locks by its own `flc_lock` |
+//! | the peers' owners of one home inode | that inode's `peers` mutex |
+//! | the shadow table / one shadow's home | the table's mutex / the shadow's `home` mutex |
+//! | lost (inode, owner) pairs | `LostSet`'s mutex (an atomic flag skips it when empty) |
+//! | waiting calls, early interrupts | `Waiting`'s two mutexes |
+//! | a call's interrupt reason and hook | its `CallCtl` mutex |
+//! | claims in progress | the `claims` mutex; each claim's `OnceCell` |
+//! | this member's identity and id seed | an `RwLock` and an atomic (changed on rejoin) |
+//!
+//! # Lock order
+//!
+//! A home shard's read lock → a context's `flc_lock` (the lock path; also closes and a
+//! home's drop of a dead member's owners, which take a home's `peers` mutex first and
+//! release it before the context). `Waiting`'s map → a `CallCtl` → a wait cell's leaf
+//! lock (interrupts). The shadow table's mutex is released before a shadow's context or
+//! `home` is locked. No lock is held across an `.await`.
+//!
+//! # Where to find what
+//!
+//! | concept | file |
+//! |---|---|
+//! | the public face: [`ClusterLocks`], its ids | `cluster_locks.rs` |
+//! | configuration | `config.rs` |
+//! | the lock path, claims and reclaim, closes | `service.rs` |
+//! | one call as carried (`Request`), and its mirror in the shadow | `request.rs` |
+//! | a call's interrupt and end: [`LockCall`] | `call.rs` |
+//! | cluster-wide ids | `ids.rs` |
+//! | inodes homed here | `homes.rs` |
+//! | the shadow of locks held at remote homes | `shadow.rs` |
+//! | lost locks (`EIO`) | `lost.rs` |
+//! | waiting calls the service may end | `waiting.rs` |
+//! | the peer protocol: wire types, conversions, connections | `peer.rs`, `proto/peer.proto` |
+//! | the peer service (the home's side) | `server.rs` |
+//! | directory events: dead members, lost homes, fencing | `events.rs` |
+//! | deadlock detection across members | `waits.rs` |
+//! | counters | `stats.rs` |
+//! | the seam to etcd: [`Directory`] | `directory.rs`, `types.rs`, `error.rs`; joining: `etcd_join.rs` |
+//! | an in-memory directory for tests | `memdir.rs` |
 
 #![warn(missing_docs)]
 
+mod call;
+mod cluster_locks;
+mod config;
 mod directory;
 mod error;
+mod etcd_join;
+mod events;
+mod homes;
+mod ids;
+mod lost;
+#[doc(hidden)]
+pub mod memdir;
+mod peer;
+mod request;
+mod server;
+mod service;
+mod shadow;
+mod stats;
 mod types;
+mod waiting;
+mod waits;
 
+pub use call::{LockCall, LockDone};
+pub use cluster_locks::{ClusterFile, ClusterLocks, ClusterProcess};
+pub use config::{ClusterConfig, MIN_LEASE_TTL};
 pub use directory::{BoxFuture, Directory, DirectoryStats, WaitCycle};
 pub use error::ClusterError;
+pub use ids::{GlobalOwner, IdSeed};
+pub use stats::ClusterStats;
 pub use types::{DirectoryEvent, Home, InodeId, Member, PublishedEdge, WaitEdge};

@@ -5,11 +5,26 @@
 // profile (the blocked hash's lookups on every block and wake).
 use hashbrown::HashMap;
 use std::sync::{Arc, Weak};
+use std::time::Instant;
 
 use crate::context::FileLockContext;
 use crate::lock::OwnerKey;
 use crate::sync::{Arc as SyncArc, AtomicU64, Mutex, MutexGuard, Ordering};
 use crate::wait_cell::{Link, WaitCell};
+use crate::OwnerId;
+
+/// A process-owned POSIX request that waits, and the owner it waits for: an edge of
+/// the wait-for graph the deadlock detector walks (see
+/// [`LockManager::posix_wait_edges`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PosixWaitEdge {
+    /// The owner of the blocked request.
+    pub waiter: OwnerId,
+    /// The owner of the granted lock at the root of the request's wait tree.
+    pub blocker: OwnerId,
+    /// When the request first went to sleep.
+    pub blocked_at: Instant,
+}
 
 /// `MAX_DEADLK_ITERATIONS`: how far the deadlock detector follows a chain of owners.
 ///
@@ -161,6 +176,39 @@ impl BlockedHash {
         (false, i as u64)
     }
 
+    /// Every blocked request's edge (see [`LockManager::posix_wait_edges`]).
+    fn wait_edges(&self) -> Vec<PosixWaitEdge> {
+        let mut out = Vec::new();
+        for (owner, cells) in &self.map {
+            let OwnerKey::Process(waiter) = *owner else {
+                continue;
+            };
+            for cell in cells {
+                // What `what_owner_is_waiting_for` follows, from this request rather
+                // than from the owner's newest one.
+                let mut cur = cell.clone();
+                let root = loop {
+                    let link = cur.link.lock().clone();
+                    match link {
+                        Link::Detached => break cur.owner,
+                        Link::Granted(o) => break o,
+                        Link::Request(p) => cur = p,
+                    }
+                };
+                if let OwnerKey::Process(blocker) = root {
+                    if blocker != waiter {
+                        out.push(PosixWaitEdge {
+                            waiter,
+                            blocker,
+                            blocked_at: cell.blocked_at,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.map.values().map(Vec::len).sum()
@@ -222,6 +270,30 @@ impl LockManager {
             global_lock_acquisitions: self.big_acq.load(Ordering::Relaxed),
             deadlocks: self.deadlocks.load(Ordering::Relaxed),
         }
+    }
+
+    /// The wait-for graph the deadlock detector walks, as edges: for each blocked
+    /// process-owned POSIX request, its owner and the owner of the granted lock its wait
+    /// tree hangs under (`what_owner_is_waiting_for`, from that request), with when it
+    /// first slept. A request just woken (out of its tree) has no edge. Takes
+    /// `blocked_lock`, no inode lock: a caller that detects deadlocks across several
+    /// managers (a cluster of servers) publishes these.
+    ///
+    /// ```
+    /// use vfscale_locks::*;
+    /// let mgr = LockManager::new();
+    /// let inode = FileLockContext::new(&mgr, InodeKey::default());
+    /// let f = OpenFile::new(1, AccessMode::ReadWrite);
+    /// inode.fcntl(Process::new(1), f, FcntlCmd::SetLk, &mut Flock::new(LockType::Write, 0, 1)).unwrap();
+    /// let p = inode.fcntl_lock(Process::new(2), f, FcntlCmd::SetLkW, &mut Flock::new(LockType::Write, 0, 1)).unwrap();
+    /// let edges = mgr.posix_wait_edges();
+    /// assert_eq!(edges.len(), 1);
+    /// assert_eq!((edges[0].waiter, edges[0].blocker), (OwnerId(2), OwnerId(1)));
+    /// drop(p); // gives up: the edge goes
+    /// assert!(mgr.posix_wait_edges().is_empty());
+    /// ```
+    pub fn posix_wait_edges(&self) -> Vec<PosixWaitEdge> {
+        self.lock_blocked().wait_edges()
     }
 
     /// Takes the global lock when the settings ask for it (`None` otherwise). Released
@@ -324,6 +396,30 @@ mod tests {
             }
             assert_eq!(h.posix_locks_deadlock(p(1), p(n)), found, "chain of {n} owners");
         }
+    }
+
+    #[test]
+    fn wait_edges_follow_each_request_to_its_root_and_skip_file_owners() {
+        let mut h = BlockedHash::default();
+        // 2 waits on 1's lock; 3 waits under 2's request (so for 1 as well).
+        let w2 = WaitCell::new(p(2), crate::context::fairness::stamp_for_tests());
+        w2.set_link(Link::Granted(p(1)));
+        h.insert(&w2);
+        let w3 = WaitCell::new(p(3), crate::context::fairness::stamp_for_tests());
+        w3.set_link(Link::Request(w2.clone()));
+        h.insert(&w3);
+        // A file-owned waiter and a just-woken request give no edge.
+        let wf = WaitCell::new(
+            OwnerKey::File(FileId(5)),
+            crate::context::fairness::stamp_for_tests(),
+        );
+        wf.set_link(Link::Granted(p(1)));
+        h.insert(&wf);
+        let w4 = WaitCell::new(p(4), crate::context::fairness::stamp_for_tests());
+        h.insert(&w4);
+        let mut edges: Vec<(u64, u64)> = h.wait_edges().iter().map(|e| (e.waiter.0, e.blocker.0)).collect();
+        edges.sort();
+        assert_eq!(edges, vec![(2, 1), (3, 1)]);
     }
 
     #[test]

@@ -1,0 +1,144 @@
+//! What the service does when the directory reports a change: a member died (drop its
+//! owners here, re-send calls that waited at it, claim its inodes this member uses), an
+//! inode lost its home, this member was fenced, or rejoined.
+
+use std::sync::Arc;
+
+use tokio::sync::broadcast::{self, error::RecvError};
+use vfscale_locks::{Errno, OwnerKey};
+
+use crate::homes::HomeInode;
+use crate::peer::MOVED;
+use crate::request::LockOwner;
+use crate::service::{Service, EIO};
+use crate::stats::Counters;
+use crate::{DirectoryEvent, InodeId};
+
+/// Follows the directory's events until the directory goes.
+pub(crate) async fn run(svc: Arc<Service>, mut rx: broadcast::Receiver<DirectoryEvent>) {
+    loop {
+        match rx.recv().await {
+            Ok(ev) => handle(&svc, ev),
+            Err(RecvError::Lagged(n)) => {
+                // Missed events: every inode this member uses at another home is
+                // resolved again (a new home reclaims from everyone anyway).
+                tracing::warn!(missed = n, "directory events lagged; resolving homes again");
+                for ino in svc.shadow.homed_at(None) {
+                    re_home(&svc, ino);
+                }
+                svc.in_flight.cancel_where(|_, _| true);
+            }
+            Err(RecvError::Closed) => return,
+        }
+    }
+}
+
+fn handle(svc: &Arc<Service>, ev: DirectoryEvent) {
+    match ev {
+        DirectoryEvent::MemberGone(m) => {
+            if svc.is_me(&m) {
+                // Our own lease ended: the fencing event follows (or came first).
+                return;
+            }
+            svc.mark_dead(&m);
+            svc.peers.forget(&m.node);
+            let dropped: usize = svc
+                .homes
+                .all()
+                .iter()
+                .map(|hi| hi.drop_peer(&m.node, m.lease))
+                .sum();
+            Counters::add(&svc.counters.dead_owners_dropped, dropped as u64);
+            svc.waiting
+                .interrupt_where(EIO, |c| c.peer.as_ref().is_some_and(|(n, _)| *n == m.node));
+            svc.in_flight.cancel_where(|node, _| node == m.node);
+            let used = svc.shadow.homed_at(Some(&m.node));
+            tracing::info!(node = %m.node, lease = m.lease, dropped, inodes = used.len(), "member gone");
+            for ino in used {
+                re_home(svc, ino);
+            }
+        }
+        DirectoryEvent::HomeGone { ino, token } => {
+            if let Some(hi) = svc.homes.remove_token(ino, token) {
+                tracing::warn!(ino = ino.0, token, "an inode homed here lost its ownership key");
+                lose_home(svc, &hi);
+            }
+            svc.in_flight.cancel_where(|_, i| i == ino);
+            if svc.shadow.get(ino).is_some() {
+                re_home(svc, ino);
+            }
+        }
+        DirectoryEvent::Fenced => fence(svc),
+        DirectoryEvent::Rejoined(m) => {
+            tracing::info!(node = %m.node, lease = m.lease, "rejoined the cluster");
+            svc.set_me(m);
+        }
+    }
+}
+
+/// Resolves `ino`'s home again; claims it (and reclaims its locks) when that is us.
+fn re_home(svc: &Arc<Service>, ino: InodeId) {
+    let svc = svc.clone();
+    svc.rt.clone().spawn(async move {
+        if let Ok(h) = svc.dir.home(ino).await {
+            if svc.is_me(&h.member) {
+                let _ = svc.home_inode(ino, h.token).await;
+            }
+        }
+    });
+}
+
+/// An inode homed here is lost: this member's owners that held locks on it are lost
+/// (their next calls answer `EIO`), waiting calls end (peers' calls go to the next
+/// home).
+fn lose_home(svc: &Service, hi: &HomeInode) {
+    let seed = svc.seed();
+    for l in hi.ctx.held_locks() {
+        let who = match l.owner {
+            OwnerKey::Process(o) if !hi.is_peer_id(o.0) => {
+                LockOwner::Posix(seed.local(crate::GlobalOwner(o.0)))
+            }
+            OwnerKey::File(f) if !hi.is_peer_id(f.0) => LockOwner::File(seed.local(crate::GlobalOwner(f.0))),
+            _ => continue,
+        };
+        svc.lost.add(hi.ino, who);
+    }
+    let ino = hi.ino;
+    svc.waiting
+        .interrupt_where(EIO, |c| c.ino == ino && c.peer.is_none());
+    svc.waiting
+        .interrupt_where(MOVED, |c| c.ino == ino && c.peer.is_some());
+}
+
+/// This member may have lost its lease: drop every inode homed here, mark what its
+/// clients held (here and in the shadow) as lost, end every waiting call.
+fn fence(svc: &Service) {
+    let homes = svc.homes.drain();
+    for hi in &homes {
+        lose_home(svc, hi);
+    }
+    let shadows = svc.shadow.drain();
+    for (ino, sh) in &shadows {
+        for l in sh.ctx.held_locks() {
+            svc.lost.add(
+                *ino,
+                match l.owner {
+                    OwnerKey::Process(o) => LockOwner::Posix(o.0),
+                    OwnerKey::File(f) => LockOwner::File(f.0),
+                },
+            );
+        }
+    }
+    svc.waiting.interrupt_where(EIO, |c| c.peer.is_none());
+    svc.waiting.interrupt_where(MOVED, |c| c.peer.is_some());
+    svc.in_flight.cancel_where(|_, _| true);
+    tracing::error!(
+        homes = homes.len(),
+        shadows = shadows.len(),
+        lost = svc.lost.len(),
+        "fenced: this member's lease may have expired; its locks are lost"
+    );
+}
+
+/// `EDEADLK` without the noise of a full import at call sites.
+pub(crate) const EDEADLK: Errno = Errno::EDEADLK;

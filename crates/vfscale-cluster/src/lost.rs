@@ -1,0 +1,52 @@
+//! Locks lost with a lease: the (inode, owner) pairs whose next lock calls answer
+//! `EIO`, as the Linux NFS client answers for a lost lock, until the owner lets go of
+//! the file (close for a POSIX owner, last close for an open file).
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::request::LockOwner;
+use crate::InodeId;
+
+/// The lost pairs, by the member's own ids. `any` lets the lock path skip the set
+/// with one load while nothing is lost (the usual case).
+#[derive(Default)]
+pub(crate) struct LostSet {
+    any: AtomicBool,
+    set: Mutex<HashSet<(InodeId, LockOwner)>>,
+}
+
+impl LostSet {
+    pub fn add(&self, ino: InodeId, who: LockOwner) {
+        let mut s = self.set.lock();
+        s.insert((ino, who));
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// Whether `who`'s locks on `ino` were lost.
+    #[inline]
+    pub fn contains(&self, ino: InodeId, who: LockOwner) -> bool {
+        if !self.any.load(Ordering::Acquire) {
+            return false;
+        }
+        self.set.lock().contains(&(ino, who))
+    }
+
+    /// The owner let go of the file: its calls are served again.
+    pub fn clear(&self, ino: InodeId, who: LockOwner) {
+        if !self.any.load(Ordering::Acquire) {
+            return;
+        }
+        let mut s = self.set.lock();
+        s.remove(&(ino, who));
+        if s.is_empty() {
+            self.any.store(false, Ordering::Release);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.set.lock().len()
+    }
+}

@@ -1,0 +1,299 @@
+//! An in-memory [`Directory`] for tests of the lock service: several members in one
+//! process share one [`MemCluster`]; a test ends a member's lease or fences it by hand.
+//!
+//! It keeps the directory's contract (claims are atomic, a token grows with every
+//! claim, wait-graph publications are serialised and refuse a new edge that closes a
+//! cycle) with no etcd and no clocks: leases end only when the test says so.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::broadcast;
+
+use crate::{
+    BoxFuture, ClusterError, Directory, DirectoryEvent, DirectoryStats, Home, InodeId, Member, PublishedEdge,
+    WaitCycle, WaitEdge,
+};
+
+/// What the members of one in-memory cluster share (the role of etcd).
+#[derive(Default)]
+pub struct MemCluster {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The revision: grows with every change, as etcd's.
+    rev: i64,
+    next_lease: i64,
+    members: HashMap<String, Member>,
+    homes: HashMap<InodeId, Home>,
+    waits: HashMap<String, Vec<WaitEdge>>,
+    /// Every member's event channel, by node (a fenced member keeps its own).
+    subscribers: HashMap<String, broadcast::Sender<DirectoryEvent>>,
+}
+
+impl MemCluster {
+    /// An empty cluster.
+    pub fn new() -> Arc<MemCluster> {
+        Arc::new(MemCluster::default())
+    }
+
+    /// Registers member `node` at `addr` with a new lease.
+    pub fn join(self: &Arc<Self>, node: &str, addr: SocketAddr) -> Arc<MemDirectory> {
+        let (tx, _) = broadcast::channel(1024);
+        let mut st = self.state.lock();
+        st.next_lease += 1;
+        st.rev += 1;
+        let me = Member {
+            node: node.to_string(),
+            addr,
+            lease: st.next_lease,
+        };
+        st.members.insert(node.to_string(), me.clone());
+        st.subscribers.insert(node.to_string(), tx.clone());
+        Arc::new(MemDirectory {
+            cluster: self.clone(),
+            me: Mutex::new(me),
+            fenced: AtomicBool::new(false),
+            tx,
+            txns: AtomicU64::new(0),
+            claims_won: AtomicU64::new(0),
+            claims_lost: AtomicU64::new(0),
+            publications: AtomicU64::new(0),
+            fences: AtomicU64::new(0),
+        })
+    }
+
+    /// Ends `node`'s lease, as etcd does when it expires or is revoked: its
+    /// registration, homes and published waits go, and every other member is told
+    /// (`HomeGone` for each home, then `MemberGone`). The member itself is not told:
+    /// see [`MemCluster::fence`].
+    pub fn expire(&self, node: &str) {
+        let mut st = self.state.lock();
+        let Some(m) = st.members.remove(node) else {
+            return;
+        };
+        st.rev += 1;
+        let gone: Vec<(InodeId, i64)> = st
+            .homes
+            .iter()
+            .filter(|(_, h)| h.member == m)
+            .map(|(i, h)| (*i, h.token))
+            .collect();
+        for (ino, _) in &gone {
+            st.homes.remove(ino);
+        }
+        st.waits.remove(node);
+        for (n, tx) in &st.subscribers {
+            if n == node {
+                continue;
+            }
+            for &(ino, token) in &gone {
+                let _ = tx.send(DirectoryEvent::HomeGone { ino, token });
+            }
+            let _ = tx.send(DirectoryEvent::MemberGone(m.clone()));
+        }
+    }
+
+    /// Makes `dir`'s member fenced (its own clock says its lease may have ended):
+    /// `fenced()` turns true and it gets `Fenced`. Its lease is left as it is: end it
+    /// with [`MemCluster::expire`].
+    pub fn fence(&self, dir: &MemDirectory) {
+        if !dir.fenced.swap(true, Ordering::SeqCst) {
+            dir.fences.fetch_add(1, Ordering::Relaxed);
+            let _ = dir.tx.send(DirectoryEvent::Fenced);
+        }
+    }
+
+    /// A fenced member rejoins: a new lease, registered again; it gets `Rejoined`.
+    pub fn rejoin(&self, dir: &MemDirectory) -> Member {
+        let mut st = self.state.lock();
+        st.next_lease += 1;
+        st.rev += 1;
+        let mut me = dir.me.lock();
+        me.lease = st.next_lease;
+        st.members.insert(me.node.clone(), me.clone());
+        dir.fenced.store(false, Ordering::SeqCst);
+        let _ = dir.tx.send(DirectoryEvent::Rejoined(me.clone()));
+        me.clone()
+    }
+
+    /// The current home of `ino`, if any.
+    pub fn home_of(&self, ino: InodeId) -> Option<Home> {
+        self.state.lock().homes.get(&ino).cloned()
+    }
+
+    /// Every published edge, with its member.
+    pub fn published(&self) -> Vec<PublishedEdge> {
+        let st = self.state.lock();
+        let mut out: Vec<PublishedEdge> = st
+            .waits
+            .iter()
+            .flat_map(|(n, es)| {
+                es.iter().map(move |e| PublishedEdge {
+                    edge: *e,
+                    node: n.clone(),
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| (a.edge, &a.node).cmp(&(b.edge, &b.node)));
+        out
+    }
+}
+
+/// One member's view of a [`MemCluster`].
+pub struct MemDirectory {
+    cluster: Arc<MemCluster>,
+    me: Mutex<Member>,
+    fenced: AtomicBool,
+    tx: broadcast::Sender<DirectoryEvent>,
+    txns: AtomicU64,
+    claims_won: AtomicU64,
+    claims_lost: AtomicU64,
+    publications: AtomicU64,
+    fences: AtomicU64,
+}
+
+impl MemDirectory {
+    /// The cluster this member belongs to.
+    pub fn cluster(&self) -> &Arc<MemCluster> {
+        &self.cluster
+    }
+}
+
+/// The path from `from` to `to` over `edges`, if any (depth-first, each owner once).
+fn path(edges: &[PublishedEdge], from: u64, to: u64) -> Option<Vec<PublishedEdge>> {
+    let mut stack: Vec<(u64, Vec<PublishedEdge>)> = vec![(from, Vec::new())];
+    let mut seen = std::collections::HashSet::new();
+    while let Some((at, p)) = stack.pop() {
+        if at == to {
+            return Some(p);
+        }
+        if !seen.insert(at) {
+            continue;
+        }
+        for e in edges.iter().filter(|e| e.edge.waiter == at) {
+            let mut q = p.clone();
+            q.push(e.clone());
+            stack.push((e.edge.blocker, q));
+        }
+    }
+    None
+}
+
+impl Directory for MemDirectory {
+    fn me(&self) -> Member {
+        self.me.lock().clone()
+    }
+
+    fn lease_ttl(&self) -> Duration {
+        Duration::from_secs(5)
+    }
+
+    fn home(&self, ino: InodeId) -> BoxFuture<'_, Result<Home, ClusterError>> {
+        Box::pin(async move {
+            if self.fenced() {
+                return Err(ClusterError::Fenced);
+            }
+            let me = self.me();
+            let mut st = self.cluster.state.lock();
+            if let Some(h) = st.homes.get(&ino) {
+                if h.member != me {
+                    self.claims_lost.fetch_add(1, Ordering::Relaxed);
+                }
+                return Ok(h.clone());
+            }
+            self.txns.fetch_add(1, Ordering::Relaxed);
+            st.rev += 1;
+            let h = Home {
+                member: me,
+                token: st.rev,
+            };
+            st.homes.insert(ino, h.clone());
+            self.claims_won.fetch_add(1, Ordering::Relaxed);
+            Ok(h)
+        })
+    }
+
+    fn cached_home(&self, ino: InodeId) -> Option<Home> {
+        self.cluster.state.lock().homes.get(&ino).cloned()
+    }
+
+    fn members(&self) -> Vec<Member> {
+        self.cluster.state.lock().members.values().cloned().collect()
+    }
+
+    fn events(&self) -> broadcast::Receiver<DirectoryEvent> {
+        self.tx.subscribe()
+    }
+
+    fn fenced(&self) -> bool {
+        self.fenced.load(Ordering::Relaxed)
+    }
+
+    fn publish_waits(
+        &self,
+        current: Vec<WaitEdge>,
+        new: Vec<WaitEdge>,
+    ) -> BoxFuture<'_, Result<Vec<WaitCycle>, ClusterError>> {
+        Box::pin(async move {
+            if self.fenced() {
+                return Err(ClusterError::Fenced);
+            }
+            let node = self.me().node;
+            let mut st = self.cluster.state.lock();
+            self.txns.fetch_add(1, Ordering::Relaxed);
+            let others: Vec<PublishedEdge> = st
+                .waits
+                .iter()
+                .filter(|(n, _)| **n != node)
+                .flat_map(|(n, es)| {
+                    es.iter().map(move |e| PublishedEdge {
+                        edge: *e,
+                        node: n.clone(),
+                    })
+                })
+                .chain(current.iter().map(|e| PublishedEdge {
+                    edge: *e,
+                    node: node.clone(),
+                }))
+                .collect();
+            let mut cycles = Vec::new();
+            for e in &new {
+                let rest: Vec<PublishedEdge> = others
+                    .iter()
+                    .filter(|p| p.edge != *e || p.node != node)
+                    .cloned()
+                    .collect();
+                if let Some(p) = path(&rest, e.blocker, e.waiter) {
+                    cycles.push(WaitCycle { closing: *e, path: p });
+                }
+            }
+            if cycles.is_empty() {
+                st.rev += 1;
+                if current.is_empty() {
+                    st.waits.remove(&node);
+                } else {
+                    st.waits.insert(node, current);
+                }
+                self.publications.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(cycles)
+        })
+    }
+
+    fn stats(&self) -> DirectoryStats {
+        DirectoryStats {
+            etcd_txns: self.txns.load(Ordering::Relaxed),
+            claims_won: self.claims_won.load(Ordering::Relaxed),
+            claims_lost: self.claims_lost.load(Ordering::Relaxed),
+            wait_publications: self.publications.load(Ordering::Relaxed),
+            fences: self.fences.load(Ordering::Relaxed),
+        }
+    }
+}

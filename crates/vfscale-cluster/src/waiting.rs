@@ -1,0 +1,95 @@
+//! The calls waiting in this member's wait trees (its own clients' and those served
+//! for peers), so that the service can end them: fencing, a dead caller, an interrupt
+//! from a peer, `EDEADLK` across members.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use vfscale_locks::Errno;
+
+use crate::call::CallCtl;
+use crate::InodeId;
+
+/// One waiting call.
+pub(crate) struct WaitingCall {
+    pub ino: InodeId,
+    /// The global owner (process for POSIX requests, file otherwise).
+    pub owner: u64,
+    /// A process-owned POSIX request (the kind deadlock detection covers).
+    pub posix: bool,
+    /// For a peer's call: its node and its call id.
+    pub peer: Option<(String, u64)>,
+    pub ctl: Arc<CallCtl>,
+}
+
+/// How long an interrupt that arrived before its call is kept.
+const TOMBSTONE_TTL: Duration = Duration::from_secs(30);
+
+/// The registry. `map` and `early` are leaf locks: nothing is called under them but
+/// [`CallCtl::interrupt`], whose own lock is a leaf.
+#[derive(Default)]
+pub(crate) struct Waiting {
+    next: AtomicU64,
+    map: Mutex<HashMap<u64, WaitingCall>>,
+    /// Interrupts of peers' calls that had not arrived yet (another HTTP/2 stream may
+    /// overtake the call's).
+    early: Mutex<HashMap<(String, u64), Instant>>,
+}
+
+/// Removes its call from the registry when dropped.
+pub(crate) struct WaitingGuard<'a> {
+    reg: &'a Waiting,
+    key: u64,
+}
+
+impl Drop for WaitingGuard<'_> {
+    fn drop(&mut self) {
+        self.reg.map.lock().remove(&self.key);
+    }
+}
+
+impl Waiting {
+    pub fn add(&self, call: WaitingCall) -> WaitingGuard<'_> {
+        let key = self.next.fetch_add(1, Ordering::Relaxed);
+        let early = call
+            .peer
+            .as_ref()
+            .is_some_and(|p| self.early.lock().remove(p).is_some());
+        if early {
+            call.ctl.interrupt(Errno::EINTR);
+        }
+        self.map.lock().insert(key, call);
+        WaitingGuard { reg: self, key }
+    }
+
+    /// Interrupts a peer's call; remembered for a while if it has not arrived.
+    pub fn interrupt_peer(&self, node: &str, call_id: u64) {
+        let m = self.map.lock();
+        if let Some(c) = m
+            .values()
+            .find(|c| c.peer.as_ref().is_some_and(|(n, id)| n == node && *id == call_id))
+        {
+            c.ctl.interrupt(Errno::EINTR);
+            return;
+        }
+        drop(m);
+        let mut e = self.early.lock();
+        let now = Instant::now();
+        e.retain(|_, t| now.duration_since(*t) < TOMBSTONE_TTL);
+        e.insert((node.to_string(), call_id), now);
+    }
+
+    /// Ends every call that `pick` selects with `why`; returns how many.
+    pub fn interrupt_where(&self, why: Errno, pick: impl Fn(&WaitingCall) -> bool) -> usize {
+        let m = self.map.lock();
+        let mut n = 0;
+        for c in m.values().filter(|c| pick(c)) {
+            c.ctl.interrupt(why);
+            n += 1;
+        }
+        n
+    }
+}
