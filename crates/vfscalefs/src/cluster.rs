@@ -349,6 +349,6 @@ impl Cluster {
         let owners = h.owners.lock();
         owners
             .iter()
-            .any(|o| self.locks.owner_lost(ino, ClusterProcess { owner: o.0, pid: 0 }))
+            .any(|o| self.locks.posix_lost(ino, ClusterProcess { owner: o.0, pid: 0 }))
     }
 }
