@@ -128,6 +128,7 @@ mod cluster_locks;
 mod config;
 mod directory;
 mod error;
+pub mod etcd;
 mod etcd_join;
 mod events;
 mod homes;

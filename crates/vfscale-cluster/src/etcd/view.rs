@@ -1,0 +1,222 @@
+//! The view: members and homes as the watch last saw them, kept current by one watch on
+//! the key range that holds both (so their events arrive in revision order), re-listed
+//! when the watch falls behind compaction.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{EventType, GetOptions, KeyValue, WatchOptions, WatchResponse};
+use tracing::{debug, info};
+
+use super::keys::{decode_member_addr, Keys, ViewKey};
+use super::Shared;
+use crate::{ClusterError, DirectoryEvent, InodeId, Member};
+
+/// Pause before reopening a broken watch.
+const REOPEN: Duration = Duration::from_millis(200);
+
+/// An ownership key as read: the home's node, its lease and the fencing token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct HomeEntry {
+    pub(crate) node: String,
+    pub(crate) lease: i64,
+    pub(crate) token: i64,
+}
+
+impl HomeEntry {
+    pub(crate) fn from_kv(kv: &KeyValue) -> HomeEntry {
+        HomeEntry {
+            node: String::from_utf8_lossy(kv.value()).into_owned(),
+            lease: kv.lease(),
+            token: kv.create_revision(),
+        }
+    }
+}
+
+/// What the directory knows of the cluster, as of revision `rev`.
+#[derive(Debug, Default)]
+pub(crate) struct View {
+    pub(crate) members: HashMap<String, Member>,
+    pub(crate) homes: HashMap<InodeId, HomeEntry>,
+    /// The revision every event up to which has been applied.
+    pub(crate) rev: i64,
+}
+
+impl View {
+    /// The registered member `node` if it holds `lease` (a home recorded under an older
+    /// lease of that node is gone, or about to be).
+    pub(crate) fn member_with_lease(&self, node: &str, lease: i64) -> Option<&Member> {
+        self.members.get(node).filter(|m| m.lease == lease)
+    }
+
+    /// Records a home that a claim read or wrote at revision `mod_rev`, unless the watch
+    /// already applied that revision (then the view already says what became of it, and
+    /// re-inserting could resurrect a key deleted since).
+    pub(crate) fn note_claim(&mut self, ino: InodeId, entry: HomeEntry, mod_rev: i64) {
+        if self.rev < mod_rev {
+            self.homes.insert(ino, entry);
+        }
+    }
+
+    /// Applies one key's put or delete; returns the event it means for the lock service.
+    fn apply(&mut self, keys: &Keys, kind: EventType, kv: &KeyValue) -> Option<DirectoryEvent> {
+        let key = kv.key_str().ok()?;
+        match (keys.parse_view_key(key)?, kind) {
+            (ViewKey::Member(node), EventType::Put) => {
+                if let Some(addr) = decode_member_addr(kv.value()) {
+                    let m = Member {
+                        node: node.to_string(),
+                        addr,
+                        lease: kv.lease(),
+                    };
+                    self.members.insert(m.node.clone(), m);
+                }
+                None
+            }
+            (ViewKey::Member(node), EventType::Delete) => {
+                self.members.remove(node).map(DirectoryEvent::MemberGone)
+            }
+            (ViewKey::Home(ino), EventType::Put) => {
+                self.homes.insert(ino, HomeEntry::from_kv(kv));
+                None
+            }
+            (ViewKey::Home(ino), EventType::Delete) => {
+                let gone = self.homes.remove(&ino)?;
+                Some(DirectoryEvent::HomeGone {
+                    ino,
+                    token: gone.token,
+                })
+            }
+        }
+    }
+
+    /// Replaces the view with a fresh listing; returns the events for what went missing
+    /// between the two (members gone, homes gone or replaced).
+    fn replace(&mut self, fresh: View) -> Vec<DirectoryEvent> {
+        let mut events = Vec::new();
+        for (node, m) in &self.members {
+            if fresh.members.get(node).is_none_or(|n| n.lease != m.lease) {
+                events.push(DirectoryEvent::MemberGone(m.clone()));
+            }
+        }
+        for (ino, h) in &self.homes {
+            if fresh.homes.get(ino).is_none_or(|n| n.token != h.token) {
+                events.push(DirectoryEvent::HomeGone {
+                    ino: *ino,
+                    token: h.token,
+                });
+            }
+        }
+        *self = fresh;
+        events
+    }
+}
+
+/// Reads the members and homes at one revision and makes that the view; emits the
+/// events for what the old view had and the new one lacks.
+pub(crate) async fn relist(shared: &Shared) -> Result<(), ClusterError> {
+    let (from, to) = shared.keys.view_range();
+    shared.counters.etcd_txns.inc();
+    let mut kv = shared.client.kv_client();
+    let get = kv.get(from, Some(GetOptions::new().with_range(to)));
+    let resp = match tokio::time::timeout(shared.cfg.lease_ttl, get).await {
+        Ok(Ok(resp)) => resp,
+        Ok(Err(e)) => return Err(ClusterError::Etcd(format!("listing members and homes: {e}"))),
+        Err(_) => return Err(ClusterError::Etcd("listing members and homes timed out".into())),
+    };
+    let mut fresh = View {
+        rev: resp.header().map_or(0, |h| h.revision()),
+        ..View::default()
+    };
+    for kv in resp.kvs() {
+        fresh.apply(&shared.keys, EventType::Put, kv);
+    }
+    let events = shared.view.write().replace(fresh);
+    for e in events {
+        let _ = shared.events.send(e);
+    }
+    Ok(())
+}
+
+/// Follows the view range from the view's revision on, for as long as the directory
+/// lives: reopens a broken watch where it stopped, and re-lists when etcd has compacted
+/// past that point.
+pub(crate) async fn watch_task(shared: Arc<Shared>) {
+    let mut hold = shared.watch_hold.subscribe();
+    loop {
+        // A held watch (tests) reads nothing, so it falls behind like a slow one.
+        while *hold.borrow_and_update() {
+            if hold.changed().await.is_err() {
+                return;
+            }
+        }
+        let from = shared.view.read().rev + 1;
+        let (start, end) = shared.keys.view_range();
+        let opts = WatchOptions::new()
+            .with_range(end)
+            .with_start_revision(from)
+            .with_prev_key()
+            .with_progress_notify();
+        let mut stream = match shared.client.watch_client().watch(start, Some(opts)).await {
+            Ok(s) => s,
+            Err(e) => {
+                debug!(error = %e, "watch failed to open");
+                tokio::time::sleep(REOPEN).await;
+                continue;
+            }
+        };
+        loop {
+            let msg = tokio::select! {
+                m = stream.message() => m,
+                _ = hold.changed() => break,
+            };
+            match msg {
+                Ok(Some(resp)) if resp.compact_revision() != 0 => {
+                    info!(
+                        from,
+                        compacted = resp.compact_revision(),
+                        "watch fell behind compaction: re-listing"
+                    );
+                    shared.counters.relists.inc();
+                    if let Err(e) = relist(&shared).await {
+                        debug!(error = %e, "re-list failed");
+                        tokio::time::sleep(REOPEN).await;
+                    }
+                    break;
+                }
+                Ok(Some(resp)) if resp.canceled() => break,
+                Ok(Some(resp)) => apply_response(&shared, &resp),
+                Ok(None) | Err(_) => {
+                    tokio::time::sleep(REOPEN).await;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+fn apply_response(shared: &Shared, resp: &WatchResponse) {
+    let mut out = Vec::new();
+    {
+        let mut view = shared.view.write();
+        for ev in resp.events() {
+            let Some(kv) = ev.kv() else { continue };
+            // The watch starts after the view's revision, so every event is new; a lease's
+            // end deletes all its keys at one revision, hence no skipping by revision.
+            if let Some(e) = view.apply(&shared.keys, ev.event_type(), kv) {
+                out.push(e);
+            }
+            view.rev = kv.mod_revision();
+        }
+        // A progress notification: every event up to the header's revision was sent.
+        if resp.events().is_empty() && !resp.created() {
+            if let Some(h) = resp.header() {
+                view.rev = view.rev.max(h.revision());
+            }
+        }
+    }
+    for e in out {
+        let _ = shared.events.send(e);
+    }
+}

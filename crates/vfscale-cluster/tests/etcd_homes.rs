@@ -1,0 +1,141 @@
+//! Homes on a real 3-member etcd: claim races, homes that go with their lease, fencing
+//! tokens that grow, and claims that go on when the etcd leader dies.
+
+mod etcd_support;
+
+use std::time::{Duration, Instant};
+
+use etcd_support::{etcd, eventually, join, wait_event};
+use vfscale_cluster::{Directory, DirectoryEvent, InodeId};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_race_makes_one_home_that_both_see() {
+    let Some(etcd) = etcd() else { return };
+    let a = join(&etcd, "a", 5).await;
+    let b = join(&etcd, "b", 5).await;
+    let inodes = 40u64;
+    let before = a.stats().etcd_txns + b.stats().etcd_txns;
+    for i in 0..inodes {
+        let ino = InodeId(i);
+        let (ha, hb) = tokio::join!(a.home(ino), b.home(ino));
+        let (ha, hb) = (ha.expect("a claims"), hb.expect("b claims"));
+        assert_eq!(ha, hb, "inode {i}: both must see one home and one token");
+        assert!(ha.member.node == "a" || ha.member.node == "b");
+        assert!(ha.token > 0);
+    }
+    let txns = a.stats().etcd_txns + b.stats().etcd_txns - before;
+    println!(
+        "etcd txns per contended claim (two members race): {:.2}",
+        txns as f64 / inodes as f64 / 2.0
+    );
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!(sa.claims_won + sb.claims_won, inodes, "{sa:?} {sb:?}");
+    // The cache answers once the watch has caught up: no etcd traffic then.
+    eventually(Duration::from_secs(5), "both caches agree", || {
+        (0..inodes).all(|i| {
+            a.cached_home(InodeId(i)).is_some() && a.cached_home(InodeId(i)) == b.cached_home(InodeId(i))
+        })
+    })
+    .await;
+    let before = a.stats().etcd_txns;
+    for i in 0..inodes {
+        a.home(InodeId(i)).await.expect("cached home");
+    }
+    assert_eq!(a.stats().etcd_txns, before, "a known home costs no etcd request");
+    let names: Vec<String> = a.members().into_iter().map(|m| m.node).collect();
+    assert_eq!(names, ["a", "b"]);
+    // An uncontended claim: one txn.
+    let before = a.stats().etcd_txns;
+    a.home(InodeId(1000)).await.expect("claim");
+    println!(
+        "etcd txns per uncontended claim: {}",
+        a.stats().etcd_txns - before
+    );
+    assert_eq!(a.stats().etcd_txns - before, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_home_goes_with_its_lease_and_the_next_token_is_larger() {
+    let Some(etcd) = etcd() else { return };
+    let a = join(&etcd, "a", 5).await;
+    let b = join(&etcd, "b", 5).await;
+    let ino = InodeId(7);
+    let first = a.home(ino).await.expect("a claims");
+    assert_eq!(first.member, a.me());
+    let seen = b.home(ino).await.expect("b learns");
+    assert_eq!(seen, first);
+    let a_member = a.me();
+    let mut rx = b.events();
+    a.leave().await;
+    assert!(a.fenced(), "a member that left grants nothing");
+    let gone = wait_event(&mut rx, Duration::from_secs(5), "MemberGone(a)", |e| match e {
+        DirectoryEvent::MemberGone(m) if m.node == "a" => Some(m.clone()),
+        _ => None,
+    })
+    .await;
+    assert_eq!(gone, a_member);
+    eventually(Duration::from_secs(5), "inode 7 without a cached home", || {
+        b.cached_home(ino).is_none()
+    })
+    .await;
+    let second = b.home(ino).await.expect("b claims");
+    assert_eq!(second.member, b.me());
+    assert!(
+        second.token > first.token,
+        "tokens grow: {} then {}",
+        first.token,
+        second.token
+    );
+    // The same name joins again at once: its old lease was revoked.
+    let a2 = join(&etcd, "a", 5).await;
+    assert_ne!(a2.me().lease, a_member.lease);
+    assert_eq!(a2.home(ino).await.expect("a2 learns"), second);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn home_gone_arrives_at_the_other_member() {
+    let Some(etcd) = etcd() else { return };
+    let a = join(&etcd, "a", 5).await;
+    let b = join(&etcd, "b", 5).await;
+    let first = a.home(InodeId(9)).await.expect("a claims");
+    let mut rx = b.events();
+    a.leave().await;
+    let token = wait_event(&mut rx, Duration::from_secs(5), "HomeGone(9)", |e| match e {
+        DirectoryEvent::HomeGone {
+            ino: InodeId(9),
+            token,
+        } => Some(*token),
+        _ => None,
+    })
+    .await;
+    assert_eq!(token, first.token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_go_on_when_the_etcd_leader_is_killed() {
+    let Some(mut etcd) = etcd() else { return };
+    let a = join(&etcd, "a", 5).await;
+    let b = join(&etcd, "b", 5).await;
+    a.home(InodeId(0)).await.expect("warm");
+    let leader = etcd.leader().expect("a leader");
+    etcd.kill(leader);
+    let killed = Instant::now();
+    let mut worst = Duration::ZERO;
+    let mut n = 0u64;
+    while killed.elapsed() < Duration::from_secs(4) {
+        n += 1;
+        let t = Instant::now();
+        let ino = InodeId(100 + n);
+        let (ha, hb) = tokio::join!(a.home(ino), b.home(ino));
+        let (ha, hb) = (ha.expect("a claims after the leader died"), hb.expect("b claims"));
+        assert_eq!(ha, hb);
+        worst = worst.max(t.elapsed());
+    }
+    println!("leader killed: {n} claim races in 4 s, the slowest took {worst:?}");
+    assert!(worst < Duration::from_secs(5), "a claim stalled {worst:?}");
+    assert!(
+        !a.fenced() && !b.fenced(),
+        "an etcd election must not fence members"
+    );
+    assert_eq!(a.stats().fences + b.stats().fences, 0);
+}
