@@ -375,32 +375,50 @@ fn waits_are_granted_across_servers() {
     fl(a.as_raw_fd(), libc::LOCK_UN).unwrap();
 }
 
-#[test]
-fn deadlock_across_servers() {
-    skip_unless_ready!();
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let p = Pair::start(5, "", "");
-    let (pa, pb) = p.paths("f");
-    let a = Arc::new(open_rw(&pa));
-    let b = Arc::new(open_rw(&pb));
-    // a's owner holds byte 0, b's owner byte 1.
-    lk(a.as_raw_fd(), libc::F_SETLK, libc::F_WRLCK, 0, 1).unwrap();
-    lk(b.as_raw_fd(), libc::F_SETLK, libc::F_WRLCK, 1, 1).unwrap();
-    // a's owner waits for byte 1 (b's owner) ...
-    let aw = a.clone();
+/// A cycle of two POSIX owners, one through each server: a's owner holds `fa1`'s
+/// byte 0 and waits for `fa2`'s, which b's owner holds and b's owner asks for `fb1`'s
+/// byte 0. The request that closes the cycle fails with `EDEADLK`; the first waiter is
+/// granted once b's owner lets go.
+fn cycle(fa1: &Arc<File>, fa2: &Arc<File>, fb1: &Arc<File>, fb2: &Arc<File>) {
+    lk(fa1.as_raw_fd(), libc::F_SETLK, libc::F_WRLCK, 0, 1).unwrap();
+    lk(fb2.as_raw_fd(), libc::F_SETLK, libc::F_WRLCK, 1, 1).unwrap();
+    let aw = fa2.clone();
     let first = in_thread(move || lk(aw.as_raw_fd(), libc::F_SETLKW, libc::F_WRLCK, 1, 1).map(|_| ()));
     still_waiting(&first, Duration::from_millis(500), "a's wait for b's byte");
-    // ... and b's owner asks for byte 0: that closes the cycle.
-    let bw = b.clone();
+    let bw = fb1.clone();
     let closing = in_thread(move || lk(bw.as_raw_fd(), libc::F_SETLKW, libc::F_WRLCK, 0, 1).map(|_| ()));
     let (r, _) = closing
         .recv_timeout(Duration::from_secs(15))
         .expect("the closing request answered");
     assert_eq!(r, Err(libc::EDEADLK), "the request that closes the cycle");
     still_waiting(&first, Duration::from_millis(200), "the first waiter");
-    lk(b.as_raw_fd(), libc::F_SETLK, libc::F_UNLCK, 0, 0).unwrap();
+    lk(fb2.as_raw_fd(), libc::F_SETLK, libc::F_UNLCK, 0, 0).unwrap();
     let (r, _) = first.recv_timeout(Duration::from_secs(10)).expect("a granted");
     assert_eq!(r, Ok(()));
+    lk(fa1.as_raw_fd(), libc::F_SETLK, libc::F_UNLCK, 0, 0).unwrap();
+    lk(fa2.as_raw_fd(), libc::F_SETLK, libc::F_UNLCK, 0, 0).unwrap();
+}
+
+#[test]
+fn deadlock_across_servers() {
+    skip_unless_ready!();
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let p = Pair::start(5, "", "");
+    // One file (one home, a's): the cycle is in one wait tree.
+    let (pa, pb) = p.paths("f");
+    let (a, b) = (Arc::new(open_rw(&pa)), Arc::new(open_rw(&pb)));
+    cycle(&a, &a, &b, &b);
+    // Two files homed on different servers (each locked first through its home): the
+    // cycle spans two homes, found through the wait-for edges published in etcd.
+    let (pa1, pb1) = p.paths("g1");
+    let (pa2, pb2) = p.paths("g2");
+    let (a1, b1) = (Arc::new(open_rw(&pa1)), Arc::new(open_rw(&pb1)));
+    let (a2, b2) = (Arc::new(open_rw(&pa2)), Arc::new(open_rw(&pb2)));
+    lk(a1.as_raw_fd(), libc::F_SETLK, libc::F_RDLCK, 0, 0).unwrap();
+    lk(a1.as_raw_fd(), libc::F_SETLK, libc::F_UNLCK, 0, 0).unwrap();
+    lk(b2.as_raw_fd(), libc::F_SETLK, libc::F_RDLCK, 0, 0).unwrap();
+    lk(b2.as_raw_fd(), libc::F_SETLK, libc::F_UNLCK, 0, 0).unwrap();
+    cycle(&a1, &a2, &b1, &b2);
     let n = p.stat("a", "cluster_deadlocks_across") + p.stat("b", "cluster_deadlocks_across");
     assert!(n >= 1, "counted as a deadlock across members");
 }
