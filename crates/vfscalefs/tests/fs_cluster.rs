@@ -375,6 +375,39 @@ fn waits_are_granted_across_servers() {
     fl(a.as_raw_fd(), libc::LOCK_UN).unwrap();
 }
 
+#[test]
+fn an_interrupted_wait_across_servers_takes_nothing() {
+    skip_unless_ready!();
+    if let Some(why) = missing_tool("flock").or_else(|| missing_tool("timeout")) {
+        return say(&format!("SKIP: {why}"));
+    }
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let p = Pair::start(5, "", "");
+    let (pa, pb) = p.paths("f");
+    let a = open_rw(&pa);
+    fl(a.as_raw_fd(), libc::LOCK_EX).unwrap();
+    // flock(1) through b waits for a's holder; SIGINT after 1 s interrupts it.
+    let t = Instant::now();
+    let out = run(Command::new("timeout")
+        .args(["-s", "INT", "1", "flock"])
+        .arg(&pb)
+        .arg("true"));
+    let took = t.elapsed();
+    assert!(!out.status.success(), "the waiter got a lock that is held");
+    assert!(
+        took < Duration::from_secs(3),
+        "the interrupted waiter took {took:?}"
+    );
+    // The interrupted request holds nothing: once a lets go, b's clients lock at once.
+    fl(a.as_raw_fd(), libc::LOCK_UN).unwrap();
+    let b = open_rw(&pb);
+    fl(b.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB).expect("nothing left of the interrupted wait");
+    assert_eq!(
+        fl(a.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB).err(),
+        Some(libc::EWOULDBLOCK)
+    );
+}
+
 /// A cycle of two POSIX owners, one through each server: a's owner holds `fa1`'s
 /// byte 0 and waits for `fa2`'s, which b's owner holds and b's owner asks for `fb1`'s
 /// byte 0. The request that closes the cycle fails with `EDEADLK`; the first waiter is
