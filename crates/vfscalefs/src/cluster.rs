@@ -44,11 +44,11 @@ use parking_lot::Mutex;
 use vfscale_cluster::{
     ClusterConfig, ClusterFile, ClusterLocks, ClusterProcess, ClusterStats, InodeId, LockCall,
 };
-use vfscale_locks::{Errno, FcntlCmd, Flock, FlockOp, LockType, OwnerId, OFFSET_MAX};
+use vfscale_locks::{Errno, FcntlCmd, Flock, FlockOp, LockType, OwnerId};
 
 use crate::handles::Handle;
 use crate::inodes::{Inode, Node};
-use crate::locks::{owner_id, Interrupts, LockReq, Locks, Parked};
+use crate::locks::{owner_id, reply_holder, Interrupts, LockReq, Locks, Parked};
 
 /// `--cluster ENDPOINTS [--cluster-name NAME] [--node NAME] [--peer-listen ADDR]
 /// [--lease-ttl SECS]`.
@@ -213,15 +213,7 @@ impl Cluster {
         let done = Box::new(move |res: Result<Flock, Errno>| match res {
             Err(e) => reply.error(ferr(e)),
             Ok(fl) if fl.l_type == LockType::Unlock => reply.locked(0, 0, libc::F_UNLCK, 0),
-            Ok(fl) => {
-                let start = fl.l_start as u64;
-                let end = if fl.l_len == 0 {
-                    OFFSET_MAX as u64
-                } else {
-                    (fl.l_start + fl.l_len - 1) as u64
-                };
-                reply.locked(start, end, fl.l_type.raw() as i32, fl.l_pid.max(0) as u32)
-            }
+            Ok(fl) => reply_holder(reply, &fl),
         });
         let _answered = self.locks.fcntl(
             Self::ino(h),

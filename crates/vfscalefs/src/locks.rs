@@ -76,6 +76,18 @@ fn ferr(e: Errno) -> FErrno {
     FErrno::from_i32(e.raw())
 }
 
+/// Answers `GETLK` with the conflicting lock `fl` (a negative pid as 0: FUSE carries an
+/// unsigned one).
+pub(crate) fn reply_holder(reply: ReplyLock, fl: &Flock) {
+    let start = fl.l_start as u64;
+    let end = if fl.l_len == 0 {
+        OFFSET_MAX as u64
+    } else {
+        (fl.l_start + fl.l_len - 1) as u64
+    };
+    reply.locked(start, end, fl.l_type.raw() as i32, fl.l_pid.max(0) as u32)
+}
+
 /// A connection's lock owner key for the kernel's `lock_owner`.
 pub fn owner_id(conn: usize, lock_owner: u64) -> OwnerId {
     // Distinct per connection; the kernel's values are already scrambled.
@@ -798,15 +810,7 @@ impl Locks {
                     None => reply.locked(0, 0, libc::F_UNLCK, 0),
                 }
             }
-            Ok(_) => {
-                let start = fl.l_start as u64;
-                let end = if fl.l_len == 0 {
-                    OFFSET_MAX as u64
-                } else {
-                    (fl.l_start + fl.l_len - 1) as u64
-                };
-                reply.locked(start, end, fl.l_type.raw() as i32, fl.l_pid.max(0) as u32)
-            }
+            Ok(_) => reply_holder(reply, &fl),
         }
     }
 

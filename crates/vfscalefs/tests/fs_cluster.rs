@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{cannot_mount, missing_tool, run, say, Launch, Mounted, TempDir};
+use common::{cannot_mount, missing_tool, run, say, sqlite, Launch, Mounted, TempDir};
 use nix::sys::signal::Signal;
 use vfscale_conformance::etcd::EtcdCluster;
 
@@ -387,17 +387,7 @@ fn an_interrupted_wait_across_servers_takes_nothing() {
     let a = open_rw(&pa);
     fl(a.as_raw_fd(), libc::LOCK_EX).unwrap();
     // flock(1) through b waits for a's holder; SIGINT after 1 s interrupts it.
-    let t = Instant::now();
-    let out = run(Command::new("timeout")
-        .args(["-s", "INT", "1", "flock"])
-        .arg(&pb)
-        .arg("true"));
-    let took = t.elapsed();
-    assert!(!out.status.success(), "the waiter got a lock that is held");
-    assert!(
-        took < Duration::from_secs(3),
-        "the interrupted waiter took {took:?}"
-    );
+    common::flock_interrupted(&pb, 1);
     // The interrupted request holds nothing: once a lets go, b's clients lock at once.
     fl(a.as_raw_fd(), libc::LOCK_UN).unwrap();
     let b = open_rw(&pb);
@@ -454,16 +444,6 @@ fn deadlock_across_servers() {
     cycle(&a1, &a2, &b1, &b2);
     let n = p.stat("a", "cluster_deadlocks_across") + p.stat("b", "cluster_deadlocks_across");
     assert!(n >= 1, "counted as a deadlock across members");
-}
-
-fn sqlite(db: &Path, sql: &str) -> String {
-    let out = run(Command::new("sqlite3").arg(db).arg(sql));
-    assert!(
-        out.status.success(),
-        "sqlite3 {sql:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 #[test]

@@ -446,6 +446,35 @@ impl Mounted {
     }
 }
 
+/// `flock(1)` on `path`, waiting for a lock another holds, interrupted by `SIGINT`
+/// after `secs` seconds: it must fail, and come back within a second of the signal.
+/// Returns how long it took.
+pub fn flock_interrupted(path: &Path, secs: u64) -> Duration {
+    let t = Instant::now();
+    let out = run(Command::new("timeout")
+        .args(["-s", "INT", &secs.to_string(), "flock"])
+        .arg(path)
+        .arg("true"));
+    let took = t.elapsed();
+    assert!(!out.status.success(), "the waiter got a lock that is held");
+    assert!(
+        took < Duration::from_secs(secs + 1),
+        "timeout -s INT {secs} flock took {took:?}"
+    );
+    took
+}
+
+/// `sqlite3 db sql`, which must succeed: its output, trimmed.
+pub fn sqlite(db: &Path, sql: &str) -> String {
+    let out = run(Command::new("sqlite3").arg(db).arg(sql));
+    assert!(
+        out.status.success(),
+        "sqlite3 {sql:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 /// Runs `cmd`, returning its status and output; panics if it cannot start.
 pub fn run(cmd: &mut Command) -> std::process::Output {
     cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
