@@ -332,15 +332,22 @@ impl Cluster {
     }
 
     /// Whether reads and writes through `h` answer `EIO`: a lock of its file, or of an
-    /// owner that set locks through it, was lost with this server's lease.
+    /// owner that set locks through it, was lost with this server's lease, or this
+    /// server is fenced now (its lease may have expired: whatever locks went through
+    /// `h` may be another server's already, before the cluster has named the lost ones).
     pub fn lost(&self, h: &Handle, fh: u64) -> bool {
-        let ino = Self::ino(h);
-        if self.locks.file_lost(ino, Self::file(h, fh)) {
+        let owners = h.owners.lock();
+        let flocked = h.file_locked.load(Ordering::Relaxed);
+        if owners.is_empty() && !flocked {
+            return false;
+        }
+        if self.locks.directory().fenced() {
             return true;
         }
-        let owners = h.owners.lock();
-        owners
-            .iter()
-            .any(|o| self.locks.posix_lost(ino, ClusterProcess { owner: o.0, pid: 0 }))
+        let ino = Self::ino(h);
+        (flocked && self.locks.file_lost(ino, Self::file(h, fh)))
+            || owners
+                .iter()
+                .any(|o| self.locks.posix_lost(ino, ClusterProcess { owner: o.0, pid: 0 }))
     }
 }

@@ -670,7 +670,18 @@ fn stopped_server_loses_its_locks_without_overlap() {
         Some(libc::EIO),
         "a write through the handle of a lost lock: {w:?}"
     );
-    assert!(p.stat("a", "cluster_lost_eio") >= 1, "counted");
+    // a fenced itself (its directory counts it), and the loss shows in its counters.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while p.stat("a", "cluster_fences") == 0 {
+        assert!(Instant::now() < deadline, "a never counted its fence");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        lk(a.as_raw_fd(), libc::F_GETLK, libc::F_WRLCK, 0, 0).err(),
+        Some(libc::EIO),
+        "a's holder, once more, after the fence was handled"
+    );
+    assert!(p.stat("a", "cluster_lost_eio") >= 1, "lost locks' EIO counted");
 
     // No two conflicting holds overlap (both are whole-file write locks).
     for (i, x) in holds.iter().enumerate() {
