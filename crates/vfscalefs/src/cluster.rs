@@ -30,9 +30,19 @@
 //! clients' locks are gone (another server may grant them), and their next lock call on
 //! the file answers `EIO` ([`ClusterLocks`] remembers them until the owner's close).
 //! Reads and writes the server serves itself (no kernel passthrough) through a handle
-//! whose owners lost locks answer `EIO` too, as the Linux NFS client does; with
-//! passthrough the kernel reads and writes the source without asking the server, and
-//! only the lock calls can say so.
+//! whose owners lost locks answer `EIO` too, as the Linux NFS client does, and so do
+//! those through any handle that took locks while the server is fenced (right after a
+//! stop, before the cluster has named what was lost); with passthrough the kernel reads
+//! and writes the source without asking the server, and only the lock calls can say so.
+//!
+//! # Threads
+//!
+//! A call whose inode is homed here and that need not wait is answered on the dispatch
+//! thread that made it; the others are answered from the cluster's runtime threads
+//! (after a wait, or a peer's answer), coherence check included: a `stat`, and where
+//! the file changed, an invalidation waited for at most 100 ms (see `serve`). No lock of
+//! this crate is held when a call is made, but an inode's `lock_owners` across the
+//! removals of a `RELEASE` (as without a cluster).
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
