@@ -23,6 +23,7 @@ mod common;
 use std::fs::File;
 use std::io::{Read as _, Write as _};
 use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -578,9 +579,16 @@ fn b64(data: &[u8]) -> String {
     out
 }
 
+/// The quoted number after `field` in the etcd gateway's JSON `text` (int64 fields are
+/// strings there).
+fn json_i64_after(text: &str, field: &str) -> Option<i64> {
+    let at = text.find(&format!("\"{field}\":\""))? + field.len() + 4;
+    text[at..].split('"').next()?.parse().ok()
+}
+
 /// Watches etcd key `key` through the HTTP gateway of `endpoint` (`http://host:port`):
-/// the `Instant` its deletion was seen comes on the channel.
-fn watch_deletion(endpoint: &str, key: &str) -> mpsc::Receiver<Instant> {
+/// when its deletion was seen, and the deletion's revision, come on the channel.
+fn watch_deletion(endpoint: &str, key: &str) -> mpsc::Receiver<(Instant, i64)> {
     let addr = endpoint.trim_start_matches("http://").to_string();
     let body = format!(r#"{{"create_request":{{"key":"{}"}}}}"#, b64(key.as_bytes()));
     let (tx, rx) = mpsc::channel();
@@ -601,15 +609,18 @@ fn watch_deletion(endpoint: &str, key: &str) -> mpsc::Receiver<Instant> {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
+            let at = Instant::now();
             seen.extend_from_slice(&buf[..n]);
             let text = String::from_utf8_lossy(&seen);
             if !created && text.contains("\"created\":true") {
                 created = true;
                 let _ = ready_tx.send(());
             }
-            if text.contains("\"DELETE\"") {
-                let _ = tx.send(Instant::now());
-                return;
+            if let Some(i) = text.find("\"DELETE\"") {
+                if let Some(rev) = json_i64_after(&text[i..], "mod_revision") {
+                    let _ = tx.send((at, rev));
+                    return;
+                }
             }
         }
     });
@@ -617,6 +628,26 @@ fn watch_deletion(endpoint: &str, key: &str) -> mpsc::Receiver<Instant> {
         .recv_timeout(Duration::from_secs(10))
         .expect("the etcd watch started");
     rx
+}
+
+/// etcd key `key` through the HTTP gateway of `endpoint`: its value and creation
+/// revision, if it exists.
+fn etcd_get(endpoint: &str, key: &str) -> Option<(String, i64)> {
+    let addr = endpoint.trim_start_matches("http://");
+    let body = format!(r#"{{"key":"{}"}}"#, b64(key.as_bytes()));
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to etcd");
+    write!(
+        s,
+        "POST /v3/kv/range HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let created = json_i64_after(&text, "create_revision")?;
+    let at = text.find("\"value\":\"")? + 9;
+    let value = text[at..].split('"').next()?.to_string();
+    Some((value, created))
 }
 
 #[test]
@@ -649,12 +680,25 @@ fn stopped_server_loses_its_locks_without_overlap() {
     assert_eq!(r, Ok(()));
     // The stopped holder's hold ends at its lease's expiry: etcd deletes the lease's
     // keys (a's registration with them) at that moment, seen here through a watch.
-    let a_expired = expired
+    let (a_expired, expired_at) = expired
         .recv_timeout(Duration::from_secs(5))
         .expect("a's lease expired in etcd");
     holds.push(("a (stopped)", a_granted, a_expired));
+    // In etcd's own order too: b became the file's home (and could grant) after a's
+    // lease ended.
+    let ino = std::fs::metadata(p._src.0.join("f")).unwrap().ino();
+    let (home, claimed_at) = etcd_get(
+        &p.etcd.endpoints()[0],
+        &format!("/vfscale/{}/homes/{ino}", p.name),
+    )
+    .expect("the file has a home");
+    assert_eq!(home, b64(b"b"), "b is the file's home now");
+    assert!(
+        claimed_at > expired_at,
+        "b's claim (revision {claimed_at}) follows a's expiry (revision {expired_at})"
+    );
     say(&format!(
-        "partition: a stopped, its lease expired {:.2} s later, b granted {:.2} s after the stop (TTL {} s)",
+        "partition: a stopped, its lease expired {:.3} s later (revision {expired_at}), b claimed the file (revision {claimed_at}) and was granted {:.3} s after the stop (TTL {} s)",
         (a_expired - stopped).as_secs_f64(),
         (b_granted - stopped).as_secs_f64(),
         p.ttl
