@@ -46,6 +46,19 @@ pub struct ClusterLocks {
     leave: Mutex<Option<LeaveFn>>,
 }
 
+/// A call of `who` through `file` on `ino`, by this member's own ids.
+#[inline]
+fn request(ino: InodeId, who: ClusterProcess, file: ClusterFile, op: Op) -> Request {
+    Request {
+        ino,
+        owner: who.owner,
+        pid: who.pid,
+        file: file.id,
+        mode: file.mode,
+        op,
+    }
+}
+
 /// The runtime's worker threads: peers' calls, waits and the directory's streams are
 /// light; the lock path itself runs on the caller's threads.
 const WORKERS: usize = 2;
@@ -98,9 +111,14 @@ impl ClusterLocks {
         let events = dir.events();
         let svc = Arc::new(Service::new(dir, rt.handle().clone()));
         let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        let server = tonic::transport::Server::builder().tcp_nodelay(true).add_service(
-            crate::peer::pb::peer_server::PeerServer::new(PeerService { svc: svc.clone() }),
-        );
+        let server = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            // Every waiting F_SETLKW of a member is one open stream: no stream limit
+            // (hyper's own default is 200) may queue the unlock that would end them.
+            .max_concurrent_streams(None)
+            .add_service(crate::peer::pb::peer_server::PeerServer::new(PeerService {
+                svc: svc.clone(),
+            }));
         rt.spawn(async move {
             if let Err(e) = server.serve_with_incoming(incoming).await {
                 tracing::error!(%e, "peer service stopped");
@@ -144,17 +162,8 @@ impl ClusterLocks {
         fl: Flock,
         done: LockDone<Flock>,
     ) -> LockCall {
-        self.svc.call(
-            Request {
-                ino,
-                owner: who.owner,
-                pid: who.pid,
-                file: file.id,
-                mode: file.mode,
-                op: Op::Fcntl { cmd, fl },
-            },
-            Done::Fcntl(done),
-        )
+        self.svc
+            .call(request(ino, who, file, Op::Fcntl { cmd, fl }), Done::Fcntl(done))
     }
 
     /// `flock(2)` on `ino` through `file` (`nb`: `LOCK_NB`).
@@ -167,17 +176,8 @@ impl ClusterLocks {
         nb: bool,
         done: LockDone<()>,
     ) -> LockCall {
-        self.svc.call(
-            Request {
-                ino,
-                owner: who.owner,
-                pid: who.pid,
-                file: file.id,
-                mode: file.mode,
-                op: Op::Flock { op, nb },
-            },
-            Done::Flock(done),
-        )
+        self.svc
+            .call(request(ino, who, file, Op::Flock { op, nb }), Done::Flock(done))
     }
 
     /// `close(2)` of a descriptor of `who` (FUSE `FLUSH`): drops `who`'s POSIX locks
@@ -238,11 +238,13 @@ impl ClusterLocks {
     }
 
     /// Leaves the cluster in order (the lease is revoked: homes and registration go at
-    /// once) and stops the peer service. Also done on drop.
+    /// once) and stops the peer service. Also done on drop. Calls still waiting, and
+    /// every call made after, answer `EIO`.
     pub fn leave(&self) {
         let Some(rt) = self.rt.lock().take() else {
             return;
         };
+        self.svc.close();
         if let Some(f) = self.leave.lock().take() {
             let _ = rt.block_on(rt.spawn(f()));
         }

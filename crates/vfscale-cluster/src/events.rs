@@ -95,10 +95,12 @@ fn lose_home(svc: &Service, hi: &HomeInode) {
     let seed = svc.seed();
     for l in hi.ctx.held_locks() {
         let who = match l.owner {
-            OwnerKey::Process(o) if !hi.is_peer_id(o.0) => {
+            OwnerKey::Process(o) if !hi.is_peer_id(true, o.0) => {
                 LockOwner::Posix(seed.local(crate::GlobalOwner(o.0)))
             }
-            OwnerKey::File(f) if !hi.is_peer_id(f.0) => LockOwner::File(seed.local(crate::GlobalOwner(f.0))),
+            OwnerKey::File(f) if !hi.is_peer_id(false, f.0) => {
+                LockOwner::File(seed.local(crate::GlobalOwner(f.0)))
+            }
             _ => continue,
         };
         svc.lost.add(hi.ino, who);

@@ -3,12 +3,25 @@
 //! with one shared lock.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
-use vfscale_locks::{FileId, FileLockContext, OwnerId, Pid, Process};
+use vfscale_locks::{FileId, FileLockContext, InodeKey, LockManager, OwnerId, Pid, Process};
 
 use crate::InodeId;
+
+/// A `vfscale-locks` context for `ino` (a home's or a shadow's).
+pub(crate) fn context_for(mgr: &Arc<LockManager>, ino: InodeId) -> Arc<FileLockContext> {
+    FileLockContext::new(
+        mgr,
+        InodeKey {
+            major: 0,
+            minor: 0,
+            ino: ino.0,
+        },
+    )
+}
 
 /// One other member's owners and files that used an inode homed here: dropped when
 /// that member's lease ends.
@@ -77,19 +90,55 @@ impl HomeInode {
         u.owners.len() + u.files.len()
     }
 
-    /// Whether global owner or file id `id` belongs to another member.
-    pub fn is_peer_id(&self, id: u64) -> bool {
-        self.peers
-            .lock()
-            .values()
-            .any(|u| u.owners.contains(&id) || u.files.contains(&id))
+    /// `node`'s POSIX owner `id` (`posix`) or open file `id` let go of everything here
+    /// (a close). Owner and file ids are separate name spaces: one number may be both.
+    pub fn forget_peer_id(&self, node: &str, posix: bool, id: u64) {
+        if let Some(u) = self.peers.lock().get_mut(node) {
+            if posix {
+                u.owners.remove(&id);
+            } else {
+                u.files.remove(&id);
+            }
+        }
+    }
+
+    /// Whether the POSIX owner (`posix`) or open file `id` belongs to another member.
+    pub fn is_peer_id(&self, posix: bool, id: u64) -> bool {
+        self.peers.lock().values().any(|u| {
+            if posix {
+                u.owners.contains(&id)
+            } else {
+                u.files.contains(&id)
+            }
+        })
     }
 }
 
 const SHARDS: usize = 64;
 
+/// Hashes an inode number with one multiply (SipHash cost as much as the rest of the
+/// lookup): inode numbers are not chosen by an adversary of this table.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct InoHasher(u64);
+
+impl std::hash::Hasher for InoHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0 ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
 /// One shard of the home table.
-type Shard = RwLock<HashMap<InodeId, Arc<HomeInode>>>;
+type Shard = RwLock<HashMap<InodeId, Arc<HomeInode>, BuildHasherDefault<InoHasher>>>;
 
 /// Inode → its home state here. Sharded so that lock calls on different inodes from
 /// different threads share no lock word.
@@ -100,7 +149,7 @@ pub(crate) struct HomeTable {
 impl HomeTable {
     pub fn new() -> HomeTable {
         HomeTable {
-            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::default())).collect(),
         }
     }
 

@@ -41,8 +41,9 @@
 //! * **Ids.** A member's owner and file ids become cluster-wide [`GlobalOwner`]s, a
 //!   bijection under the seed of (node, lease) (`ids.rs`): one multiply-xor chain per
 //!   call, and the home can tell this member's own ids back (for lost locks).
-//! * **Home here**: a read lock on one of 64 shards of the home table, `fenced()` (an
-//!   atomic load and a clock read), then the `vfscale-locks` call on the caller's
+//! * **Home here**: a read lock on one of 64 shards of the home table (inode numbers
+//!   hashed with one multiply), `fenced()` (an atomic load and a clock read), then the
+//!   `vfscale-locks` call on the caller's thread; the call counter is striped per
 //!   thread. A request that waits is finished by a task of the service's runtime
 //!   (`.await` on the [`vfscale_locks::PendingLock`]), registered so the service can
 //!   end it.
@@ -50,7 +51,13 @@
 //!   watch cache) and sends one `Lock` request; a waiting call is one long request,
 //!   interrupted by an `Interrupt` request (the home answers `EINTR` unless it granted
 //!   first) and abandoned at the home when the stream breaks (the handler's future
-//!   owns the pending request). A granted call is mirrored in the shadow.
+//!   owns the pending request). A granted call is mirrored in the shadow. A home that
+//!   answers "moved" or not at all is resolved again, with backoff, for up to 2 TTL +
+//!   1 s from the first failure (past a dead home's lease), then the call answers
+//!   `EIO`.
+//! * **A new home** (a claim won in the directory) takes its own shadow of the inode
+//!   and asks every live member at once for theirs (`Reclaim`, 1 s each at most),
+//!   re-creates those locks, and only then serves the inode.
 //! * **Close** (`posix_remove_owner`, `file_remove`): applied at once when the home is
 //!   here; one `Remove` round trip when the shadow says the owner holds something at a
 //!   remote home; nothing otherwise.
@@ -98,6 +105,16 @@
 //! release it before the context). `Waiting`'s map → a `CallCtl` → a wait cell's leaf
 //! lock (interrupts). The shadow table's mutex is released before a shadow's context or
 //! `home` is locked. No lock is held across an `.await`.
+//!
+//! # Known limits
+//!
+//! * Two calls of one owner on one remote inode in flight at once may reach the shadow
+//!   in another order than the home applied them (threads of one process locking one
+//!   file concurrently): the shadow, and so a reclaim, may then differ from the home.
+//! * A reclaimed lock that conflicts with one already re-created (members disagreeing
+//!   about what was held) is not granted, only logged: its owner is not told.
+//! * A member that does not answer a reclaim within 1 s is treated as holding nothing
+//!   there (it is stopped or partitioned; its lease ends, and its locks with it).
 //!
 //! # Where to find what
 //!

@@ -35,12 +35,20 @@ struct State {
     waits: HashMap<String, Vec<WaitEdge>>,
     /// Every member's event channel, by node (a fenced member keeps its own).
     subscribers: HashMap<String, broadcast::Sender<DirectoryEvent>>,
+    /// The lease TTL members joining from now on report (`None`: 5 s).
+    ttl: Option<Duration>,
 }
 
 impl MemCluster {
     /// An empty cluster.
     pub fn new() -> Arc<MemCluster> {
         Arc::new(MemCluster::default())
+    }
+
+    /// The lease TTL that members joining from now on report (how long the lock
+    /// service keeps trying a home that does not answer depends on it).
+    pub fn set_lease_ttl(&self, ttl: Duration) {
+        self.state.lock().ttl = Some(ttl);
     }
 
     /// Registers member `node` at `addr` with a new lease.
@@ -58,6 +66,7 @@ impl MemCluster {
         st.subscribers.insert(node.to_string(), tx.clone());
         Arc::new(MemDirectory {
             cluster: self.clone(),
+            ttl: st.ttl.unwrap_or(Duration::from_secs(5)),
             me: Mutex::new(me),
             fenced: AtomicBool::new(false),
             tx,
@@ -149,6 +158,7 @@ impl MemCluster {
 /// One member's view of a [`MemCluster`].
 pub struct MemDirectory {
     cluster: Arc<MemCluster>,
+    ttl: Duration,
     me: Mutex<Member>,
     fenced: AtomicBool,
     tx: broadcast::Sender<DirectoryEvent>,
@@ -192,7 +202,7 @@ impl Directory for MemDirectory {
     }
 
     fn lease_ttl(&self) -> Duration {
-        Duration::from_secs(5)
+        self.ttl
     }
 
     fn home(&self, ino: InodeId) -> BoxFuture<'_, Result<Home, ClusterError>> {

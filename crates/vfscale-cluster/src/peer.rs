@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tonic::transport::{Channel, Endpoint};
-use vfscale_locks::{AccessMode, Errno, FcntlCmd, Flock, FlockOp, HeldLock, LockKind, LockType, OwnerKey};
+use vfscale_locks::{AccessMode, Errno, FcntlCmd, FileLock, Flock, FlockOp, LockKind, LockType, OwnerKey};
 
 use crate::ids::IdSeed;
 use crate::request::{Op, Request};
@@ -44,17 +44,7 @@ fn mode_of(v: i32) -> Result<AccessMode, Errno> {
 }
 
 fn cmd_of(v: i32) -> Result<FcntlCmd, Errno> {
-    [
-        FcntlCmd::SetLk,
-        FcntlCmd::SetLkW,
-        FcntlCmd::GetLk,
-        FcntlCmd::OfdSetLk,
-        FcntlCmd::OfdSetLkW,
-        FcntlCmd::OfdGetLk,
-    ]
-    .into_iter()
-    .find(|c| c.raw() == v)
-    .ok_or(Errno::EINVAL)
+    FcntlCmd::from_raw(v).ok_or(Errno::EINVAL)
 }
 
 fn type_of(v: i32) -> Result<LockType, Errno> {
@@ -147,8 +137,8 @@ pub(crate) fn status_reply(s: pb::Status) -> pb::LockReply {
     }
 }
 
-/// What a `Done` reply answers, with `asked` (the request's flock, for its whence)
-/// filled in as `F_GETLK` does.
+/// What a `Done` reply answers: `asked` (the caller's own flock, before its range
+/// was made absolute) filled in as `F_GETLK` does.
 pub(crate) fn result_of(m: &pb::LockReply, asked: &Op) -> Result<Flock, Errno> {
     if m.errno != 0 {
         return Err(Errno::from_raw(m.errno));
@@ -158,8 +148,13 @@ pub(crate) fn result_of(m: &pb::LockReply, asked: &Op) -> Result<Flock, Errno> {
         Op::Flock { op, .. } => Flock::new(op.lock_type(), 0, 0),
     };
     if let Op::Fcntl { cmd, .. } = asked {
-        if cmd.is_get() {
-            fl = Flock::new(type_of(m.l_type).unwrap_or(LockType::Unlock), m.l_start, m.l_len);
+        let ty = type_of(m.l_type).unwrap_or(LockType::Unlock);
+        // As F_GETLK: with no conflict only l_type changes (the rest stays as asked,
+        // l_whence included); a conflict is described from SEEK_SET.
+        if cmd.is_get() && ty == LockType::Unlock {
+            fl.l_type = LockType::Unlock;
+        } else if cmd.is_get() {
+            fl = Flock::new(ty, m.l_start, m.l_len);
             fl.l_pid = m.l_pid;
         }
     }
@@ -167,7 +162,7 @@ pub(crate) fn result_of(m: &pb::LockReply, asked: &Op) -> Result<Flock, Errno> {
 }
 
 /// A held lock as sent by a reclaim, with ids under `seed`.
-pub(crate) fn encode_held(l: &HeldLock, seed: IdSeed) -> pb::HeldLock {
+pub(crate) fn encode_held(l: &FileLock, seed: IdSeed) -> pb::HeldLock {
     let owner = match l.owner {
         OwnerKey::Process(o) => o.0,
         OwnerKey::File(f) => f.0,
@@ -188,7 +183,7 @@ pub(crate) fn encode_held(l: &HeldLock, seed: IdSeed) -> pb::HeldLock {
 }
 
 /// A reclaimed lock, as the new home applies it.
-pub(crate) fn decode_held(m: &pb::HeldLock) -> Option<HeldLock> {
+pub(crate) fn decode_held(m: &pb::HeldLock) -> Option<FileLock> {
     let kind = match m.kind {
         0 => LockKind::Posix,
         1 => LockKind::Ofd,
@@ -200,7 +195,7 @@ pub(crate) fn decode_held(m: &pb::HeldLock) -> Option<HeldLock> {
     } else {
         OwnerKey::File(vfscale_locks::FileId(m.owner))
     };
-    Some(HeldLock {
+    Some(FileLock {
         kind,
         ty: type_of(m.l_type).ok()?,
         start: m.start,

@@ -85,6 +85,7 @@ impl PeerService {
             Removal::File { file: m.id }
         };
         remove_at(&hi.ctx, what, None);
+        hi.forget_peer_id(&caller.node, m.posix_owner, m.id);
         peer::reply_of(Ok(vfscale_locks::Flock::new(
             vfscale_locks::LockType::Unlock,
             0,

@@ -3,7 +3,7 @@
 //! by the peer server, the event handler and the deadlock publisher.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,13 +11,12 @@ use parking_lot::{Mutex, RwLock};
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, OnceCell};
 use vfscale_locks::{
-    flock_to_posix_range, AccessMode, Errno, FcntlCmd, FileId, FileLockContext, Flock, FlockOp, HeldLock,
-    InodeKey, LockKind, LockManager, LockType, OpenFile, OwnerId, OwnerKey, PendingLock, Pid, Process,
-    Whence,
+    flock_to_posix_range, AccessMode, Errno, FcntlCmd, FileId, FileLock, FileLockContext, Flock, FlockOp,
+    LockKind, LockManager, LockType, OpenFile, OwnerId, OwnerKey, PendingLock, Pid, Process, Whence,
 };
 
 use crate::call::{CallCtl, Hook, LockCall, LockDone};
-use crate::homes::{HomeInode, HomeTable};
+use crate::homes::{context_for, HomeInode, HomeTable};
 use crate::ids::IdSeed;
 use crate::lost::LostSet;
 use crate::peer::{self, pb, Peers, MOVED};
@@ -30,8 +29,10 @@ use crate::{Directory, Home, InodeId, Member};
 /// `EIO`: what a call gets when its lock was lost or this member cannot grant.
 pub(crate) const EIO: Errno = Errno::Other(libc::EIO);
 
-/// How long a new home waits for one member's reclaim answer.
-const RECLAIM_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a new home waits for a member's reclaim answer (a member that does not
+/// answer is stopped or partitioned: its lease ends soon, and its clients' locks with
+/// it).
+const RECLAIM_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The caller's completion, for either kind of call.
 pub(crate) enum Done {
@@ -48,10 +49,35 @@ impl Done {
     }
 }
 
-/// A first attempt at a home here.
+/// A completion carried by a task: if the task is dropped unfinished (the service shut
+/// down under it), the caller still gets its one answer, `EIO`.
+struct DoneOnce(Option<Done>);
+
+impl DoneOnce {
+    fn call(mut self, r: Result<Flock, Errno>) {
+        if let Some(d) = self.0.take() {
+            d.call(r);
+        }
+    }
+}
+
+impl Drop for DoneOnce {
+    fn drop(&mut self) {
+        if let Some(d) = self.0.take() {
+            d.call(Err(EIO));
+        }
+    }
+}
+
+/// A request that waits at a home here: the home, the request (global ids), the
+/// pending lock and the answer's flock.
+type Waiter = (Arc<HomeInode>, Request, PendingLock, Flock);
+
+/// A first attempt at a home here (small: the usual answer is copied out of the home
+/// table's closure; a wait is boxed, as waiting allocates anyway).
 enum Fast {
     Done(Flock),
-    Wait(Arc<HomeInode>, Request, PendingLock, Flock),
+    Wait(Box<Waiter>),
 }
 
 /// A remote call's outcome.
@@ -125,6 +151,8 @@ pub(crate) struct Service {
     next_call: AtomicU64,
     /// Kicks the wait-graph publisher: a POSIX request started waiting.
     pub waits_kick: Notify,
+    /// The member left: every call answers `EIO`.
+    closed: AtomicBool,
 }
 
 impl Service {
@@ -147,7 +175,15 @@ impl Service {
             dead: Mutex::new(HashSet::new()),
             next_call: AtomicU64::new(1),
             waits_kick: Notify::new(),
+            closed: AtomicBool::new(false),
         }
+    }
+
+    /// The member leaves: nothing is homed here any more, and every call from now on
+    /// answers `EIO` (the home table is emptied, so the lock path needs no check).
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.homes.drain();
     }
 
     #[inline]
@@ -202,11 +238,11 @@ impl Service {
             if self.dir.fenced() {
                 return Err(EIO);
             }
-            Counters::bump(&self.counters.local_calls);
+            self.counters.local_calls.bump();
             let g = req.global(seed);
             g.start(&hi.ctx).map(|s| match s {
                 Started::Done(fl) => Fast::Done(fl),
-                Started::Waiting(p, fl) => Fast::Wait(hi.clone(), g, p, fl),
+                Started::Waiting(p, fl) => Fast::Wait(Box::new((hi.clone(), g, p, fl))),
             })
         });
         match fast {
@@ -218,10 +254,12 @@ impl Service {
                 done.call(Err(e));
                 LockCall::answered()
             }
-            Some(Ok(Fast::Wait(hi, g, p, fl))) => {
+            Some(Ok(Fast::Wait(w))) => {
+                let (hi, g, p, fl) = *w;
                 let ctl = CallCtl::new();
                 let svc = self.clone();
                 let c = ctl.clone();
+                let done = DoneOnce(Some(done));
                 self.rt.spawn(async move {
                     let r = svc.finish_wait(&hi, g, p, fl, &c, None).await;
                     done.call(c.finish(r));
@@ -229,9 +267,14 @@ impl Service {
                 LockCall::waiting(ctl)
             }
             None => {
+                if self.closed.load(Ordering::Acquire) {
+                    done.call(Err(EIO));
+                    return LockCall::answered();
+                }
                 let ctl = CallCtl::new();
                 let svc = self.clone();
                 let c = ctl.clone();
+                let done = DoneOnce(Some(done));
                 self.rt.spawn(async move {
                     let r = svc.slow_call(req, &c).await;
                     done.call(c.finish(r));
@@ -281,8 +324,11 @@ impl Service {
     /// A call whose home is not known to be here: resolve it, then run it here or send
     /// it there; again when the home moved.
     async fn slow_call(self: &Arc<Self>, req: Request, ctl: &Arc<CallCtl>) -> Result<Flock, Errno> {
-        let ttl = self.dir.lease_ttl();
-        let deadline = Instant::now() + ttl * 2 + Duration::from_secs(1);
+        // How long a call keeps trying a home that does not answer: past the lease of
+        // a dead home, so that another member can claim the inode. Counted from the
+        // first failure, not from the call's start (a wait may last any time before).
+        let patience = self.dir.lease_ttl() * 2 + Duration::from_secs(1);
+        let mut deadline: Option<Instant> = None;
         let mut backoff = Duration::from_millis(2);
         loop {
             if let Some(e) = ctl.reason() {
@@ -299,7 +345,7 @@ impl Service {
                 if self.dir.fenced() {
                     return Err(EIO);
                 }
-                Counters::bump(&self.counters.local_calls);
+                self.counters.local_calls.bump();
                 let g = req.global(seed);
                 return match g.start(&hi.ctx)? {
                     Started::Done(fl) => Ok(fl),
@@ -313,7 +359,8 @@ impl Service {
                 }
                 Remote::Gone => return Err(EIO),
                 Remote::Retry => {
-                    if Instant::now() > deadline {
+                    let now = Instant::now();
+                    if now > *deadline.get_or_insert(now + patience) {
                         tracing::warn!(ino = req.ino.0, "no home answered in time");
                         return Err(EIO);
                     }
@@ -351,6 +398,7 @@ impl Service {
 
     /// One request to the remote home.
     async fn remote_lock(&self, home: &Home, req: Request, seed: IdSeed, ctl: &Arc<CallCtl>) -> Remote {
+        let asked = req.op;
         let mut req = req;
         // The home sees the range from SEEK_SET (it knows neither position nor size).
         if let Op::Fcntl { cmd, fl } = &mut req.op {
@@ -412,7 +460,7 @@ impl Service {
             Some(Ok(reply)) => {
                 let m = reply.into_inner();
                 match pb::Status::try_from(m.status) {
-                    Ok(pb::Status::Done) => Remote::Done(peer::result_of(&m, &req.op)),
+                    Ok(pb::Status::Done) => Remote::Done(peer::result_of(&m, &asked)),
                     Ok(pb::Status::Gone) => Remote::Gone,
                     _ => Remote::Retry,
                 }
@@ -471,14 +519,7 @@ impl Service {
         let hi = Arc::new(HomeInode {
             ino,
             token,
-            ctx: FileLockContext::new(
-                &self.mgr,
-                InodeKey {
-                    major: 0,
-                    minor: 0,
-                    ino: ino.0,
-                },
-            ),
+            ctx: context_for(&self.mgr, ino),
             peers: Mutex::new(HashMap::new()),
         });
         let seed = self.seed();
@@ -491,9 +532,15 @@ impl Service {
                 }
             }
         }
+        // Every live member at once: one that does not answer in time (stopped, not
+        // yet seen dead) delays the claim by one timeout, not one per member.
         let me = self.me();
         let caller = self.caller();
-        for m in self.dir.members().into_iter().filter(|m| m.node != me.node) {
+        let mut asks = tokio::task::JoinSet::new();
+        for m in self.dir.members() {
+            if m.node == me.node || self.is_dead(&m.node, m.lease) {
+                continue;
+            }
             let Ok(mut c) = self.peers.client(&m) else {
                 continue;
             };
@@ -502,7 +549,10 @@ impl Service {
                 ino: ino.0,
                 token,
             };
-            match tokio::time::timeout(RECLAIM_TIMEOUT, c.reclaim(ask)).await {
+            asks.spawn(async move { (tokio::time::timeout(RECLAIM_TIMEOUT, c.reclaim(ask)).await, m) });
+        }
+        while let Some(Ok((r, m))) = asks.join_next().await {
+            match r {
                 Ok(Ok(reply)) => {
                     for l in reply.into_inner().locks.iter().filter_map(peer::decode_held) {
                         apply_held(&hi.ctx, &l);
@@ -610,7 +660,7 @@ pub(crate) fn remove_at(ctx: &Arc<FileLockContext>, what: Removal, seed: Option<
 
 /// Re-creates a held lock (global ids) at a new home. A conflict means two members
 /// disagree about what was held: the lock is not granted twice, it is logged.
-pub(crate) fn apply_held(ctx: &Arc<FileLockContext>, l: &HeldLock) {
+pub(crate) fn apply_held(ctx: &Arc<FileLockContext>, l: &FileLock) {
     let rw = AccessMode::ReadWrite;
     let r = match (l.kind, l.owner) {
         (LockKind::Posix, OwnerKey::Process(o)) => ctx.fcntl(

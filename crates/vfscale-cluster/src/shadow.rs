@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use vfscale_locks::{FileLockContext, InodeKey, LockManager, OwnerId, OwnerKey};
+use vfscale_locks::{FileLockContext, LockManager, OwnerId, OwnerKey};
+
+use crate::homes::context_for;
 
 use crate::InodeId;
 
@@ -41,14 +43,7 @@ impl ShadowTable {
         let mut m = self.map.lock();
         let s = m.entry(ino).or_insert_with(|| {
             Arc::new(ShadowInode {
-                ctx: FileLockContext::new(
-                    &self.mgr,
-                    InodeKey {
-                        major: 0,
-                        minor: 0,
-                        ino: ino.0,
-                    },
-                ),
+                ctx: context_for(&self.mgr, ino),
                 home: Mutex::new((node.to_string(), token)),
             })
         });

@@ -108,6 +108,8 @@ pub(crate) async fn run(svc: Arc<Service>) {
                             );
                             answered.push(c.closing);
                         }
+                    } else {
+                        Counters::bump(&svc.counters.cycles_unconfirmed);
                     }
                 }
                 // Publish what is left, claiming no new edge: a cycle a stale edge made

@@ -43,7 +43,10 @@ fn getlk_reports_the_holder_pid_from_its_own_member() {
     // B takes the inode first: the home is B; A asks remotely, and the other way.
     setlk(b, 9, who(3, 4242), wr(100, 50)).unwrap();
     let got = getlk(a, 9, who(3, 777), rd(120, 1));
-    assert_eq!((got.l_type, got.l_start, got.l_len, got.l_pid), (LockType::Write, 100, 50, 4242));
+    assert_eq!(
+        (got.l_type, got.l_start, got.l_len, got.l_pid),
+        (LockType::Write, 100, 50, 4242)
+    );
     setlk(a, 9, who(5, 555), rd(0, 10)).unwrap();
     let got = getlk(b, 9, who(3, 4242), wr(5, 1));
     assert_eq!((got.l_type, got.l_pid), (LockType::Read, 555));
@@ -82,11 +85,17 @@ fn flock_conflicts_across_members_either_home() {
         let (h, o) = (&c.members[home], &c.members[other]);
         flock(h, ino, file(1), FlockOp::Exclusive, true).unwrap();
         assert_eq!(flock(o, ino, file(1), FlockOp::Shared, true), Err(Errno::EAGAIN));
-        assert_eq!(flock(o, ino, file(2), FlockOp::Exclusive, true), Err(Errno::EAGAIN));
+        assert_eq!(
+            flock(o, ino, file(2), FlockOp::Exclusive, true),
+            Err(Errno::EAGAIN)
+        );
         flock(h, ino, file(1), FlockOp::Shared, true).unwrap();
         flock(o, ino, file(1), FlockOp::Shared, true).unwrap();
         // Converting to exclusive fails and, as in Linux, drops the shared lock.
-        assert_eq!(flock(o, ino, file(1), FlockOp::Exclusive, true), Err(Errno::EAGAIN));
+        assert_eq!(
+            flock(o, ino, file(1), FlockOp::Exclusive, true),
+            Err(Errno::EAGAIN)
+        );
         flock(h, ino, file(1), FlockOp::Unlock, true).unwrap();
         flock(o, ino, file(7), FlockOp::Exclusive, true).unwrap();
         assert_eq!(flock(h, ino, file(1), FlockOp::Shared, true), Err(Errno::EAGAIN));
@@ -103,5 +112,9 @@ fn a_home_here_answers_before_the_call_returns() {
     let (call, rx) = fcntl_start(a, 30, who(1, 1), file(1), FcntlCmd::SetLk, wr(1, 1));
     assert!(call.is_answered());
     assert_eq!(rx.try_recv().unwrap().map(|_| ()), Ok(()));
-    assert_eq!(c.dirs[0].stats().etcd_txns, 1, "one claim, then no directory traffic");
+    assert_eq!(
+        c.dirs[0].stats().etcd_txns,
+        1,
+        "one claim, then no directory traffic"
+    );
 }

@@ -142,7 +142,7 @@
 //! | a blocked request's wait cell, the detector's link, [`WakeList`-style waking](crate) | `wait_cell.rs` |
 //! | a request that waits: block, deadline, interrupt, `.await` | `pending.rs` |
 //! | what is global: blocked hash, deadlock detection, settings, listing shards | `manager.rs` |
-//! | `/proc/locks`; the held locks with their owners ([`HeldLock`]) | `listing.rs` |
+//! | `/proc/locks`; the held locks with their owners ([`FileLockContext::held_locks`]) | `listing.rs` |
 //! | the wait-for edges, for deadlock detection across managers ([`PosixWaitEdge`]) | `manager.rs` |
 //! | the synchronization primitives (std, loom, shuttle) and the shared waiter | `sync.rs` (`vfscale-sync`) |
 
@@ -165,8 +165,8 @@ mod wait_cell;
 pub use context::{ContextMemory, ContextStats, FileLockContext};
 pub use errno::Errno;
 pub use fcntl::{flock_to_posix_range, OpenFile, Process};
-pub use listing::{render_proc_locks, HeldLock, LockListing, LockRecord};
-pub use lock::{LockKind, OwnerKey};
+pub use listing::{render_proc_locks, LockListing, LockRecord};
+pub use lock::{FileLock, LockKind, OwnerKey};
 pub use manager::{
     ContextLock, LockIndex, LockManager, ManagerStats, PosixWaitEdge, Settings, WakeMode,
     MAX_DEADLK_ITERATIONS,

@@ -8,10 +8,9 @@
 use std::fmt::Write as _;
 
 use crate::context::{Inner, NodeId};
-use crate::lock::OwnerKey;
 use crate::lock::{FileLock, LockKind};
 use crate::manager::LockManager;
-use crate::{FileId, FileLockContext, InodeKey, LockType, Pid, OFFSET_MAX};
+use crate::{FileLockContext, InodeKey, LockType, OFFSET_MAX};
 
 /// One record in the listing.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,30 +116,11 @@ pub fn render_proc_locks(listing: &[LockListing]) -> String {
     f
 }
 
-/// A granted lock with its owner: what a caller needs to take the same lock again
-/// elsewhere (a lock service that moves an inode's locks to another server).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HeldLock {
-    /// POSIX, OFD or flock.
-    pub kind: LockKind,
-    /// Read or write.
-    pub ty: LockType,
-    /// First byte.
-    pub start: i64,
-    /// Last byte (inclusive), `OFFSET_MAX` to end of file.
-    pub end: i64,
-    /// The owner: a process for POSIX locks, the open file for OFD and flock locks.
-    pub owner: OwnerKey,
-    /// The open file description that took it.
-    pub file: FileId,
-    /// The pid `F_GETLK` reports for it.
-    pub pid: Pid,
-}
-
 impl FileLockContext {
     /// Every lock held on this inode (POSIX and OFD locks in list order, then flock
-    /// locks), with its owner; waiting requests are not included. Under the inode's
-    /// lock.
+    /// locks), each with its owner: what a caller needs to take the same locks again
+    /// elsewhere (a lock service that moves an inode's locks to another server).
+    /// Waiting requests are not included. Under the inode's lock.
     ///
     /// ```
     /// use vfscale_locks::*;
@@ -154,25 +134,14 @@ impl FileLockContext {
     /// assert_eq!((held[0].owner, held[0].start, held[0].end), (OwnerKey::Process(OwnerId(1)), 0, 9));
     /// assert_eq!((held[1].kind, held[1].owner), (LockKind::Flock, OwnerKey::File(FileId(9))));
     /// ```
-    pub fn held_locks(&self) -> Vec<HeldLock> {
+    pub fn held_locks(&self) -> Vec<FileLock> {
         let _big = self.mgr.big_lock();
         let inner = self.inner.lock();
         inner
             .posix_in_list_order()
             .iter()
             .chain(inner.flock.iter())
-            .map(|&id| {
-                let fl = &inner.node(id).fl;
-                HeldLock {
-                    kind: fl.kind,
-                    ty: fl.ty,
-                    start: fl.start,
-                    end: fl.end,
-                    owner: fl.owner,
-                    file: fl.file,
-                    pid: fl.pid,
-                }
-            })
+            .map(|&id| inner.node(id).fl)
             .collect()
     }
 }

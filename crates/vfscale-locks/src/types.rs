@@ -143,18 +143,22 @@ impl FcntlCmd {
             FcntlCmd::OfdGetLk => "F_OFD_GETLK",
         }
     }
+    /// Every command.
+    pub const ALL: [FcntlCmd; 6] = [
+        FcntlCmd::SetLk,
+        FcntlCmd::SetLkW,
+        FcntlCmd::GetLk,
+        FcntlCmd::OfdSetLk,
+        FcntlCmd::OfdSetLkW,
+        FcntlCmd::OfdGetLk,
+    ];
     /// Parses [`FcntlCmd::name`].
     pub fn from_name(s: &str) -> Option<FcntlCmd> {
-        [
-            FcntlCmd::SetLk,
-            FcntlCmd::SetLkW,
-            FcntlCmd::GetLk,
-            FcntlCmd::OfdSetLk,
-            FcntlCmd::OfdSetLkW,
-            FcntlCmd::OfdGetLk,
-        ]
-        .into_iter()
-        .find(|c| c.name() == s)
+        FcntlCmd::ALL.into_iter().find(|c| c.name() == s)
+    }
+    /// The command with Linux's number `v` ([`FcntlCmd::raw`]).
+    pub fn from_raw(v: i32) -> Option<FcntlCmd> {
+        FcntlCmd::ALL.into_iter().find(|c| c.raw() == v)
     }
     /// An OFD command (`F_OFD_*`).
     pub fn is_ofd(self) -> bool {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use vfscale_cluster::memdir::{MemCluster, MemDirectory};
-use vfscale_cluster::{ClusterFile, ClusterLocks, ClusterProcess, Directory, InodeId, LockCall};
+use vfscale_cluster::{ClusterFile, ClusterLocks, ClusterProcess, Directory, InodeId, LockCall, LockDone};
 use vfscale_locks::{AccessMode, Errno, FcntlCmd, Flock, FlockOp, LockType};
 
 /// How long a test waits for an answer that must come.
@@ -24,7 +24,11 @@ pub struct Cluster {
 }
 
 pub fn start(n: usize) -> Cluster {
-    let mem = MemCluster::new();
+    start_with(n, MemCluster::new())
+}
+
+/// `n` members over `mem` (set up as the test needs).
+pub fn start_with(n: usize, mem: Arc<MemCluster>) -> Cluster {
     let mut members = Vec::new();
     let mut dirs = Vec::new();
     for i in 0..n {
@@ -65,6 +69,20 @@ pub fn un(start: i64, len: i64) -> Flock {
     Flock::new(LockType::Unlock, start, len)
 }
 
+/// Where a call's answer arrives.
+pub type Answers<T> = Receiver<Result<T, Errno>>;
+
+/// A completion that sends the answer to the returned receiver.
+fn answer<T: Send + 'static>() -> (LockDone<T>, Answers<T>) {
+    let (tx, rx) = mpsc::channel();
+    (
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+        rx,
+    )
+}
+
 /// An fcntl call whose answer comes on the receiver.
 pub fn fcntl_start(
     m: &ClusterLocks,
@@ -74,22 +92,19 @@ pub fn fcntl_start(
     cmd: FcntlCmd,
     fl: Flock,
 ) -> (LockCall, Receiver<Result<Flock, Errno>>) {
-    let (tx, rx) = mpsc::channel();
-    let call = m.fcntl(
-        InodeId(ino),
-        p,
-        f,
-        cmd,
-        fl,
-        Box::new(move |r| {
-            let _ = tx.send(r);
-        }),
-    );
-    (call, rx)
+    let (done, rx) = answer();
+    (m.fcntl(InodeId(ino), p, f, cmd, fl, done), rx)
 }
 
 /// An fcntl call, waited for.
-pub fn fcntl(m: &ClusterLocks, ino: u64, p: ClusterProcess, f: ClusterFile, cmd: FcntlCmd, fl: Flock) -> Result<Flock, Errno> {
+pub fn fcntl(
+    m: &ClusterLocks,
+    ino: u64,
+    p: ClusterProcess,
+    f: ClusterFile,
+    cmd: FcntlCmd,
+    fl: Flock,
+) -> Result<Flock, Errno> {
     let (_c, rx) = fcntl_start(m, ino, p, f, cmd, fl);
     rx.recv_timeout(ANSWER).expect("an answer")
 }
@@ -111,18 +126,8 @@ pub fn flock_start(
     op: FlockOp,
     nb: bool,
 ) -> (LockCall, Receiver<Result<(), Errno>>) {
-    let (tx, rx) = mpsc::channel();
-    let call = m.flock(
-        InodeId(ino),
-        who(f.id, f.id as i32),
-        f,
-        op,
-        nb,
-        Box::new(move |r| {
-            let _ = tx.send(r);
-        }),
-    );
-    (call, rx)
+    let (done, rx) = answer();
+    (m.flock(InodeId(ino), who(f.id, f.id as i32), f, op, nb, done), rx)
 }
 
 pub fn flock(m: &ClusterLocks, ino: u64, f: ClusterFile, op: FlockOp, nb: bool) -> Result<(), Errno> {
