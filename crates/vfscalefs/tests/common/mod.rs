@@ -50,6 +50,70 @@ pub fn lock_corpus() -> Vec<PathBuf> {
     files
 }
 
+/// What [`replay_corpus`] found.
+pub struct CorpusRun {
+    /// Scenarios replayed.
+    pub ran: usize,
+    /// Scenarios with OFD locks, left out: FUSE carries them as POSIX locks.
+    pub skipped: usize,
+    /// The scenarios that differed twice from the kernel's recorded results: name, and
+    /// how.
+    pub failures: Vec<(String, String)>,
+}
+
+/// The lock corpus's scenarios without OFD locks replayed by the kernel runner with
+/// their processes spread over `dirs` (process *i* in directory *i* mod *n*), compared
+/// with the kernel's results on tmpfs (the recorded `X.expected`). Settling on a FUSE
+/// mount is judged by time: a scenario that differs is replayed once more, and only a
+/// difference seen twice counts.
+pub fn replay_corpus(dirs: &[PathBuf]) -> CorpusRun {
+    use vfscale_conformance::locks::{kernel, render_results, KernelOptions, Op, Scenario};
+    let opts = KernelOptions::in_dirs(dirs);
+    let mut run = CorpusRun {
+        ran: 0,
+        skipped: 0,
+        failures: Vec::new(),
+    };
+    for f in lock_corpus() {
+        let scn = Scenario::parse(&std::fs::read_to_string(&f).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let ofd = scn
+            .steps
+            .iter()
+            .any(|s| matches!(&s.op, Op::Fcntl { cmd, .. } if cmd.is_ofd()));
+        if ofd {
+            run.skipped += 1;
+            continue;
+        }
+        let expected = std::fs::read_to_string(f.with_extension("expected")).unwrap();
+        let attempt = || match kernel::replay_with(&scn, &opts) {
+            Ok(r) => {
+                let got = render_results(&r);
+                if got == expected {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{}: differs from tmpfs\n--- on vfscalefs\n{got}--- on tmpfs\n{expected}",
+                        f.display()
+                    ))
+                }
+            }
+            Err(e) => Err(format!("{}: {e}", f.display())),
+        };
+        if let Err(first) = attempt() {
+            match attempt() {
+                Ok(()) => say(&format!("retried (first replay differed): {first}")),
+                Err(e) => {
+                    let name = f.file_stem().unwrap().to_string_lossy().into_owned();
+                    run.failures.push((name, e));
+                }
+            }
+        }
+        run.ran += 1;
+    }
+    run
+}
+
 /// Set to `io_uring` to run every server these tests start with `-o io_uring` (the
 /// kernel's FUSE-over-io_uring transport; CI runs the suite once more so). A server that
 /// then serves `/dev/fuse` anyway fails its test instead of passing on the other transport.
