@@ -85,8 +85,9 @@ impl Pair {
             logs,
             _src: src,
         };
-        p.a = Some(p.server("a", opts_a));
-        p.b = Some(p.server("b", opts_b));
+        p.a = Some(p.server("a", 1, opts_a));
+        // b serves two mountpoints: one lock space for both, as without a cluster.
+        p.b = Some(p.server("b", 2, opts_b));
         p
     }
 
@@ -98,7 +99,7 @@ impl Pair {
         self.logs.0.join(format!("{node}.stats"))
     }
 
-    fn server(&self, node: &str, opts: &str) -> Mounted {
+    fn server(&self, node: &str, n: usize, opts: &str) -> Mounted {
         let args: Vec<String> = [
             "--cluster",
             &self.etcd.endpoints_arg(),
@@ -115,7 +116,7 @@ impl Pair {
         let log = self.log(node);
         let stats = self.stats_file(node);
         Mounted::launch(&Launch {
-            n: 1,
+            n,
             opts,
             args: &args,
             env: &[("VFSCALEFS_STATS", &stats)],
@@ -325,6 +326,24 @@ fn locks_conflict_across_servers() {
         Some(libc::EWOULDBLOCK)
     );
     fl(fb, libc::LOCK_UN).unwrap();
+
+    // b's second mountpoint is another connection: other owners, one lock space.
+    let b2 = open_rw(&p.b().mounts[1].join("f"));
+    lk(fa, libc::F_SETLK, libc::F_RDLCK, 0, 0).unwrap();
+    lk(b2.as_raw_fd(), libc::F_SETLK, libc::F_RDLCK, 0, 0).expect("read locks share");
+    assert_eq!(
+        lk(fb, libc::F_SETLK, libc::F_WRLCK, 0, 1).err(),
+        Some(libc::EAGAIN)
+    );
+    lk(fa, libc::F_SETLK, libc::F_UNLCK, 0, 0).unwrap();
+    assert_eq!(
+        lk(fb, libc::F_SETLK, libc::F_WRLCK, 0, 1).err(),
+        Some(libc::EAGAIN),
+        "b's two connections are two owners"
+    );
+    drop(b2);
+    lk(fb, libc::F_SETLK, libc::F_WRLCK, 0, 1).expect("after the other connection's close");
+    lk(fb, libc::F_SETLK, libc::F_UNLCK, 0, 0).unwrap();
 
     // A close drops the closer's POSIX locks on the other server too.
     lk(fa, libc::F_SETLK, libc::F_WRLCK, 0, 0).unwrap();
