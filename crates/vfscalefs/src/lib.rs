@@ -571,7 +571,8 @@ impl Server {
     }
 
     /// One line for the operator: how inodes are kept, how many descriptors the cache
-    /// may hold, and whether locks are held on the source.
+    /// may hold, and whether locks are held on the source, or shared by a cluster
+    /// (`cluster=NAME node=NODE peer=ADDR`).
     pub fn mode_line(&self) -> String {
         let limit = nofile_limit();
         let cap = self.fds.capacity();
@@ -670,7 +671,12 @@ fn check_mountpoint(p: &Path) -> Result<(), Error> {
 /// dispatch_stall_wakes=`, see [`dispatch::GateStats`]) and, over io_uring, the queues'
 /// counters summed over every connection (`uring_requests= uring_entries= uring_parked=
 /// uring_max_parked=`: requests carried, ring entries registered, requests parked now,
-/// and the most parked at once on one queue). After the kernels have forgotten
+/// and the most parked at once on one queue). Under `--cluster`, the cluster's counters
+/// follow (`cluster_local_calls= cluster_remote_calls= cluster_served_for_peers=
+/// cluster_reclaimed= cluster_deadlocks_across= cluster_lost_eio= cluster_homes_claimed=
+/// cluster_homes_now= cluster_dead_owners_dropped= cluster_etcd_txns= cluster_fences=`,
+/// see `vfscale_cluster::ClusterStats`; the lock counters before them are then zero, the
+/// server's own lock manager unused). After the kernels have forgotten
 /// everything (`umount`, or `echo 2 > /proc/sys/vm/drop_caches` with nothing open) it
 /// reads `inodes=1 lookups=0`.
 fn write_stats(srv: &Server, gates: &[Arc<dispatch::ConnGate>], rings: &[fuser::IoUringStats]) {
