@@ -31,6 +31,31 @@ fn lock_or_unlock(n: u64) -> LockType {
     }
 }
 
+/// One fcntl call of `owner` (its own file, pid = owner) on `ino`, waited for;
+/// failures are counted.
+fn call_and_wait(m: &ClusterLocks, ino: u64, owner: u64, cmd: FcntlCmd, fl: Flock) {
+    let (tx, rx) = mpsc::sync_channel(1);
+    let _ = m.fcntl(
+        InodeId(ino),
+        ClusterProcess {
+            owner,
+            pid: owner as i32,
+        },
+        ClusterFile {
+            id: owner,
+            mode: AccessMode::ReadWrite,
+        },
+        cmd,
+        fl,
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+    );
+    if rx.recv().unwrap().is_err() {
+        ERRORS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Lock and unlock per second over `threads` threads, each on its own inode.
 fn run(threads: usize, secs: f64, op: impl Fn(u64, u64) + Sync) -> f64 {
     let stop = AtomicBool::new(false);
@@ -156,27 +181,13 @@ fn main() {
     // B's calls to A's home, one at a time (each waits for its answer).
     let remote_ino = 5000;
     let serial = |m: &ClusterLocks, owner: u64, n: u64| {
-        let (tx, rx) = mpsc::sync_channel(1);
-        let ty = lock_or_unlock(n);
-        let _ = m.fcntl(
-            InodeId(remote_ino),
-            ClusterProcess {
-                owner,
-                pid: owner as i32,
-            },
-            ClusterFile {
-                id: owner,
-                mode: AccessMode::ReadWrite,
-            },
+        call_and_wait(
+            m,
+            remote_ino,
+            owner,
             FcntlCmd::SetLk,
-            Flock::new(ty, owner as i64 * 10, 1),
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        );
-        if rx.recv().unwrap().is_err() {
-            ERRORS.fetch_add(1, Ordering::Relaxed);
-        }
+            Flock::new(lock_or_unlock(n), owner as i64 * 10, 1),
+        )
     };
     serial(&a, 1, 0); // home A
     let lat = Mutex::new(Vec::new());
@@ -203,26 +214,7 @@ fn main() {
     let stop = AtomicBool::new(false);
     let total = AtomicU64::new(0);
     let blocking = |m: &ClusterLocks, owner: u64, ty: LockType, at: i64| {
-        let (tx, rx) = mpsc::sync_channel(1);
-        let _ = m.fcntl(
-            InodeId(pp_ino),
-            ClusterProcess {
-                owner,
-                pid: owner as i32,
-            },
-            ClusterFile {
-                id: owner,
-                mode: AccessMode::ReadWrite,
-            },
-            FcntlCmd::SetLkW,
-            Flock::new(ty, at, 1),
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        );
-        if rx.recv().unwrap().is_err() {
-            ERRORS.fetch_add(1, Ordering::Relaxed);
-        }
+        call_and_wait(m, pp_ino, owner, FcntlCmd::SetLkW, Flock::new(ty, at, 1))
     };
     blocking(&a, 77, LockType::Unlock, 0); // home A
     let start = Instant::now();

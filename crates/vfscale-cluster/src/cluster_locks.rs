@@ -9,10 +9,11 @@ use tokio::runtime::Runtime;
 use vfscale_locks::{AccessMode, FcntlCmd, FileId, Flock, FlockOp, OwnerId, Pid, Process};
 
 use crate::call::{LockCall, LockDone};
+use crate::close::Removal;
 use crate::etcd_join::LeaveFn;
 use crate::request::{LockOwner, Op, Request};
 use crate::server::PeerService;
-use crate::service::{Done, Removal, Service};
+use crate::service::{Done, Service};
 use crate::stats::ClusterStats;
 use crate::{ClusterConfig, ClusterError, Directory, InodeId, Member};
 
@@ -232,9 +233,11 @@ impl ClusterLocks {
 
     /// The counters, with the directory's.
     pub fn stats(&self) -> ClusterStats {
-        self.svc
-            .counters
-            .snapshot(self.svc.homes.len() as u64, self.svc.dir.stats())
+        self.svc.counters.snapshot(
+            self.svc.homes.len() as u64,
+            self.svc.waiting.len() as u64,
+            self.svc.dir.stats(),
+        )
     }
 
     /// Leaves the cluster in order (the lease is revoked: homes and registration go at

@@ -23,6 +23,7 @@ pub(crate) async fn run(svc: Arc<Service>, mut rx: broadcast::Receiver<Directory
                 // Missed events: every inode this member uses at another home is
                 // resolved again (a new home reclaims from everyone anyway).
                 tracing::warn!(missed = n, "directory events lagged; resolving homes again");
+                drop_unlisted_members(&svc);
                 for ino in svc.shadow.homed_at(None) {
                     re_home(&svc, ino);
                 }
@@ -71,8 +72,34 @@ fn handle(svc: &Arc<Service>, ev: DirectoryEvent) {
         DirectoryEvent::Fenced => fence(svc),
         DirectoryEvent::Rejoined(m) => {
             tracing::info!(node = %m.node, lease = m.lease, "rejoined the cluster");
-            svc.set_me(m);
+            for hi in svc.set_me(m) {
+                // Claimed under the old lease after the fencing emptied the table.
+                lose_home(svc, &hi);
+            }
         }
+    }
+}
+
+/// After missed events: every member that used a home here and is no longer listed
+/// (under the lease it used) is handled as gone.
+fn drop_unlisted_members(svc: &Arc<Service>) {
+    let live = svc.dir.members();
+    let mut gone = Vec::new();
+    for hi in svc.homes.all() {
+        for (node, lease) in hi.peer_leases() {
+            if !live.iter().any(|m| m.node == node && m.lease == lease) {
+                gone.push(crate::Member {
+                    node,
+                    lease,
+                    addr: std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+                });
+            }
+        }
+    }
+    gone.sort_by(|a, b| (&a.node, a.lease).cmp(&(&b.node, b.lease)));
+    gone.dedup();
+    for m in gone {
+        handle(svc, DirectoryEvent::MemberGone(m));
     }
 }
 

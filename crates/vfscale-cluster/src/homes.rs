@@ -65,6 +65,15 @@ impl HomeInode {
         }
     }
 
+    /// The other members (node, lease) seen here.
+    pub fn peer_leases(&self) -> Vec<(String, i64)> {
+        self.peers
+            .lock()
+            .iter()
+            .map(|(n, u)| (n.clone(), u.lease))
+            .collect()
+    }
+
     /// Drops every lock of `node`'s owners and files (under `lease`); returns how many
     /// owners and files were dropped.
     pub fn drop_peer(&self, node: &str, lease: i64) -> usize {

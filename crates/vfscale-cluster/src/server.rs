@@ -7,9 +7,10 @@ use std::sync::Arc;
 use tonic::{Request as Rpc, Response, Status};
 
 use crate::call::CallCtl;
+use crate::close::{remove_at, Removal};
 use crate::peer::{self, pb, MOVED};
 use crate::request::{LockOwner, Started};
-use crate::service::{remove_at, Removal, Service};
+use crate::service::Service;
 use crate::stats::Counters;
 use crate::InodeId;
 

@@ -1,6 +1,6 @@
-//! The service behind [`crate::ClusterLocks`]: the lock path (home here, or one request
-//! to the remote home), claiming an inode and reclaiming its locks, and what is shared
-//! by the peer server, the event handler and the deadlock publisher.
+//! The service behind [`crate::ClusterLocks`]: what every part shares, and the lock path
+//! (home here, or one request to the remote home). Claims are in `claim.rs`, closes in
+//! `close.rs`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -9,15 +9,16 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 use tokio::runtime::Handle;
-use tokio::sync::{Notify, OnceCell};
+use tokio::sync::Notify;
 use vfscale_locks::{
-    flock_to_posix_range, AccessMode, Errno, FcntlCmd, FileId, FileLock, FileLockContext, Flock, FlockOp,
-    LockKind, LockManager, LockType, OpenFile, OwnerId, OwnerKey, PendingLock, Pid, Process, Whence,
+    flock_to_posix_range, Errno, FcntlCmd, Flock, FlockOp, LockManager, LockType, PendingLock, Whence,
 };
 
 use crate::call::{CallCtl, Hook, LockCall, LockDone};
-use crate::homes::{context_for, HomeInode, HomeTable};
+use crate::claim::Claim;
+use crate::homes::{HomeInode, HomeTable};
 use crate::ids::IdSeed;
+use crate::in_flight::InFlight;
 use crate::lost::LostSet;
 use crate::peer::{self, pb, Peers, MOVED};
 use crate::request::{flock_of_range, LockOwner, Op, Request, Started};
@@ -28,11 +29,6 @@ use crate::{Directory, Home, InodeId, Member};
 
 /// `EIO`: what a call gets when its lock was lost or this member cannot grant.
 pub(crate) const EIO: Errno = Errno::Other(libc::EIO);
-
-/// How long a new home waits for a member's reclaim answer (a member that does not
-/// answer is stopped or partitioned: its lease ends soon, and its clients' locks with
-/// it).
-const RECLAIM_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The caller's completion, for either kind of call.
 pub(crate) enum Done {
@@ -89,46 +85,6 @@ enum Remote {
     Gone,
 }
 
-/// What a close drops.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Removal {
-    Posix { owner: u64, pid: i32 },
-    File { file: u64 },
-}
-
-/// A claim in progress: its token and the home state it makes.
-type Claim = Arc<(i64, OnceCell<Result<Arc<HomeInode>, Errno>>)>;
-
-/// A remote call in flight: its home's node, its inode, and what cancels it.
-type Flight = (String, InodeId, Arc<Notify>);
-
-/// Remote calls in flight, so that a home's death re-sends them at once.
-#[derive(Default)]
-pub(crate) struct InFlight {
-    map: Mutex<HashMap<u64, Flight>>,
-}
-
-impl InFlight {
-    fn add(&self, id: u64, node: &str, ino: InodeId) -> Arc<Notify> {
-        let n = Arc::new(Notify::new());
-        self.map.lock().insert(id, (node.to_string(), ino, n.clone()));
-        n
-    }
-
-    fn remove(&self, id: u64) {
-        self.map.lock().remove(&id);
-    }
-
-    /// Makes the calls `pick` selects re-send.
-    pub fn cancel_where(&self, pick: impl Fn(&str, InodeId) -> bool) {
-        for (node, ino, n) in self.map.lock().values() {
-            if pick(node, *ino) {
-                n.notify_one();
-            }
-        }
-    }
-}
-
 /// Everything the service shares. See the crate's first page for what protects what.
 pub(crate) struct Service {
     pub dir: Arc<dyn Directory>,
@@ -145,10 +101,10 @@ pub(crate) struct Service {
     pub peers: Peers,
     pub counters: Counters,
     pub in_flight: InFlight,
-    claims: Mutex<HashMap<InodeId, Claim>>,
+    pub claims: Mutex<HashMap<InodeId, Claim>>,
     /// Members whose lease ended, as (node, lease): their requests are refused.
     dead: Mutex<HashSet<(String, i64)>>,
-    next_call: AtomicU64,
+    pub next_call: AtomicU64,
     /// Kicks the wait-graph publisher: a POSIX request started waiting.
     pub waits_kick: Notify,
     /// The member left: every call answers `EIO`.
@@ -195,11 +151,26 @@ impl Service {
         self.me.read().clone()
     }
 
-    /// A new lease: new global ids from now on.
-    pub fn set_me(&self, m: Member) {
+    /// A new lease: new global ids from now on, and nothing homed here (every home
+    /// was claimed under an earlier lease, which etcd ended).
+    pub fn set_me(&self, m: Member) -> Vec<Arc<HomeInode>> {
         self.seed
             .store(IdSeed::new(&m.node, m.lease).raw(), Ordering::Release);
         *self.me.write() = m;
+        self.homes.drain()
+    }
+
+    /// Puts a claimed home in the table if this member still holds the lease it was
+    /// claimed under and is not fenced. Under the identity's read lock, so a rejoin
+    /// ([`Service::set_me`], which empties the table after it) cannot come between the
+    /// check and the insert.
+    pub fn insert_home_under(&self, lease: i64, hi: &Arc<HomeInode>) -> bool {
+        let me = self.me.read();
+        if me.lease != lease || self.dir.fenced() {
+            return false;
+        }
+        self.homes.insert(hi.clone());
+        true
     }
 
     pub fn is_me(&self, m: &Member) -> bool {
@@ -468,170 +439,6 @@ impl Service {
         }
     }
 
-    /// The home state of `ino` under `token`, claiming it (with reclaim) when this
-    /// member just became its home. Concurrent callers share one claim.
-    pub async fn home_inode(self: &Arc<Self>, ino: InodeId, token: i64) -> Result<Arc<HomeInode>, Errno> {
-        if let Some(hi) = self.homes.get(ino) {
-            if hi.token >= token {
-                return Ok(hi);
-            }
-        }
-        let claim = {
-            let mut c = self.claims.lock();
-            c.entry(ino)
-                .or_insert_with(|| Arc::new((token, OnceCell::new())))
-                .clone()
-        };
-        let r = claim
-            .1
-            .get_or_init(|| self.clone().become_home(ino, claim.0))
-            .await
-            .clone();
-        let mut c = self.claims.lock();
-        if c.get(&ino).is_some_and(|x| Arc::ptr_eq(x, &claim)) {
-            c.remove(&ino);
-        }
-        r
-    }
-
-    /// The home state a peer's call with `token` may use: the current one, or the one
-    /// a claim in progress is making; `None`: not the home (the peer resolves again).
-    pub async fn home_for_peer(&self, ino: InodeId, token: i64) -> Option<Arc<HomeInode>> {
-        if let Some(hi) = self.homes.get(ino) {
-            return (hi.token == token).then_some(hi);
-        }
-        let claim = self.claims.lock().get(&ino).cloned()?;
-        if claim.0 != token {
-            return None;
-        }
-        // The claim's owner drives it; wait for it to finish.
-        loop {
-            if let Some(r) = claim.1.get() {
-                return r.as_ref().ok().filter(|h| h.token == token).cloned();
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    }
-
-    /// This member just became `ino`'s home: re-create its own clients' locks (its
-    /// shadow) and every live member's (reclaim), then serve.
-    async fn become_home(self: Arc<Self>, ino: InodeId, token: i64) -> Result<Arc<HomeInode>, Errno> {
-        let hi = Arc::new(HomeInode {
-            ino,
-            token,
-            ctx: context_for(&self.mgr, ino),
-            peers: Mutex::new(HashMap::new()),
-        });
-        let seed = self.seed();
-        let mut n = 0u64;
-        if let Some(sh) = self.shadow.take(ino) {
-            for l in sh.ctx.held_locks() {
-                if let Some(g) = peer::decode_held(&peer::encode_held(&l, seed)) {
-                    apply_held(&hi.ctx, &g);
-                    n += 1;
-                }
-            }
-        }
-        // Every live member at once: one that does not answer in time (stopped, not
-        // yet seen dead) delays the claim by one timeout, not one per member.
-        let me = self.me();
-        let caller = self.caller();
-        let mut asks = tokio::task::JoinSet::new();
-        for m in self.dir.members() {
-            if m.node == me.node || self.is_dead(&m.node, m.lease) {
-                continue;
-            }
-            let Ok(mut c) = self.peers.client(&m) else {
-                continue;
-            };
-            let ask = pb::ReclaimRequest {
-                caller: Some(caller.clone()),
-                ino: ino.0,
-                token,
-            };
-            asks.spawn(async move { (tokio::time::timeout(RECLAIM_TIMEOUT, c.reclaim(ask)).await, m) });
-        }
-        while let Some(Ok((r, m))) = asks.join_next().await {
-            match r {
-                Ok(Ok(reply)) => {
-                    for l in reply.into_inner().locks.iter().filter_map(peer::decode_held) {
-                        apply_held(&hi.ctx, &l);
-                        let (owner, file) = match l.owner {
-                            OwnerKey::Process(o) => (Some(o.0), None),
-                            OwnerKey::File(f) => (None, Some(f.0)),
-                        };
-                        hi.note_peer(&m.node, m.lease, owner, file);
-                        n += 1;
-                    }
-                }
-                Ok(Err(status)) => {
-                    tracing::warn!(node = %m.node, ino = ino.0, %status, "reclaim failed")
-                }
-                Err(_) => tracing::warn!(node = %m.node, ino = ino.0, "reclaim timed out"),
-            }
-        }
-        if self.dir.fenced() {
-            return Err(EIO);
-        }
-        Counters::add(&self.counters.reclaimed, n);
-        Counters::bump(&self.counters.homes_claimed);
-        if n > 0 {
-            tracing::info!(ino = ino.0, token, locks = n, "home claimed; locks reclaimed");
-        }
-        self.homes.insert(hi.clone());
-        Ok(hi)
-    }
-
-    /// close(2) / last close at the home of `ino`; returns once applied.
-    pub async fn remove(self: Arc<Self>, ino: InodeId, what: Removal) {
-        let deadline = Instant::now() + self.dir.lease_ttl() * 2 + Duration::from_secs(1);
-        loop {
-            let Ok(home) = self.dir.home(ino).await else {
-                break;
-            };
-            if self.is_me(&home.member) {
-                if let Ok(hi) = self.home_inode(ino, home.token).await {
-                    remove_at(&hi.ctx, what, Some(self.seed()));
-                }
-                break;
-            }
-            let Ok(mut c) = self.peers.client(&home.member) else {
-                break;
-            };
-            let seed = self.seed();
-            let (posix_owner, id, pid) = match what {
-                Removal::Posix { owner, pid } => (true, seed.global(owner).0, pid),
-                Removal::File { file } => (false, seed.global(file).0, 0),
-            };
-            let ask = pb::RemoveRequest {
-                caller: Some(self.caller()),
-                ino: ino.0,
-                token: home.token,
-                posix_owner,
-                id,
-                pid,
-            };
-            Counters::bump(&self.counters.remote_calls);
-            let cancel = {
-                let id = self.next_call.fetch_add(1, Ordering::Relaxed);
-                (id, self.in_flight.add(id, &home.member.node, ino))
-            };
-            let r = tokio::select! {
-                r = c.remove(ask) => Some(r),
-                _ = cancel.1.notified() => None,
-            };
-            self.in_flight.remove(cancel.0);
-            match r.map(|r| r.map(|m| pb::Status::try_from(m.into_inner().status))) {
-                Some(Ok(Ok(pb::Status::Done))) | Some(Ok(Ok(pb::Status::Gone))) => break,
-                _ if Instant::now() > deadline => break,
-                _ => tokio::time::sleep(Duration::from_millis(10)).await,
-            }
-        }
-        if let Some(s) = self.shadow.get(ino) {
-            remove_at(&s.ctx, what, None);
-        }
-    }
-
     /// Runs `fut` on the runtime and waits for it on this (non-runtime) thread.
     pub fn block_on<T: Send + 'static>(
         &self,
@@ -642,61 +449,5 @@ impl Service {
             let _ = tx.send(fut.await);
         });
         rx.recv().ok()
-    }
-}
-
-/// Applies a close to a context: a home's (ids made global under `seed`) or the
-/// shadow's (`None`: local ids as they are).
-pub(crate) fn remove_at(ctx: &Arc<FileLockContext>, what: Removal, seed: Option<IdSeed>) {
-    let map = |id: u64| seed.map_or(id, |s| s.global(id).0);
-    match what {
-        Removal::Posix { owner, pid } => ctx.posix_remove_owner(Process {
-            owner: OwnerId(map(owner)),
-            pid: Pid(pid),
-        }),
-        Removal::File { file } => ctx.file_remove(FileId(map(file))),
-    }
-}
-
-/// Re-creates a held lock (global ids) at a new home. A conflict means two members
-/// disagree about what was held: the lock is not granted twice, it is logged.
-pub(crate) fn apply_held(ctx: &Arc<FileLockContext>, l: &FileLock) {
-    let rw = AccessMode::ReadWrite;
-    let r = match (l.kind, l.owner) {
-        (LockKind::Posix, OwnerKey::Process(o)) => ctx.fcntl(
-            Process { owner: o, pid: l.pid },
-            OpenFile { id: l.file, mode: rw },
-            FcntlCmd::SetLk,
-            &mut flock_of_range(l.ty, l.start, l.end),
-        ),
-        (LockKind::Ofd, OwnerKey::File(f)) => ctx.fcntl(
-            Process {
-                owner: OwnerId(0),
-                pid: l.pid,
-            },
-            OpenFile { id: f, mode: rw },
-            FcntlCmd::OfdSetLk,
-            &mut flock_of_range(l.ty, l.start, l.end),
-        ),
-        (LockKind::Flock, OwnerKey::File(f)) => {
-            let op = if l.ty == LockType::Write {
-                FlockOp::Exclusive
-            } else {
-                FlockOp::Shared
-            };
-            ctx.flock(
-                Process {
-                    owner: OwnerId(0),
-                    pid: l.pid,
-                },
-                OpenFile { id: f, mode: rw },
-                op,
-                true,
-            )
-        }
-        _ => Err(Errno::EINVAL),
-    };
-    if let Err(e) = r {
-        tracing::error!(?l, %e, "a reclaimed lock conflicts with one already re-created; not granted");
     }
 }

@@ -26,6 +26,8 @@ pub struct ClusterStats {
     pub homes_claimed: u64,
     /// Inodes homed here now.
     pub homes_now: u64,
+    /// Calls waiting in this member's wait trees now (its clients' and peers').
+    pub waiting_now: u64,
     /// Owners of dead members whose locks this member dropped as their home.
     pub dead_owners_dropped: u64,
     /// Wait-graph publications this member asked for.
@@ -100,7 +102,7 @@ impl Counters {
         c.fetch_add(n, Ordering::Relaxed);
     }
 
-    pub fn snapshot(&self, homes_now: u64, directory: DirectoryStats) -> ClusterStats {
+    pub fn snapshot(&self, homes_now: u64, waiting_now: u64, directory: DirectoryStats) -> ClusterStats {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         ClusterStats {
             local_calls: self.local_calls.sum(),
@@ -111,6 +113,7 @@ impl Counters {
             lost_eio: g(&self.lost_eio),
             homes_claimed: g(&self.homes_claimed),
             homes_now,
+            waiting_now,
             dead_owners_dropped: g(&self.dead_owners_dropped),
             wait_publications: g(&self.wait_publications),
             cycles_unconfirmed: g(&self.cycles_unconfirmed),

@@ -65,6 +65,11 @@ impl Waiting {
         WaitingGuard { reg: self, key }
     }
 
+    /// How many calls wait here now.
+    pub fn len(&self) -> usize {
+        self.map.lock().len()
+    }
+
     /// Interrupts a peer's call; remembered for a while if it has not arrived.
     pub fn interrupt_peer(&self, node: &str, call_id: u64) {
         let m = self.map.lock();

@@ -42,19 +42,14 @@ struct Model {
 
 impl Model {
     fn ctx(&mut self, ino: u64) -> Arc<FileLockContext> {
-        let mgr = self.mgr.clone();
+        let key = InodeKey {
+            ino,
+            ..InodeKey::default()
+        };
+        let mgr = &self.mgr;
         self.ctx
             .entry(ino)
-            .or_insert_with(|| {
-                FileLockContext::new(
-                    &mgr,
-                    InodeKey {
-                        major: 0,
-                        minor: 0,
-                        ino,
-                    },
-                )
-            })
+            .or_insert_with(|| FileLockContext::new(mgr, key))
             .clone()
     }
 }

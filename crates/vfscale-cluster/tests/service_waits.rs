@@ -165,15 +165,16 @@ fn a_waiter_whose_member_goes_away_leaves_the_homes_wait_tree() {
     setlk(&a, 6, who(1, 10), wr(0, 1)).unwrap();
     let (_w, rx) = fcntl_start(&c.members[1], 6, who(2, 20), file(2), FcntlCmd::SetLkW, wr(0, 1));
     still_waiting(&rx);
+    assert_eq!(a.stats().waiting_now, 1);
     // B's process stops: its runtime and connections go, its lease stays (no event).
     let b = c.members.pop().unwrap();
     drop(b);
-    // The broken stream dropped the pending request at A: once A's owner unlocks, a
-    // third owner gets the range instead of B's orphaned request.
+    // The broken stream drops the pending request at A (were A's owner to unlock
+    // first, the request would be granted, and held until B's lease ended)...
+    eventually("the orphaned request is gone", || a.stats().waiting_now == 0);
+    // ...so once A's owner unlocks, a third owner gets the range.
     setlk(&a, 6, who(1, 10), un(0, 1)).unwrap();
-    eventually("the orphaned request is gone", || {
-        setlk(&a, 6, who(3, 30), wr(0, 1)).is_ok()
-    });
+    setlk(&a, 6, who(3, 30), wr(0, 1)).unwrap();
 }
 
 #[test]
