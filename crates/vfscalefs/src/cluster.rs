@@ -44,6 +44,8 @@
 //! this crate is held when a call is made, but an inode's `lock_owners` across the
 //! removals of a `RELEASE` (as without a cluster).
 
+pub mod log;
+
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
@@ -150,8 +152,10 @@ fn ferr(e: Errno) -> FErrno {
 }
 
 impl Cluster {
-    /// Joins the cluster (blocking: connects to etcd, starts the peer service).
+    /// Joins the cluster (blocking: connects to etcd, starts the peer service); the
+    /// cluster's events are logged on stderr from now on ([`log`]).
     pub fn join(opts: &ClusterOptions) -> Result<Arc<Cluster>, String> {
+        log::install();
         let locks = ClusterLocks::join(opts.config()).map_err(|e| e.to_string())?;
         Ok(Arc::new(Cluster {
             locks,

@@ -32,6 +32,7 @@
 //! | [`mirror::Mirror`] | `mirror.rs` | per locked inode: the clients' locks held on the source file, host waits |
 //! | [`mirror::SourceViews`] | `mirror/views.rs` | per inode and connection: the source file as the client's kernel caches it at its last grant |
 //! | [`cluster::Cluster`] | `cluster.rs` | `--cluster`: every lock call sent to `vfscale-cluster`, coherence at grants, `EIO` for lost locks |
+//! | | `cluster/log.rs` | the cluster's events (members gone, homes claimed, fencing) as lines on stderr |
 //! | `sys` | `sys.rs` | every system call on the source behind a safe wrapper: `openat2(RESOLVE_BENEATH)`, file handles (`name_to_handle_at`, `open_by_handle_at`), `/proc/self/fd` reopening, the `*at` calls, I/O, xattrs, per-thread credentials |
 //!
 //! # Invariants

@@ -615,6 +615,22 @@ fn failover(home_on_waiter: bool) {
         p.ttl
     ));
     assert!(took <= ttl + Duration::from_secs(1), "failover took {took:?}");
+    // b's log says what happened.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let log = std::fs::read_to_string(p.log("b")).unwrap_or_default();
+        if log.contains("cluster: INFO member gone node=a") {
+            assert!(log.contains("cluster: INFO joined the cluster"), "{log}");
+            let lines: Vec<&str> = log.lines().filter(|l| l.contains("cluster: ")).collect();
+            say(&format!("b's log:\n{}", lines.join("\n")));
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "b's log does not say a is gone:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     drop(a);
 }
 
