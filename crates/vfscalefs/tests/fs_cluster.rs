@@ -351,6 +351,34 @@ fn locks_conflict_across_servers() {
     lk(fb, libc::F_SETLK, libc::F_WRLCK, 0, 0).expect("b: after a's owner closed a descriptor");
     lk(fb, libc::F_SETLK, libc::F_UNLCK, 0, 0).unwrap();
 
+    // The last close of an open file (RELEASE, sent after close(2) returns) drops its
+    // OFD and flock locks on the other server too.
+    let a2 = open_rw(&pa);
+    lk(a2.as_raw_fd(), libc::F_OFD_SETLK, libc::F_WRLCK, 0, 1).unwrap();
+    let a3 = open_rw(&pa);
+    fl(a3.as_raw_fd(), libc::LOCK_EX).unwrap();
+    assert_eq!(
+        lk(fb, libc::F_OFD_SETLK, libc::F_WRLCK, 0, 1).err(),
+        Some(libc::EAGAIN)
+    );
+    assert_eq!(
+        fl(fb, libc::LOCK_EX | libc::LOCK_NB).err(),
+        Some(libc::EWOULDBLOCK)
+    );
+    drop((a2, a3));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while lk(fb, libc::F_OFD_SETLK, libc::F_WRLCK, 0, 1).is_err()
+        || fl(fb, libc::LOCK_EX | libc::LOCK_NB).is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "a's released file still holds its locks"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    lk(fb, libc::F_OFD_SETLK, libc::F_UNLCK, 0, 1).unwrap();
+    fl(fb, libc::LOCK_UN).unwrap();
+
     // a locked first: the inode is homed there, b's calls go to a.
     let (remote, served) = (
         p.stat("b", "cluster_remote_calls"),
