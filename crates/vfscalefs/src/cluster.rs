@@ -51,7 +51,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use fuser::{Errno as FErrno, ReplyEmpty, ReplyLock};
+use fuser::{ReplyEmpty, ReplyLock};
 use parking_lot::Mutex;
 use vfscale_cluster::{
     ClusterConfig, ClusterFile, ClusterLocks, ClusterProcess, ClusterStats, InodeId, LockCall,
@@ -60,7 +60,7 @@ use vfscale_locks::{Errno, FcntlCmd, Flock, FlockOp, LockType, OwnerId};
 
 use crate::handles::Handle;
 use crate::inodes::{Inode, Node};
-use crate::locks::{owner_id, reply_holder, Interrupts, LockReq, Locks, Parked};
+use crate::locks::{ferr, owner_id, reply_holder, Interrupts, LockReq, Locks, Parked};
 
 /// `--cluster ENDPOINTS [--cluster-name NAME] [--node NAME] [--peer-listen ADDR]
 /// [--lease-ttl SECS]`.
@@ -145,10 +145,6 @@ impl ClusterWait {
         }
         st.call = Some(call);
     }
-}
-
-fn ferr(e: Errno) -> FErrno {
-    FErrno::from_i32(e.raw())
 }
 
 impl Cluster {

@@ -72,7 +72,8 @@ pub const EARLY_TTL: Duration = Duration::from_secs(30);
 /// At most this many early interrupts are remembered per connection.
 const EARLY_MAX: usize = 4096;
 
-fn ferr(e: Errno) -> FErrno {
+/// The FUSE errno of a lock call's error.
+pub(crate) fn ferr(e: Errno) -> FErrno {
     FErrno::from_i32(e.raw())
 }
 
