@@ -22,7 +22,9 @@
 //! cache time (a rollback journal deleted through another server must not still show;
 //! `Server::grant_coherence`). An unchanged file costs one `stat`. A change never made
 //! under a lock (a process that writes without locking) is not ordered by any grant, as
-//! on NFS.
+//! on NFS. Writes reach the source before the writer's unlock (through the server, or
+//! kernel passthrough), except writes through a shared mapping, which the kernel writes
+//! back later: the FUSE client does not flush them at an unlock as the NFS client does.
 //!
 //! # Lost locks
 //!
