@@ -48,10 +48,8 @@
 
 pub mod log;
 
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use fuser::{ReplyEmpty, ReplyLock};
 use parking_lot::Mutex;
@@ -63,47 +61,6 @@ use vfscale_locks::{Errno, FcntlCmd, Flock, FlockOp, LockType, OwnerId};
 use crate::handles::Handle;
 use crate::inodes::{Inode, Node};
 use crate::locks::{ferr, owner_id, reply_holder, Interrupts, LockReq, Locks, Parked};
-
-/// `--cluster ENDPOINTS [--cluster-name NAME] [--node NAME] [--peer-listen ADDR]
-/// [--lease-ttl SECS]`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClusterOptions {
-    /// etcd client URLs.
-    pub endpoints: Vec<String>,
-    /// Servers with the same name share one lock space.
-    pub name: String,
-    /// This server's unique name (`None`: `<hostname>-<pid>`).
-    pub node: Option<String>,
-    /// Where the peer service listens (port 0: a free one, published in etcd).
-    pub peer_listen: SocketAddr,
-    /// The etcd lease TTL.
-    pub lease_ttl: Duration,
-}
-
-impl ClusterOptions {
-    /// The defaults (cluster `vfscale`, a free port on 127.0.0.1, lease TTL 5 s) with
-    /// the endpoints of `list` (comma-separated); a clear message naming a bad item.
-    pub fn new(list: &str) -> Result<ClusterOptions, String> {
-        let endpoints = ClusterConfig::parse_endpoints(list).map_err(|e| format!("--cluster: {e}"))?;
-        let d = ClusterConfig::new(endpoints);
-        Ok(ClusterOptions {
-            endpoints: d.endpoints,
-            name: d.cluster_name,
-            node: d.node,
-            peer_listen: d.peer_listen,
-            lease_ttl: d.lease_ttl,
-        })
-    }
-
-    fn config(&self) -> ClusterConfig {
-        let mut c = ClusterConfig::new(self.endpoints.clone());
-        c.cluster_name = self.name.clone();
-        c.node = self.node.clone();
-        c.peer_listen = self.peer_listen;
-        c.lease_ttl = self.lease_ttl;
-        c
-    }
-}
 
 /// What a grant does before it is answered, under `--cluster`: the coherence check of
 /// connection `conn` on the inode (see the module docs; set by `serve`).
@@ -152,12 +109,12 @@ impl ClusterWait {
 impl Cluster {
     /// Joins the cluster (blocking: connects to etcd, starts the peer service); the
     /// cluster's events are logged on stderr from now on ([`log`]).
-    pub fn join(opts: &ClusterOptions) -> Result<Arc<Cluster>, String> {
+    pub fn join(cfg: &ClusterConfig) -> Result<Arc<Cluster>, String> {
         log::install();
-        let locks = ClusterLocks::join(opts.config()).map_err(|e| e.to_string())?;
+        let locks = ClusterLocks::join(cfg.clone()).map_err(|e| e.to_string())?;
         Ok(Arc::new(Cluster {
             locks,
-            name: opts.name.clone(),
+            name: cfg.cluster_name.clone(),
             coherence: OnceLock::new(),
         }))
     }

@@ -223,7 +223,7 @@ use std::os::unix::fs::OpenOptionsExt as _;
 
 use fuser::{Config, INodeNo, MountOption, Notifier, Session, SessionACL};
 
-pub use crate::cluster::ClusterOptions;
+pub use vfscale_cluster::ClusterConfig;
 
 use crate::cluster::Cluster;
 use crate::fdcache::{CachedFd, FdCache, FdKey};
@@ -269,7 +269,7 @@ pub struct Options {
     /// `io_uring_depth=N`); `/dev/fuse` otherwise.
     pub io_uring: Option<fuser::IoUringConfig>,
     /// Share one lock space with the other servers of a cluster (`--cluster`).
-    pub cluster: Option<ClusterOptions>,
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl Default for Options {

@@ -50,13 +50,15 @@ struct Args {
 }
 
 impl Args {
-    /// The cluster options, if `--cluster` was given.
-    fn cluster(&self) -> Result<Option<vfscalefs::ClusterOptions>, String> {
+    /// The cluster to join, if `--cluster` was given.
+    fn cluster(&self) -> Result<Option<vfscalefs::ClusterConfig>, String> {
         let Some(list) = &self.cluster else {
             return Ok(None);
         };
-        let mut c = vfscalefs::ClusterOptions::new(list)?;
-        c.name = self.cluster_name.clone();
+        let endpoints =
+            vfscalefs::ClusterConfig::parse_endpoints(list).map_err(|e| format!("--cluster: {e}"))?;
+        let mut c = vfscalefs::ClusterConfig::new(endpoints);
+        c.cluster_name = self.cluster_name.clone();
         c.node = self.node.clone();
         if let Some(a) = self.peer_listen {
             c.peer_listen = a;
@@ -65,6 +67,7 @@ impl Args {
             return Err(format!("--lease-ttl {}: at least 2 seconds", self.lease_ttl));
         }
         c.lease_ttl = Duration::from_secs(self.lease_ttl);
+        c.validate().map_err(|e| format!("--cluster: {e}"))?;
         Ok(Some(c))
     }
 }

@@ -247,6 +247,15 @@ fn cluster_flags_are_checked() {
     assert!(err.contains("127.0.0.1:2379"), "the bad endpoint is named: {err}");
     let out = run(Command::new(bin).arg(&dir.0).arg(&dir.0).args(["--node", "x"]));
     assert_eq!(out.status.code(), Some(2), "--node needs --cluster");
+    let out = run(Command::new(bin).arg(&dir.0).arg(&dir.0).args([
+        "--cluster",
+        "http://127.0.0.1:1",
+        "--node",
+        "a/b",
+    ]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("a/b"), "the bad node name is named: {err}");
     // No etcd there: the server says so and mounts nothing.
     let out = run(Command::new(bin)
         .arg(&dir.0)
