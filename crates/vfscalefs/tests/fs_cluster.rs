@@ -215,55 +215,30 @@ macro_rules! skip_unless_ready {
 
 #[test]
 fn cluster_flags_are_checked() {
-    let bin = env!("CARGO_BIN_EXE_vfscalefs");
     let dir = TempDir::new("cluster-flags");
-    let out = run(Command::new(bin).arg(&dir.0).arg(&dir.0).args([
-        "--cluster",
-        "http://127.0.0.1:1",
-        "-o",
-        "source_locks=mirror",
-    ]));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("source_locks=mirror cannot be used with --cluster"),
-        "{err}"
+    // The server with `args`, serving `dir` on itself: it must exit with `code`, and
+    // its stderr must say `says`.
+    let refused = |args: &[&str], code: i32, says: &str| {
+        let out = run(Command::new(env!("CARGO_BIN_EXE_vfscalefs"))
+            .arg(&dir.0)
+            .arg(&dir.0)
+            .args(args));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?} must say {says:?}: {err}");
+    };
+    let none = "http://127.0.0.1:1";
+    refused(
+        &["--cluster", none, "-o", "source_locks=mirror"],
+        2,
+        "source_locks=mirror cannot be used with --cluster",
     );
-    let out = run(Command::new(bin).arg(&dir.0).arg(&dir.0).args([
-        "--cluster",
-        "http://127.0.0.1:1",
-        "--lease-ttl",
-        "1",
-    ]));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("--lease-ttl 1"), "{err}");
-    let out = run(Command::new(bin)
-        .arg(&dir.0)
-        .arg(&dir.0)
-        .args(["--cluster", "127.0.0.1:2379"]));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("127.0.0.1:2379"), "the bad endpoint is named: {err}");
-    let out = run(Command::new(bin).arg(&dir.0).arg(&dir.0).args(["--node", "x"]));
-    assert_eq!(out.status.code(), Some(2), "--node needs --cluster");
-    let out = run(Command::new(bin).arg(&dir.0).arg(&dir.0).args([
-        "--cluster",
-        "http://127.0.0.1:1",
-        "--node",
-        "a/b",
-    ]));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("a/b"), "the bad node name is named: {err}");
+    refused(&["--cluster", none, "--lease-ttl", "1"], 2, "--lease-ttl 1");
+    refused(&["--cluster", "127.0.0.1:2379"], 2, "127.0.0.1:2379");
+    refused(&["--cluster", none, "--node", "a/b"], 2, "a/b");
+    refused(&["--node", "x"], 2, "--cluster");
     // No etcd there: the server says so and mounts nothing.
-    let out = run(Command::new(bin)
-        .arg(&dir.0)
-        .arg(&dir.0)
-        .args(["--cluster", "http://127.0.0.1:1"]));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("--cluster: "), "{err}");
+    refused(&["--cluster", none], 1, "--cluster: ");
 }
 
 #[test]
