@@ -540,6 +540,11 @@ fn deadlock_across_servers() {
 /// 4 sqlite3 writers through each server (rollback journal), 200 inserts each, with
 /// the servers' `-o opts`.
 fn sqlite_writers(opts: &str) {
+    skip_unless_ready!();
+    if let Some(why) = missing_tool("sqlite3") {
+        return say(&format!("SKIP: {why}"));
+    }
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     const PER_SERVER: usize = 4;
     const ROWS: usize = 200;
     let p = Pair::start(5, opts, opts);
@@ -568,11 +573,6 @@ fn sqlite_writers(opts: &str) {
 
 #[test]
 fn sqlite_four_writers_through_each_server() {
-    skip_unless_ready!();
-    if let Some(why) = missing_tool("sqlite3") {
-        return say(&format!("SKIP: {why}"));
-    }
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     sqlite_writers("");
 }
 
@@ -580,11 +580,6 @@ fn sqlite_four_writers_through_each_server() {
 /// invalidations keep them coherent.
 #[test]
 fn sqlite_four_writers_through_each_server_without_passthrough() {
-    skip_unless_ready!();
-    if let Some(why) = missing_tool("sqlite3") {
-        return say(&format!("SKIP: {why}"));
-    }
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     sqlite_writers("nopassthrough");
 }
 
