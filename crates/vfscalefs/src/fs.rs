@@ -321,11 +321,13 @@ impl Conn {
     }
 
     /// How long the kernel may keep an entry of `parent`: not at all in a directory where
-    /// files locked through the mount live, since processes on the source change its
-    /// entries under their locks (a rollback journal deleted on the source must not
+    /// files locked through the mount live, since processes on the source (or other
+    /// servers' clients, under `--cluster`) change its entries under their locks (a rollback journal deleted on the source must not
     /// still show through the mount).
     fn entry_ttl(&self, parent: &Inode) -> Duration {
-        if parent.is_lock_dir() && self.srv.locks.source_locks() == SourceLocks::Mirror {
+        let locks = self.srv.locks();
+        if parent.is_lock_dir() && (locks.source_locks() == SourceLocks::Mirror || locks.cluster().is_some())
+        {
             Duration::ZERO
         } else {
             self.ttl()

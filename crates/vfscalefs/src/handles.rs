@@ -17,6 +17,7 @@
 //! still using the handle holds its own reference, and the handle goes when that request
 //! ends. (`vfscale-fdtable` itself drops a closed entry at its last reference too.)
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -45,6 +46,9 @@ pub struct Handle {
     pub owners: Mutex<Vec<OwnerId>>,
     /// The kernel passthrough backing file, while this handle uses it.
     pub backing: Option<Arc<fuser::BackingId>>,
+    /// Whether a flock request came through it (under `--cluster`, its `RELEASE` tells
+    /// the cluster only then).
+    pub file_locked: AtomicBool,
 }
 
 impl Handle {
@@ -66,6 +70,7 @@ impl Handle {
             dir,
             owners: Mutex::new(Vec::new()),
             backing,
+            file_locked: AtomicBool::new(false),
         }
     }
 }

@@ -276,6 +276,9 @@ struct InodeUse {
     backing: Box<[Mutex<Weak<fuser::BackingId>>]>,
     /// The clients' locks held on the source (`mirror.rs`), made at the first lock.
     mirror: OnceLock<crate::mirror::Mirror>,
+    /// Under `--cluster`, the source file as each connection's caches hold it, made at
+    /// the first grant (`cluster.rs`).
+    views: OnceLock<Box<crate::mirror::SourceViews>>,
 }
 
 /// Lookup counts, one per connection, inline for the usual one or two.
@@ -333,6 +336,7 @@ impl Inode {
                 lock_owners: Mutex::new(HashMap::new()),
                 backing: (0..self.lookups.len()).map(|_| Mutex::new(Weak::new())).collect(),
                 mirror: OnceLock::new(),
+                views: OnceLock::new(),
             })
         })
     }
@@ -403,6 +407,17 @@ impl Inode {
     /// The inode's mirror on the source, if one was made.
     pub fn source_mirror_if_any(&self) -> Option<&crate::mirror::Mirror> {
         self.used.get()?.mirror.get()
+    }
+
+    /// The source file as each connection's caches hold it (`--cluster`'s grants; a
+    /// mirror keeps its own), made at first use.
+    pub fn grant_views(&self) -> &crate::mirror::SourceViews {
+        self.used().views.get_or_init(Default::default)
+    }
+
+    /// The connections' views of the source file, if a grant made them.
+    pub fn grant_views_if_any(&self) -> Option<&crate::mirror::SourceViews> {
+        self.used.get()?.views.get().map(|v| &**v)
     }
 
     /// The lock context if one was made (no lock was ever asked for otherwise).

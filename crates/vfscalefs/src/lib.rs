@@ -6,7 +6,12 @@
 //!
 //! ```text
 //! vfscalefs SOURCE MOUNTPOINT [MOUNTPOINT...] [-o allow_other,...]
+//!           [--cluster ENDPOINTS [--cluster-name NAME] [--node NAME]
+//!            [--peer-listen ADDR] [--lease-ttl SECS]]
 //! ```
+//!
+//! With `--cluster`, several servers (on several hosts, over one shared filesystem)
+//! share one lock space through `vfscale-cluster` and etcd (see "Several servers").
 //!
 //! # Structure
 //!
@@ -25,6 +30,9 @@
 //! | [`handles::Handles`] | `handles.rs` | open files: `fh` = a `vfscale-fdtable` descriptor |
 //! | [`locks::Locks`] | `locks.rs` | `GETLK`/`SETLK`/`SETLKW`/flock, parked waiters, `FLUSH`/`RELEASE`, `INTERRUPT` |
 //! | [`mirror::Mirror`] | `mirror.rs` | per locked inode: the clients' locks held on the source file, host waits |
+//! | [`mirror::SourceViews`] | `mirror/views.rs` | per inode and connection: the source file as the client's kernel caches it at its last grant |
+//! | [`cluster::Cluster`] | `cluster.rs` | `--cluster`: every lock call sent to `vfscale-cluster`, coherence at grants, `EIO` for lost locks |
+//! | | `cluster/log.rs` | the cluster's events (members gone, homes claimed, fencing) as lines on stderr |
 //! | `sys` | `sys.rs` | every system call on the source behind a safe wrapper: `openat2(RESOLVE_BENEATH)`, file handles (`name_to_handle_at`, `open_by_handle_at`), `/proc/self/fd` reopening, the `*at` calls, I/O, xattrs, per-thread credentials |
 //!
 //! # Invariants
@@ -95,12 +103,15 @@
 //! `vfscale-locks` call, its raise on the source, the direct hand-off and the lowering)
 //! → `lock_owners` → the lock context's inode lock (`flc_lock`, inside `vfscale-locks`)
 //! → a waiter's state. A connection's interrupt table → a waiter's state
-//! (interrupting). The driver's task map and queue are leaves. No path
-//! holds two inodes' locks, or any lock across a reply.
+//! (interrupting); a parked cluster call is interrupted after the table is unlocked
+//! (its answer unparks it there). The driver's task map and queue are leaves. No path
+//! holds two inodes' locks, or any lock across a reply. Under `--cluster` no lock of
+//! the server is held across a call into `vfscale-cluster`, except an inode's
+//! `lock_owners` across the removals of a `RELEASE` (as without a cluster).
 //!
 //! # Locks on the source
 //!
-//! With `-o source_locks=mirror` (the default) the clients' locks are held on the source
+//! With `-o source_locks=mirror` (the default without `--cluster`) the clients' locks are held on the source
 //! too, so that processes using the source directly and the mount's clients agree
 //! (`mirror.rs` has the design): the union of the clients' POSIX and OFD locks as OFD
 //! locks on one description per locked inode, each client file's flock lock as a flock
@@ -156,6 +167,19 @@
 //! * A source without OFD locks makes the mount say so and fall back to `off`, where the
 //!   clients' locks are the server's alone.
 //!
+//! # Several servers
+//!
+//! Under `--cluster` the server's own lock manager and the mirrors are not used: every
+//! lock call goes to `vfscale_cluster::ClusterLocks`, with the ids used without a
+//! cluster (the source inode number, the connection's owner key, the file handle), so
+//! the rules above (owners, close, OFD locks) hold across the servers as among one
+//! server's mountpoints. `source_locks` is `off` (a stopped server's locks on the
+//! source would keep the others from failing over; `mirror` is refused). Before a grant
+//! is answered the client's caches of the file go where the source file changed since
+//! that client's last grant, as for a host's change with source locks; and where the
+//! server lost the lock with its lease, the lock calls, and the reads and writes it
+//! serves itself, answer `EIO` (`cluster.rs`).
+//!
 //! # One process, two mountpoints
 //!
 //! The kernel gives each connection its own node ids and its own `lock_owner` keys (it
@@ -178,6 +202,7 @@
 
 #![warn(missing_docs)]
 
+pub mod cluster;
 pub mod dispatch;
 pub mod fdcache;
 pub mod fs;
@@ -198,6 +223,9 @@ use std::os::unix::fs::OpenOptionsExt as _;
 
 use fuser::{Config, INodeNo, MountOption, Notifier, Session, SessionACL};
 
+pub use vfscale_cluster::ClusterConfig;
+
+use crate::cluster::Cluster;
 use crate::fdcache::{CachedFd, FdCache, FdKey};
 use crate::handles::{Handle, Handles};
 use crate::inodes::{HandleMode, Inode, InodeTable};
@@ -234,11 +262,14 @@ pub struct Options {
     /// Descriptors the cache keeps open (`None`: what keeps the server at half of its
     /// `RLIMIT_NOFILE`, see [`Server::size_fd_cache`]).
     pub fd_cache: Option<u64>,
-    /// Whether the clients' locks are held on the source too.
-    pub source_locks: SourceLocks,
+    /// Whether the clients' locks are held on the source too (`None`: the default,
+    /// `mirror`, or `off` under `--cluster`).
+    pub source_locks: Option<SourceLocks>,
     /// Carry requests over io_uring where the kernel allows it (`-o io_uring`,
     /// `io_uring_depth=N`); `/dev/fuse` otherwise.
     pub io_uring: Option<fuser::IoUringConfig>,
+    /// Share one lock space with the other servers of a cluster (`--cluster`).
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl Default for Options {
@@ -257,8 +288,9 @@ impl Default for Options {
             fd_reserve: None,
             inode_handles: HandleMode::Prefer,
             fd_cache: None,
-            source_locks: SourceLocks::Mirror,
+            source_locks: None,
             io_uring: None,
+            cluster: None,
         }
     }
 }
@@ -305,8 +337,8 @@ impl Options {
                 }
                 "source_locks" => {
                     self.source_locks = match v {
-                        Some("mirror") => SourceLocks::Mirror,
-                        Some("off") => SourceLocks::Off,
+                        Some("mirror") => Some(SourceLocks::Mirror),
+                        Some("off") => Some(SourceLocks::Off),
                         _ => {
                             return Err(format!(
                                 "option source_locks: mirror or off, not {:?}",
@@ -334,6 +366,23 @@ impl Options {
         }
         Ok(())
     }
+
+    /// Whether the source's locks are mirrored: as asked, else `mirror` alone, `off`
+    /// under `--cluster` (a stopped server's locks on the source would block the
+    /// others' failover). `-o source_locks=mirror` with `--cluster` is refused.
+    pub fn source_locks(&self) -> Result<SourceLocks, String> {
+        match (self.source_locks, &self.cluster) {
+            (Some(SourceLocks::Mirror), Some(_)) => Err(
+                "-o source_locks=mirror cannot be used with --cluster: a server that stops while \
+                 holding locks on the source would block every other server's failover \
+                 (--cluster implies source_locks=off)"
+                    .into(),
+            ),
+            (Some(s), _) => Ok(s),
+            (None, Some(_)) => Ok(SourceLocks::Off),
+            (None, None) => Ok(SourceLocks::Mirror),
+        }
+    }
 }
 
 /// What every connection shares.
@@ -359,7 +408,7 @@ impl Server {
             _ => 1,
         };
         // Without OFD locks on the source there is nothing to mirror onto: say so once.
-        let mut source_locks = opts.source_locks;
+        let mut source_locks = opts.source_locks().map_err(Error::Usage)?;
         if source_locks == SourceLocks::Mirror {
             let probe = sys::reopen(root.as_fd(), libc::O_RDONLY | libc::O_DIRECTORY)
                 .and_then(|d| crate::mirror::mirror_supported(d.as_raw_fd()));
@@ -376,12 +425,17 @@ impl Server {
             .ok()
             .and_then(|s| s.trim().parse::<u32>().ok())
             .unwrap_or(vfscale_fdtable::DEFAULT_NR_OPEN);
+        // Joined last: a server that cannot serve its source does not join.
+        let cluster = match &opts.cluster {
+            Some(c) => Some(Cluster::join(c).map_err(Error::Cluster)?),
+            None => None,
+        };
         let srv = Arc::new(Server {
             inodes,
             handles: Handles::new(nr_open.max(vfscale_fdtable::DEFAULT_NR_OPEN), fds.clone()),
             fds,
             reopen: sys::is_root(),
-            locks: Locks::new(source_locks),
+            locks: Locks::new(source_locks, cluster),
             opts,
             stack_depth,
         });
@@ -466,6 +520,19 @@ impl Server {
         self.fds.capacity()
     }
 
+    /// Under `--cluster`, before a lock granted to a client on connection `conn` is
+    /// answered: whether the source file may have changed since that connection's
+    /// kernel was last known to cache it (`cluster.rs`; one `stat`).
+    fn changed_since_grant(&self, conn: usize, node: &Inode) -> bool {
+        let Ok(fd) = self.inode_fd(node) else {
+            return true;
+        };
+        match sys::stat_fd(fd.as_fd()) {
+            Ok(st) => node.grant_views().source_changed(conn, &st, fd.as_fd()),
+            Err(_) => true,
+        }
+    }
+
     /// Before a lock granted to a client on connection `conn` is answered, where the
     /// source may have changed since (`Mirror::grant_begin`): what the client's kernel caches
     /// of the inode goes (attributes and data, which processes on the source may have
@@ -505,13 +572,19 @@ impl Server {
     }
 
     /// One line for the operator: how inodes are kept, how many descriptors the cache
-    /// may hold, and whether locks are held on the source.
+    /// may hold, and whether locks are held on the source, or shared by a cluster
+    /// (`cluster=NAME node=NODE peer=ADDR`).
     pub fn mode_line(&self) -> String {
         let limit = nofile_limit();
         let cap = self.fds.capacity();
-        let locks = match self.locks.source_locks() {
-            SourceLocks::Mirror => "locks held on the source too",
-            SourceLocks::Off => "locks the server's alone (source_locks=off)",
+        let cluster;
+        let locks = match (self.locks.cluster(), self.locks.source_locks()) {
+            (Some(c), _) => {
+                cluster = format!("locks shared by the cluster's servers ({})", c.line());
+                cluster.as_str()
+            }
+            (None, SourceLocks::Mirror) => "locks held on the source too",
+            (None, SourceLocks::Off) => "locks the server's alone (source_locks=off)",
         };
         match self.inodes.why_not_by_handle() {
             None => {
@@ -533,6 +606,10 @@ pub enum Error {
     Mountpoint(PathBuf, String),
     /// A connection ended with an error.
     Session(PathBuf, std::io::Error),
+    /// The options cannot be used together; the message says why.
+    Usage(String),
+    /// The cluster could not be joined (`--cluster`); the message says why.
+    Cluster(String),
 }
 
 impl fmt::Display for Error {
@@ -541,6 +618,8 @@ impl fmt::Display for Error {
             Error::Source(p, e) => write!(f, "source {}: {e}", p.display()),
             Error::Mountpoint(p, e) => write!(f, "mountpoint {}: {e}", p.display()),
             Error::Session(p, e) => write!(f, "{}: {e}", p.display()),
+            Error::Usage(m) => write!(f, "{m}"),
+            Error::Cluster(m) => write!(f, "--cluster: {m}"),
         }
     }
 }
@@ -593,7 +672,12 @@ fn check_mountpoint(p: &Path) -> Result<(), Error> {
 /// dispatch_stall_wakes=`, see [`dispatch::GateStats`]) and, over io_uring, the queues'
 /// counters summed over every connection (`uring_requests= uring_entries= uring_parked=
 /// uring_max_parked=`: requests carried, ring entries registered, requests parked now,
-/// and the most parked at once on one queue). After the kernels have forgotten
+/// and the most parked at once on one queue). Under `--cluster`, the cluster's counters
+/// follow (`cluster_local_calls= cluster_remote_calls= cluster_served_for_peers=
+/// cluster_reclaimed= cluster_deadlocks_across= cluster_lost_eio= cluster_homes_claimed=
+/// cluster_homes_now= cluster_dead_owners_dropped= cluster_etcd_txns= cluster_fences=`,
+/// see `vfscale_cluster::ClusterStats`; the lock counters before them are then zero, the
+/// server's own lock manager unused). After the kernels have forgotten
 /// everything (`umount`, or `echo 2 > /proc/sys/vm/drop_caches` with nothing open) it
 /// reads `inodes=1 lookups=0`.
 fn write_stats(srv: &Server, gates: &[Arc<dispatch::ConnGate>], rings: &[fuser::IoUringStats]) {
@@ -612,6 +696,27 @@ fn write_stats(srv: &Server, gates: &[Arc<dispatch::ConnGate>], rings: &[fuser::
         s.inodes, s.lookups, f.cached, f.capacity, f.opened, l.grants, l.blocks, l.wakeups, l.handoffs, l.held, l.wait_nodes,
         g.reads, g.busy_reads, g.parks, g.wakes, g.stall_wakes
     );
+    let line = match srv.locks.cluster() {
+        None => line,
+        Some(c) => {
+            let c = c.stats();
+            format!(
+                "{} cluster_local_calls={} cluster_remote_calls={} cluster_served_for_peers={} cluster_reclaimed={} cluster_deadlocks_across={} cluster_lost_eio={} cluster_homes_claimed={} cluster_homes_now={} cluster_dead_owners_dropped={} cluster_etcd_txns={} cluster_fences={}\n",
+                line.trim_end(),
+                c.local_calls,
+                c.remote_calls,
+                c.served_for_peers,
+                c.reclaimed,
+                c.deadlocks_across,
+                c.lost_eio,
+                c.homes_claimed,
+                c.homes_now,
+                c.dead_owners_dropped,
+                c.directory.etcd_txns,
+                c.directory.fences
+            )
+        }
+    };
     let queues: Vec<fuser::QueueStats> = rings.iter().flat_map(|r| r.queues()).collect();
     let line = if queues.is_empty() {
         line
@@ -748,8 +853,10 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
         }
     }
 
-    // A client granted a lock sees what processes on the source changed under theirs.
-    if srv.locks.source_locks() == SourceLocks::Mirror {
+    // A client granted a lock sees what processes on the source (or, under --cluster,
+    // the other servers' clients) changed under theirs.
+    let mirror = srv.locks.source_locks() == SourceLocks::Mirror;
+    if mirror || srv.locks.cluster().is_some() {
         let notifiers: Vec<Notifier> = sessions.iter().map(|(_, s)| s.notifier()).collect();
         let weak = Arc::downgrade(&srv);
         let (tx, rx) = std::sync::mpsc::channel::<(usize, u64, std::sync::mpsc::SyncSender<()>)>();
@@ -767,13 +874,26 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
                 }
             })
             .map_err(|e| Error::Source(source.to_owned(), e))?;
-        srv.locks.set_grant_hook(Box::new(move |conn, id| {
+        let invalidate: Arc<dyn Fn(usize, u64) + Send + Sync> = Arc::new(move |conn, id| {
             let (done, wait) = std::sync::mpsc::sync_channel(1);
             if tx.send((conn, id, done)).is_ok() {
                 dispatch::blocking();
                 let _ = wait.recv_timeout(GRANT_NOTIFY_WAIT);
             }
-        }));
+        });
+        if mirror {
+            let inval = invalidate.clone();
+            srv.locks
+                .set_grant_hook(Box::new(move |conn, id| inval(conn, id)));
+        }
+        if let Some(c) = srv.locks.cluster() {
+            let weak = Arc::downgrade(&srv);
+            c.set_coherence(Box::new(move |conn, node| {
+                if weak.upgrade().is_some_and(|s| s.changed_since_grant(conn, node)) {
+                    invalidate(conn, node.id);
+                }
+            }));
+        }
     }
 
     // Every mount is made: what the server holds now is its base, and each connection's
@@ -840,6 +960,10 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
                 }
             }
         }
+    }
+    // Orderly: the lease is revoked, and the other servers take this one's inodes now.
+    if let Some(c) = srv.locks.cluster() {
+        c.leave();
     }
     result
 }

@@ -59,6 +59,7 @@ use vfscale_locks::{
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::OnceLock;
 
+use crate::cluster::{Cluster, ClusterWait};
 use crate::handles::Handle;
 use crate::inodes::{Inode, InodeTable, Kind};
 use crate::mirror::{
@@ -71,8 +72,21 @@ pub const EARLY_TTL: Duration = Duration::from_secs(30);
 /// At most this many early interrupts are remembered per connection.
 const EARLY_MAX: usize = 4096;
 
-fn ferr(e: Errno) -> FErrno {
+/// The FUSE errno of a lock call's error.
+pub(crate) fn ferr(e: Errno) -> FErrno {
     FErrno::from_i32(e.raw())
+}
+
+/// Answers `GETLK` with the conflicting lock `fl` (a negative pid as 0: FUSE carries an
+/// unsigned one).
+pub(crate) fn reply_holder(reply: ReplyLock, fl: &Flock) {
+    let start = fl.l_start as u64;
+    let end = if fl.l_len == 0 {
+        OFFSET_MAX as u64
+    } else {
+        (fl.l_start + fl.l_len - 1) as u64
+    };
+    reply.locked(start, end, fl.l_type.raw() as i32, fl.l_pid.max(0) as u32)
 }
 
 /// A connection's lock owner key for the kernel's `lock_owner`.
@@ -87,11 +101,27 @@ pub struct Interrupts {
     inner: Mutex<IntrInner>,
 }
 
-/// What an interrupt ends: a request parked in `vfscale-locks`, or one waiting for a
-/// holder on the source in a thread of its own.
-enum Parked {
+/// What an interrupt ends: a request parked in `vfscale-locks`, one waiting for a
+/// holder on the source in a thread of its own, or a cluster call (`cluster.rs`).
+pub(crate) enum Parked {
     Lock(Interrupter),
     Host(Arc<HostWait>),
+    Cluster(Arc<ClusterWait>),
+}
+
+/// What an interrupt does once the connection's table is unlocked.
+enum Kick {
+    Host(Arc<HostWait>),
+    Cluster(Arc<ClusterWait>),
+}
+
+impl Kick {
+    fn run(self) {
+        match self {
+            Kick::Host(w) => w.kick(),
+            Kick::Cluster(w) => w.interrupt(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -103,7 +133,7 @@ struct IntrInner {
 impl Interrupts {
     /// `INTERRUPT` for request `unique`.
     pub fn interrupt(&self, unique: u64) {
-        let host = {
+        let kick = {
             let mut g = self.inner.lock();
             match g.parked.get(&unique) {
                 Some(Parked::Lock(i)) => {
@@ -113,8 +143,9 @@ impl Interrupts {
                 Some(Parked::Host(w)) => {
                     // Marked under the table: a wait handed on to the driver sees it.
                     w.mark_interrupted();
-                    w.clone()
+                    Kick::Host(w.clone())
                 }
+                Some(Parked::Cluster(w)) => Kick::Cluster(w.clone()),
                 None => {
                     let now = Instant::now();
                     if g.early.len() >= EARLY_MAX {
@@ -131,11 +162,11 @@ impl Interrupts {
                 }
             }
         };
-        host.kick();
+        kick.run();
     }
 
     /// Registers a request about to park; false if it was interrupted already.
-    fn park(&self, unique: u64, p: Parked) -> bool {
+    pub(crate) fn park(&self, unique: u64, p: Parked) -> bool {
         let mut g = self.inner.lock();
         if let Some(t) = g.early.remove(&unique) {
             if t.elapsed() < EARLY_TTL {
@@ -157,13 +188,13 @@ impl Interrupts {
         true
     }
 
-    fn unpark(&self, unique: u64) {
+    pub(crate) fn unpark(&self, unique: u64) {
         self.inner.lock().parked.remove(&unique);
     }
 
     /// Interrupts every parked request (the connection is ending).
     pub fn interrupt_all(&self) {
-        let hosts: Vec<Arc<HostWait>> = {
+        let kicks: Vec<Kick> = {
             let g = self.inner.lock();
             g.parked
                 .values()
@@ -174,13 +205,14 @@ impl Interrupts {
                     }
                     Parked::Host(w) => {
                         w.mark_interrupted();
-                        Some(w.clone())
+                        Some(Kick::Host(w.clone()))
                     }
+                    Parked::Cluster(w) => Some(Kick::Cluster(w.clone())),
                 })
                 .collect()
         };
-        for w in hosts {
-            w.kick();
+        for k in kicks {
+            k.run();
         }
     }
 
@@ -531,6 +563,8 @@ pub struct Locks {
     hooks: Arc<Hooks>,
     /// The descriptors the mirrors may hold.
     budget: Arc<MirrorBudget>,
+    /// Under `--cluster`, where every lock call goes instead (`cluster.rs`).
+    cluster: Option<Arc<Cluster>>,
 }
 
 /// The lock contexts made, each held until it is the last holder (its inode has left the
@@ -614,8 +648,8 @@ impl LockReq {
 
 impl Locks {
     /// A lock manager and its driver thread; `source` says whether locks are mirrored on
-    /// the source.
-    pub fn new(source: SourceLocks) -> Locks {
+    /// the source; under `--cluster`, every lock call goes to `cluster` instead.
+    pub fn new(source: SourceLocks, cluster: Option<Arc<Cluster>>) -> Locks {
         Locks {
             mgr: LockManager::new(),
             driver: Driver::start(),
@@ -627,7 +661,19 @@ impl Locks {
             source,
             hooks: Arc::new(Hooks::default()),
             budget: Arc::new(MirrorBudget::default()),
+            cluster,
         }
+    }
+
+    /// The cluster every lock call goes to, under `--cluster`.
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.cluster.as_ref()
+    }
+
+    /// Whether reads and writes the server serves through handle `fh` answer `EIO`: its
+    /// locks were lost with the cluster lease (never without `--cluster`).
+    pub fn lost(&self, h: &Handle, fh: u64) -> bool {
+        self.cluster.as_ref().is_some_and(|c| c.lost(h, fh))
     }
 
     /// Whether the clients' locks are held on the source too.
@@ -697,13 +743,38 @@ impl Locks {
 
     /// Remembers that `owner` sets locks through `h` (before it tries, so that a
     /// concurrent release of another handle cannot drop what it is about to take).
-    fn record_owner(h: &Handle, owner: OwnerId) {
+    pub(crate) fn record_owner(h: &Handle, owner: OwnerId) {
         let mut mine = h.owners.lock();
         if mine.contains(&owner) {
             return;
         }
         mine.push(owner);
         *h.inode.lock_owners().lock().entry(owner).or_insert(0) += 1;
+    }
+
+    /// At the `RELEASE` of `h`: `remove` drops the locks of each owner that set locks
+    /// through `h` and through no other handle of the inode still open.
+    pub(crate) fn release_owners(h: &Handle, mut remove: impl FnMut(OwnerId)) {
+        let owners = std::mem::take(&mut *h.owners.lock());
+        if owners.is_empty() {
+            return;
+        }
+        let mut counts = h.inode.lock_owners().lock();
+        for o in owners {
+            let last = match counts.get_mut(&o) {
+                Some(c) => {
+                    *c -= 1;
+                    *c == 0
+                }
+                None => true,
+            };
+            if last {
+                counts.remove(&o);
+                // Under the counts lock: an owner that starts using another handle now
+                // records itself after this removal, so it keeps its new locks.
+                remove(o);
+            }
+        }
     }
 
     /// `GETLK`: a client holder first; else, with source locks, a holder on the source
@@ -714,6 +785,9 @@ impl Locks {
             Ok(fl) => fl,
             Err(e) => return reply.error(ferr(e)),
         };
+        if let Some(c) = &self.cluster {
+            return c.getlk(h, r, fl, reply);
+        }
         let file = OpenFile {
             id: FileId(r.fh),
             mode: h.mode,
@@ -737,15 +811,7 @@ impl Locks {
                     None => reply.locked(0, 0, libc::F_UNLCK, 0),
                 }
             }
-            Ok(_) => {
-                let start = fl.l_start as u64;
-                let end = if fl.l_len == 0 {
-                    OFFSET_MAX as u64
-                } else {
-                    (fl.l_start + fl.l_len - 1) as u64
-                };
-                reply.locked(start, end, fl.l_type.raw() as i32, fl.l_pid.max(0) as u32)
-            }
+            Ok(_) => reply_holder(reply, &fl),
         }
     }
 
@@ -763,6 +829,9 @@ impl Locks {
             Ok(fl) => fl,
             Err(e) => return reply.error(ferr(e)),
         };
+        if let Some(c) = &self.cluster {
+            return c.setlk(h, r, fl, sleep, intr, reply);
+        }
         let who = r.who();
         if fl.l_type != LockType::Unlock {
             Self::record_owner(h, who.owner);
@@ -995,6 +1064,9 @@ impl Locks {
             libc::LOCK_UN => FlockOp::Unlock,
             _ => return reply.error(FErrno::EINVAL),
         };
+        if let Some(c) = &self.cluster {
+            return c.flock(h, r, fop, nb, intr, reply);
+        }
         let who = r.who();
         let file = OpenFile {
             id: FileId(r.fh),
@@ -1194,6 +1266,9 @@ impl Locks {
     /// `FLUSH`: the flushing process closed a descriptor; its POSIX locks on the inode go
     /// (on the source too).
     pub fn flush(&self, inode: &Inode, conn: usize, lock_owner: u64) {
+        if let Some(c) = &self.cluster {
+            return c.flush(inode, conn, lock_owner);
+        }
         if let Some(ctx) = inode.lock_context_if_any() {
             let who = Process {
                 owner: owner_id(conn, lock_owner),
@@ -1215,7 +1290,9 @@ impl Locks {
     /// `RELEASE` of handle `fh`: its flock lock goes, and the locks of owners that used
     /// only released handles of the inode (see the module docs); on the source too.
     pub fn release(&self, h: &Handle, fh: u64) {
-        let owners = std::mem::take(&mut *h.owners.lock());
+        if let Some(c) = &self.cluster {
+            return c.release(h, fh);
+        }
         let Some(ctx) = h.inode.lock_context_if_any() else {
             return;
         };
@@ -1223,27 +1300,12 @@ impl Locks {
         // mirror's, then the inode's lock owners).
         let mirror = h.inode.source_mirror_if_any();
         let mut st = mirror.map(MirrorGuard::lock);
-        if !owners.is_empty() {
-            let mut counts = h.inode.lock_owners().lock();
-            for o in owners {
-                let last = match counts.get_mut(&o) {
-                    Some(c) => {
-                        *c -= 1;
-                        *c == 0
-                    }
-                    None => true,
-                };
-                if last {
-                    counts.remove(&o);
-                    // Under the counts lock: an owner that starts using another handle
-                    // now records itself after this removal, so it keeps its new locks.
-                    ctx.posix_remove_owner(Process {
-                        owner: o,
-                        pid: Pid(0),
-                    });
-                }
-            }
-        }
+        Self::release_owners(h, |o| {
+            ctx.posix_remove_owner(Process {
+                owner: o,
+                pid: Pid(0),
+            })
+        });
         // The open file's flock lock. The kernel says FUSE_RELEASE_FLOCK_UNLOCK when it
         // sent a flock request through this file; without one there is nothing to drop,
         // so dropping unconditionally is the same and also covers RELEASEDIR.

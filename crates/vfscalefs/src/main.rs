@@ -1,10 +1,13 @@
-//! `vfscalefs SOURCE MOUNTPOINT [MOUNTPOINT...] [-o OPTIONS]`: serves SOURCE on every
-//! MOUNTPOINT in the foreground until they are all unmounted (`umount`, or `SIGINT` /
-//! `SIGTERM` / `SIGHUP`, which unmount them all). Exit status 0 after a clean unmount,
-//! 1 when SOURCE or a mountpoint cannot be used or a connection fails, 2 on bad usage.
+//! `vfscalefs SOURCE MOUNTPOINT [MOUNTPOINT...] [-o OPTIONS] [--cluster ENDPOINTS ...]`:
+//! serves SOURCE on every MOUNTPOINT in the foreground until they are all unmounted
+//! (`umount`, or `SIGINT` / `SIGTERM` / `SIGHUP`, which unmount them all). Exit status 0
+//! after a clean unmount, 1 when SOURCE or a mountpoint cannot be used, the cluster
+//! cannot be joined or a connection fails, 2 on bad usage.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 
@@ -25,6 +28,48 @@ struct Args {
     /// io_uring); README.md lists the rest.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
+    /// Share one lock space with the other servers of a cluster, through these etcd
+    /// endpoints (comma-separated, e.g. http://127.0.0.1:2379). Implies
+    /// source_locks=off.
+    #[arg(long, value_name = "ENDPOINTS")]
+    cluster: Option<String>,
+    /// Servers with the same cluster name share one lock space.
+    #[arg(long, value_name = "NAME", default_value = "vfscale", requires = "cluster")]
+    cluster_name: String,
+    /// This server's name, unique in the cluster (default: HOSTNAME-PID).
+    #[arg(long, value_name = "NAME", requires = "cluster")]
+    node: Option<String>,
+    /// Where the peer service listens (default: a free port on 127.0.0.1; give the
+    /// host's address to serve other hosts). The bound address is published in etcd.
+    #[arg(long, value_name = "ADDR", requires = "cluster")]
+    peer_listen: Option<SocketAddr>,
+    /// How long a server that stopped renewing its etcd lease keeps its locks, in
+    /// seconds (at least 2).
+    #[arg(long, value_name = "SECS", default_value_t = 5, requires = "cluster")]
+    lease_ttl: u64,
+}
+
+impl Args {
+    /// The cluster to join, if `--cluster` was given.
+    fn cluster(&self) -> Result<Option<vfscalefs::ClusterConfig>, String> {
+        let Some(list) = &self.cluster else {
+            return Ok(None);
+        };
+        let endpoints =
+            vfscalefs::ClusterConfig::parse_endpoints(list).map_err(|e| format!("--cluster: {e}"))?;
+        let mut c = vfscalefs::ClusterConfig::new(endpoints);
+        c.cluster_name = self.cluster_name.clone();
+        c.node = self.node.clone();
+        if let Some(a) = self.peer_listen {
+            c.peer_listen = a;
+        }
+        if self.lease_ttl < 2 {
+            return Err(format!("--lease-ttl {}: at least 2 seconds", self.lease_ttl));
+        }
+        c.lease_ttl = Duration::from_secs(self.lease_ttl);
+        c.validate().map_err(|e| format!("--cluster: {e}"))?;
+        Ok(Some(c))
+    }
 }
 
 fn main() -> ExitCode {
@@ -35,6 +80,14 @@ fn main() -> ExitCode {
             eprintln!("vfscalefs: {e}");
             return ExitCode::from(2);
         }
+    }
+    let usage = args.cluster().and_then(|c| {
+        opts.cluster = c;
+        opts.source_locks().map(|_| ())
+    });
+    if let Err(e) = usage {
+        eprintln!("vfscalefs: {e}");
+        return ExitCode::from(2);
     }
     match vfscalefs::serve(&args.source, &args.mountpoints, opts) {
         Ok(()) => ExitCode::SUCCESS,

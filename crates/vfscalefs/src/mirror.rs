@@ -109,6 +109,9 @@
 //! of it (NFS's pre- and post-operation attributes, without the server's atomicity).
 
 mod ctime;
+mod views;
+
+pub use views::{SourceViews, MIRROR_TICK_NS};
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
@@ -350,52 +353,6 @@ impl AsRawFd for MirrorFd {
     }
 }
 
-/// How far after a file's change time a remembered stat must be taken for equal times
-/// to mean "unchanged" (see [`Mirror::source_changed`]).
-pub const MIRROR_TICK_NS: i128 = 50_000_000;
-
-/// The source file as a connection's caches hold it: change and modification times,
-/// size, when that was seen (nanoseconds since the epoch), and whether its filesystem
-/// shows every later change in the change time (`ctime.rs`).
-#[derive(Clone, Copy, Debug)]
-struct MirrorSeen {
-    ctime: (i64, i64),
-    mtime: (i64, i64),
-    size: i64,
-    at: i128,
-    fine: bool,
-}
-
-impl MirrorSeen {
-    fn of(st: &libc::stat64, fine: bool) -> MirrorSeen {
-        MirrorSeen {
-            ctime: (st.st_ctime, st.st_ctime_nsec),
-            mtime: (st.st_mtime, st.st_mtime_nsec),
-            size: st.st_size,
-            at: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as i128)
-                .unwrap_or(0),
-            fine,
-        }
-    }
-
-    /// Whether the file, `st` now, is unchanged since this view: the same times and
-    /// size, and no change since can hide behind equal times (a fine change time, or
-    /// the view taken [`MIRROR_TICK_NS`] after the change time: timestamps from a coarse
-    /// clock do not show a change within the same tick).
-    fn vouches_for(&self, st: &libc::stat64) -> bool {
-        let changed_at = self.ctime.0 as i128 * 1_000_000_000 + self.ctime.1 as i128;
-        (self.ctime, self.mtime, self.size)
-            == (
-                (st.st_ctime, st.st_ctime_nsec),
-                (st.st_mtime, st.st_mtime_nsec),
-                st.st_size,
-            )
-            && (self.fine || self.at - changed_at >= MIRROR_TICK_NS)
-    }
-}
-
 /// How long the source lock may stay held through direct hand-offs among clients
 /// before one hand-off goes through the source (see [`Mirror::may_hand_off`]).
 pub const MIRROR_HANDOFF_BOUND: Duration = Duration::from_millis(5);
@@ -489,11 +446,8 @@ pub type MirrorOpen<'a> = &'a dyn Fn(i32) -> io::Result<OwnedFd>;
 /// descriptions close.
 pub struct Mirror {
     budget: Arc<MirrorBudget>,
-    /// Per connection, the source file as its last grant's invalidation saw it.
-    seen: Mutex<Vec<Option<MirrorSeen>>>,
-    /// Whether the source file's change time shows every change made after a `stat`
-    /// (`ctime.rs`), once asked.
-    fine_ctime: OnceLock<bool>,
+    /// Per connection, the source file as its caches hold it (`views.rs`).
+    views: SourceViews,
     /// Serializes raise → `vfscale-locks` → lower per inode (lock order: this, then the
     /// inode's lock owners, then `vfscale-locks`'s own).
     pub state: Mutex<MirrorLocks>,
@@ -515,49 +469,24 @@ impl Mirror {
     pub fn new(budget: &Arc<MirrorBudget>) -> Mirror {
         Mirror {
             budget: budget.clone(),
-            seen: Mutex::new(Vec::new()),
-            fine_ctime: OnceLock::new(),
+            views: SourceViews::default(),
             state: Mutex::new(MirrorLocks::default()),
         }
     }
 
-    /// Whether the source file (`st` now, through `file`) may have changed since
-    /// connection `conn`'s caches were last known to hold it (its last grant's check, or
-    /// its own change since); if so, `st` is remembered for the next grant. Unchanged
-    /// means that the remembered view vouches for `st` (`MirrorSeen::vouches_for`).
-    /// (Writes through a shared mapping update the times late: such a change may be
-    /// missed.)
+    /// The source file as each connection's caches hold it.
+    pub fn views(&self) -> &SourceViews {
+        &self.views
+    }
+
+    /// See [`SourceViews::source_changed`].
     pub fn source_changed(&self, conn: usize, st: &libc::stat64, file: BorrowedFd<'_>) -> bool {
-        let cur = MirrorSeen::of(st, self.fine_ctime(st, file));
-        let mut seen = self.seen.lock();
-        if seen.len() <= conn {
-            seen.resize(conn + 1, None);
-        }
-        let same = seen[conn].is_some_and(|p| p.vouches_for(st));
-        if !same {
-            seen[conn] = Some(cur);
-        }
-        !same
+        self.views.source_changed(conn, st, file)
     }
 
-    /// Connection `conn` changed the source file itself (`file`; a `SETATTR` through the
-    /// server), which was `before` just before and is `after` now: if the connection's
-    /// remembered view vouched for `before`, its caches hold `after` (the reply carries
-    /// it), which is remembered instead. Else the view stays, and the next grant's check
-    /// finds the file changed, as a host's change must be found.
+    /// See [`SourceViews::own_change`].
     pub fn own_change(&self, conn: usize, before: &libc::stat64, after: &libc::stat64, file: BorrowedFd<'_>) {
-        let cur = MirrorSeen::of(after, self.fine_ctime(after, file));
-        let mut seen = self.seen.lock();
-        if let Some(p) = seen.get_mut(conn) {
-            if p.is_some_and(|p| p.vouches_for(before)) {
-                *p = Some(cur);
-            }
-        }
-    }
-
-    /// Whether the source file's change time shows every change made after a `stat`.
-    fn fine_ctime(&self, st: &libc::stat64, file: BorrowedFd<'_>) -> bool {
-        *self.fine_ctime.get_or_init(|| ctime::fine_ctime(file, st.st_dev))
+        self.views.own_change(conn, before, after, file)
     }
 
     /// The coherence check of a grant of `kind` to connection `conn`, begun under the
@@ -1189,7 +1118,7 @@ mod tests {
     /// A mirror whose source filesystem is taken to have fine change times or not.
     fn mirror(fine: bool) -> Mirror {
         let m = Mirror::new(&Arc::new(MirrorBudget::default()));
-        let _ = m.fine_ctime.set(fine);
+        m.views.assume_fine_ctime(fine);
         m
     }
 

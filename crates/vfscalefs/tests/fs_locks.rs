@@ -11,13 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{cannot_mount, say, Mounted};
-use vfscale_conformance::locks::{kernel, render_results, KernelOptions, Op, Scenario};
-
-fn uses_ofd(scn: &Scenario) -> bool {
-    scn.steps
-        .iter()
-        .any(|s| matches!(&s.op, Op::Fcntl { cmd, .. } if cmd.is_ofd()))
-}
+use vfscale_conformance::locks::kernel;
 
 /// The corpus scenarios without OFD locks, replayed on the mount: results identical to
 /// the kernel's on tmpfs (the recorded `X.expected`, which `locks_kernel_diff` checks
@@ -31,48 +25,22 @@ fn corpus_on_the_mount_matches_tmpfs() {
         return say(&format!("SKIP: the kernel runner cannot run here: {why}"));
     }
     let m = Mounted::start(1, "").expect("mount");
-    let files = common::lock_corpus();
-    let opts = KernelOptions::in_dir(&m.mounts[0]);
-    let (mut ran, mut skipped, mut failures) = (0, 0, Vec::new());
     let start = Instant::now();
-    for f in &files {
-        let scn = Scenario::parse(&std::fs::read_to_string(f).unwrap())
-            .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-        if uses_ofd(&scn) {
-            skipped += 1;
-            continue;
-        }
-        let expected = std::fs::read_to_string(f.with_extension("expected")).unwrap();
-        let attempt = || match kernel::replay_with(&scn, &opts) {
-            Ok(r) => {
-                let got = render_results(&r);
-                if got == expected {
-                    Ok(())
-                } else {
-                    Err(format!(
-                        "{}: differs from tmpfs\n--- on vfscalefs\n{got}--- on tmpfs\n{expected}",
-                        f.display()
-                    ))
-                }
-            }
-            Err(e) => Err(format!("{}: {e}", f.display())),
-        };
-        // Settling on a FUSE mount is judged by time (KernelOptions::quiet): a scenario
-        // that differs is replayed once more, so that only a difference seen twice fails.
-        if let Err(first) = attempt() {
-            match attempt() {
-                Ok(()) => say(&format!("retried (first replay differed): {first}")),
-                Err(e) => failures.push(e),
-            }
-        }
-        ran += 1;
-    }
+    let common::CorpusRun {
+        ran,
+        skipped,
+        failures,
+    } = common::replay_corpus(&m.mounts[..1]);
     assert!(ran >= 30, "only {ran} scenarios without OFD locks");
     assert!(
         failures.is_empty(),
         "{} of {ran} differ:\n{}",
         failures.len(),
-        failures.join("\n")
+        failures
+            .iter()
+            .map(|(_, e)| e.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     say(&format!(
         "lock corpus on vfscalefs: {ran} scenarios identical to tmpfs ({skipped} with OFD locks left out) in {:.1} s",

@@ -7,17 +7,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{cannot_mount, missing_tool, run, say, Mounted};
-
-fn sqlite(db: &std::path::Path, sql: &str) -> String {
-    let out = run(Command::new("sqlite3").arg(db).arg(sql));
-    assert!(
-        out.status.success(),
-        "sqlite3 {sql:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
+use common::{cannot_mount, missing_tool, run, say, sqlite, Mounted};
 
 /// 8 processes × 200 inserts, each its own transaction, with a busy timeout.
 fn sqlite_writers(dir: &std::path::Path, mode: &str) {
@@ -85,17 +75,7 @@ fn flock_tool_interrupt_and_second_mountpoint() {
         std::thread::sleep(Duration::from_millis(20));
     }
     // A waiter interrupted by SIGINT after 2 s comes back within 3 s.
-    let t = Instant::now();
-    let out = run(Command::new("timeout")
-        .args(["-s", "INT", "2", "flock"])
-        .arg(&f0)
-        .arg("true"));
-    let took = t.elapsed();
-    assert!(!out.status.success(), "the waiter got a lock that is held");
-    assert!(
-        took < Duration::from_secs(3),
-        "timeout -s INT 2 flock took {took:?}"
-    );
+    let took = common::flock_interrupted(&f0, 2);
     // Through the second mountpoint, a non-blocking flock conflicts.
     let out = run(Command::new("flock").arg("-n").arg(&f1).arg("true"));
     assert_eq!(

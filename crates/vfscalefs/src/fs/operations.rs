@@ -42,6 +42,16 @@ impl Conn {
         Ok(self.file(fh, &h)?)
     }
 
+    /// The open source file of handle `fh`, for a read or a write: `EIO` where its locks
+    /// were lost with the cluster lease (`cluster.rs`).
+    fn io_file_of(&self, fh: FileHandle) -> Result<Arc<CachedFd>, RequestError> {
+        let h = self.handle_of(fh)?;
+        if self.srv.locks.lost(&h, fh.0) {
+            return Err(Errno::EIO.into());
+        }
+        Ok(self.file(fh, &h)?)
+    }
+
     /// The entry `name` of `parent`, looked up after it was made: one lookup counted.
     fn entry_after_create(&self, parent: &Inode, name: &OsStr) -> Result<Entry, RequestError> {
         let (_, a) = self.lookup_entry(parent, name)?;
@@ -71,10 +81,13 @@ impl Conn {
         let i = self.inode_of(ino)?;
         let fd = self.srv.inode_fd(&i)?;
         let h = set.fh.and_then(|fh| Some((fh, self.handle(fh)?)));
-        // A locked file: the change is this client's own, not a host's, for its next
-        // grant's coherence check (`Mirror::own_change`).
-        let mirror = i.source_mirror_if_any();
-        let before = mirror.and_then(|_| sys::stat_fd(fd.as_fd()).ok());
+        // A locked file: the change is this client's own, not a host's (or another
+        // server's), for its next grant's coherence check (`SourceViews::own_change`).
+        let views = i
+            .source_mirror_if_any()
+            .map(|m| m.views())
+            .or_else(|| i.grant_views_if_any());
+        let before = views.and_then(|_| sys::stat_fd(fd.as_fd()).ok());
         if set.uid.is_some() || set.gid.is_some() {
             sys::chown_fd(fd.as_fd(), set.uid, set.gid)?;
         }
@@ -104,8 +117,8 @@ impl Conn {
             }
         }
         let st = sys::stat_fd(fd.as_fd())?;
-        if let (Some(m), Some(before)) = (mirror, &before) {
-            m.own_change(self.idx, before, &st, fd.as_fd());
+        if let (Some(v), Some(before)) = (views, &before) {
+            v.own_change(self.idx, before, &st, fd.as_fd());
         }
         Ok(attr(&i, &st))
     }
@@ -243,7 +256,7 @@ impl Conn {
     }
 
     pub(super) fn read_op(&self, fh: FileHandle, offset: u64, size: u32) -> Result<Vec<u8>, RequestError> {
-        let f = self.open_file_of(fh)?;
+        let f = self.io_file_of(fh)?;
         let mut buf = vec![0u8; size as usize];
         let mut done = 0;
         while done < buf.len() {
@@ -258,7 +271,7 @@ impl Conn {
     }
 
     pub(super) fn write_op(&self, fh: FileHandle, offset: u64, data: &[u8]) -> Result<u32, RequestError> {
-        let f = self.open_file_of(fh)?;
+        let f = self.io_file_of(fh)?;
         let mut done = 0;
         while done < data.len() {
             match sys::pwrite(f.as_fd(), &data[done..], offset + done as u64) {

@@ -50,6 +50,70 @@ pub fn lock_corpus() -> Vec<PathBuf> {
     files
 }
 
+/// What [`replay_corpus`] found.
+pub struct CorpusRun {
+    /// Scenarios replayed.
+    pub ran: usize,
+    /// Scenarios with OFD locks, left out: FUSE carries them as POSIX locks.
+    pub skipped: usize,
+    /// The scenarios that differed twice from the kernel's recorded results: name, and
+    /// how.
+    pub failures: Vec<(String, String)>,
+}
+
+/// The lock corpus's scenarios without OFD locks replayed by the kernel runner with
+/// their processes spread over `dirs` (process *i* in directory *i* mod *n*), compared
+/// with the kernel's results on tmpfs (the recorded `X.expected`). Settling on a FUSE
+/// mount is judged by time: a scenario that differs is replayed once more, and only a
+/// difference seen twice counts.
+pub fn replay_corpus(dirs: &[PathBuf]) -> CorpusRun {
+    use vfscale_conformance::locks::{kernel, render_results, KernelOptions, Op, Scenario};
+    let opts = KernelOptions::in_dirs(dirs);
+    let mut run = CorpusRun {
+        ran: 0,
+        skipped: 0,
+        failures: Vec::new(),
+    };
+    for f in lock_corpus() {
+        let scn = Scenario::parse(&std::fs::read_to_string(&f).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let ofd = scn
+            .steps
+            .iter()
+            .any(|s| matches!(&s.op, Op::Fcntl { cmd, .. } if cmd.is_ofd()));
+        if ofd {
+            run.skipped += 1;
+            continue;
+        }
+        let expected = std::fs::read_to_string(f.with_extension("expected")).unwrap();
+        let attempt = || match kernel::replay_with(&scn, &opts) {
+            Ok(r) => {
+                let got = render_results(&r);
+                if got == expected {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{}: differs from tmpfs\n--- on vfscalefs\n{got}--- on tmpfs\n{expected}",
+                        f.display()
+                    ))
+                }
+            }
+            Err(e) => Err(format!("{}: {e}", f.display())),
+        };
+        if let Err(first) = attempt() {
+            match attempt() {
+                Ok(()) => say(&format!("retried (first replay differed): {first}")),
+                Err(e) => {
+                    let name = f.file_stem().unwrap().to_string_lossy().into_owned();
+                    run.failures.push((name, e));
+                }
+            }
+        }
+        run.ran += 1;
+    }
+    run
+}
+
 /// Set to `io_uring` to run every server these tests start with `-o io_uring` (the
 /// kernel's FUSE-over-io_uring transport; CI runs the suite once more so). A server that
 /// then serves `/dev/fuse` anyway fails its test instead of passing on the other transport.
@@ -106,6 +170,26 @@ fn is_fuse(p: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// How [`Mounted::launch`] starts a server.
+#[derive(Default)]
+pub struct Launch<'a> {
+    /// Mountpoints (fresh directories; at least one).
+    pub n: usize,
+    /// `-o` options.
+    pub opts: &'a str,
+    /// More arguments (`--cluster ...`).
+    pub args: &'a [String],
+    /// Environment variables for the server.
+    pub env: &'a [(&'a str, &'a Path)],
+    /// `RLIMIT_NOFILE` (soft and hard), as by `ulimit -n`.
+    pub nofile: Option<u64>,
+    /// The source directory to serve (`None`: a fresh one); another server may serve it
+    /// too.
+    pub source: Option<&'a Path>,
+    /// Where the server's stderr goes (`None`: the test's).
+    pub stderr: Option<&'a Path>,
+}
+
 /// A running server with its source and mountpoints.
 pub struct Mounted {
     child: Option<Child>,
@@ -133,25 +217,46 @@ impl Mounted {
         env: &[(&str, &Path)],
         nofile: Option<u64>,
     ) -> Result<Mounted, String> {
+        Self::launch(&Launch {
+            n,
+            opts,
+            env,
+            nofile,
+            ..Launch::default()
+        })
+    }
+
+    /// A server as `how` says.
+    pub fn launch(how: &Launch<'_>) -> Result<Mounted, String> {
         let dir = TempDir::new("mnt");
-        let source = dir.0.join("src");
-        std::fs::create_dir(&source).unwrap();
-        std::fs::set_permissions(&source, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let mounts: Vec<PathBuf> = (0..n).map(|i| dir.0.join(format!("m{i}"))).collect();
+        let source = match how.source {
+            Some(s) => s.to_owned(),
+            None => {
+                let source = dir.0.join("src");
+                std::fs::create_dir(&source).unwrap();
+                std::fs::set_permissions(&source, std::fs::Permissions::from_mode(0o777)).unwrap();
+                source
+            }
+        };
+        let mounts: Vec<PathBuf> = (0..how.n.max(1)).map(|i| dir.0.join(format!("m{i}"))).collect();
         for m in &mounts {
             std::fs::create_dir(m).unwrap();
         }
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_vfscalefs"));
-        cmd.arg(&source).args(&mounts);
-        let (opts, must_use_io_uring) = with_transport(opts);
+        cmd.arg(&source).args(&mounts).args(how.args);
+        let (opts, must_use_io_uring) = with_transport(how.opts);
         if !opts.is_empty() {
             cmd.arg("-o").arg(&opts);
         }
         cmd.stdin(Stdio::null());
-        for (k, v) in env {
+        if let Some(log) = how.stderr {
+            let f = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+            cmd.stderr(f);
+        }
+        for (k, v) in how.env {
             cmd.env(k, v);
         }
-        if let Some(n) = nofile {
+        if let Some(n) = how.nofile {
             use std::os::unix::process::CommandExt as _;
             // SAFETY: setrlimit is async-signal-safe; nothing else runs in the child
             // between fork and exec.
@@ -221,6 +326,13 @@ impl Mounted {
         self.wait_exit(within)
     }
 
+    /// Sends `sig` to the server (`SIGSTOP`, `SIGCONT`, ...) and returns at once.
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        if let Some(c) = &self.child {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), sig);
+        }
+    }
+
     /// Waits up to `within` for the server to exit by itself.
     pub fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
         let child = self.child.as_mut()?;
@@ -246,6 +358,8 @@ impl Mounted {
 impl Drop for Mounted {
     fn drop(&mut self) {
         if self.child.is_some() {
+            // A stopped server (a partition test's) takes no SIGINT until it runs again.
+            self.signal(nix::sys::signal::Signal::SIGCONT);
             let _ = self.stop_with(nix::sys::signal::Signal::SIGINT, Duration::from_secs(5));
         }
         // The last resort: never leave a mount behind (one whose server died answers
@@ -329,7 +443,7 @@ impl Mounted {
 
     /// Sends `SIGUSR1`, waits for the line the server appends to `file`, and returns a
     /// reader of its `key=value` fields.
-    fn stats_line(&self, file: &Path) -> impl Fn(&str) -> u64 {
+    pub fn stats_line(&self, file: &Path) -> impl Fn(&str) -> u64 {
         let before = std::fs::read_to_string(file).unwrap_or_default().lines().count();
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.pid()),
@@ -394,6 +508,35 @@ impl Mounted {
             .filter(|(_, t)| t.starts_with(&src) || t.ends_with(" (deleted)"))
             .collect()
     }
+}
+
+/// `flock(1)` on `path`, waiting for a lock another holds, interrupted by `SIGINT`
+/// after `secs` seconds: it must fail, and come back within a second of the signal.
+/// Returns how long it took.
+pub fn flock_interrupted(path: &Path, secs: u64) -> Duration {
+    let t = Instant::now();
+    let out = run(Command::new("timeout")
+        .args(["-s", "INT", &secs.to_string(), "flock"])
+        .arg(path)
+        .arg("true"));
+    let took = t.elapsed();
+    assert!(!out.status.success(), "the waiter got a lock that is held");
+    assert!(
+        took < Duration::from_secs(secs + 1),
+        "timeout -s INT {secs} flock took {took:?}"
+    );
+    took
+}
+
+/// `sqlite3 db sql`, which must succeed: its output, trimmed.
+pub fn sqlite(db: &Path, sql: &str) -> String {
+    let out = run(Command::new("sqlite3").arg(db).arg(sql));
+    assert!(
+        out.status.success(),
+        "sqlite3 {sql:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 /// Runs `cmd`, returning its status and output; panics if it cannot start.

@@ -1,0 +1,114 @@
+//! The source file as each connection's kernel caches it, remembered at its last lock
+//! grant: a grant whose file is unchanged since needs no invalidation. Used by the
+//! source-lock mirrors (`Mirror::grant_begin`) and by `--cluster` (`cluster.rs`), where
+//! the other servers' clients change the file under their locks.
+
+use std::os::fd::BorrowedFd;
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
+
+/// How far after a file's change time a remembered stat must be taken for equal times
+/// to mean "unchanged" (see [`SourceViews::source_changed`]).
+pub const MIRROR_TICK_NS: i128 = 50_000_000;
+
+/// The source file as a connection's caches hold it: change and modification times,
+/// size, when that was seen (nanoseconds since the epoch), and whether its filesystem
+/// shows every later change in the change time (`ctime.rs`).
+#[derive(Clone, Copy, Debug)]
+struct MirrorSeen {
+    ctime: (i64, i64),
+    mtime: (i64, i64),
+    size: i64,
+    at: i128,
+    fine: bool,
+}
+
+impl MirrorSeen {
+    fn of(st: &libc::stat64, fine: bool) -> MirrorSeen {
+        MirrorSeen {
+            ctime: (st.st_ctime, st.st_ctime_nsec),
+            mtime: (st.st_mtime, st.st_mtime_nsec),
+            size: st.st_size,
+            at: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as i128)
+                .unwrap_or(0),
+            fine,
+        }
+    }
+
+    /// Whether the file, `st` now, is unchanged since this view: the same times and
+    /// size, and no change since can hide behind equal times (a fine change time, or
+    /// the view taken [`MIRROR_TICK_NS`] after the change time: timestamps from a coarse
+    /// clock do not show a change within the same tick).
+    fn vouches_for(&self, st: &libc::stat64) -> bool {
+        let changed_at = self.ctime.0 as i128 * 1_000_000_000 + self.ctime.1 as i128;
+        (self.ctime, self.mtime, self.size)
+            == (
+                (st.st_ctime, st.st_ctime_nsec),
+                (st.st_mtime, st.st_mtime_nsec),
+                st.st_size,
+            )
+            && (self.fine || self.at - changed_at >= MIRROR_TICK_NS)
+    }
+}
+
+/// Per connection, the source file as its caches hold it.
+#[derive(Default)]
+pub struct SourceViews {
+    /// Per connection, the source file as its last grant's invalidation saw it.
+    seen: Mutex<Vec<Option<MirrorSeen>>>,
+    /// Whether the source file's change time shows every change made after a `stat`
+    /// (`ctime.rs`), once asked.
+    fine_ctime: OnceLock<bool>,
+}
+
+impl SourceViews {
+    /// Whether the source file (`st` now, through `file`) may have changed since
+    /// connection `conn`'s caches were last known to hold it (its last grant's check, or
+    /// its own change since); if so, `st` is remembered for the next grant. Unchanged
+    /// means that the remembered view vouches for `st` (`MirrorSeen::vouches_for`).
+    /// (Writes through a shared mapping update the times late: such a change may be
+    /// missed.)
+    pub fn source_changed(&self, conn: usize, st: &libc::stat64, file: BorrowedFd<'_>) -> bool {
+        let cur = MirrorSeen::of(st, self.fine_ctime(st, file));
+        let mut seen = self.seen.lock();
+        if seen.len() <= conn {
+            seen.resize(conn + 1, None);
+        }
+        let same = seen[conn].is_some_and(|p| p.vouches_for(st));
+        if !same {
+            seen[conn] = Some(cur);
+        }
+        !same
+    }
+
+    /// Connection `conn` changed the source file itself (`file`; a `SETATTR` through the
+    /// server), which was `before` just before and is `after` now: if the connection's
+    /// remembered view vouched for `before`, its caches hold `after` (the reply carries
+    /// it), which is remembered instead. Else the view stays, and the next grant's check
+    /// finds the file changed, as a host's change must be found.
+    pub fn own_change(&self, conn: usize, before: &libc::stat64, after: &libc::stat64, file: BorrowedFd<'_>) {
+        let cur = MirrorSeen::of(after, self.fine_ctime(after, file));
+        let mut seen = self.seen.lock();
+        if let Some(p) = seen.get_mut(conn) {
+            if p.is_some_and(|p| p.vouches_for(before)) {
+                *p = Some(cur);
+            }
+        }
+    }
+
+    /// Whether the source file's change time shows every change made after a `stat`.
+    fn fine_ctime(&self, st: &libc::stat64, file: BorrowedFd<'_>) -> bool {
+        *self
+            .fine_ctime
+            .get_or_init(|| super::ctime::fine_ctime(file, st.st_dev))
+    }
+
+    /// Takes the source filesystem's change times to be fine or not (tests).
+    #[cfg(test)]
+    pub fn assume_fine_ctime(&self, fine: bool) {
+        let _ = self.fine_ctime.set(fine);
+    }
+}
