@@ -30,7 +30,7 @@ pub struct LockChild {
 
 impl LockChild {
     /// Forks a child that opens `path` and takes a whole-file write lock with
-    /// `F_SETLKW`: a holder reports [`READY`] once it holds; a waiter reports [`READY`]
+    /// `F_SETLKW`: a holder reports `READY` once it holds; a waiter reports `READY`
     /// before it asks, then its grant time. Either then sleeps until killed.
     pub fn spawn(path: &Path, waiter: bool) -> Result<LockChild, String> {
         let c = CString::new(path.as_os_str().as_bytes())
@@ -100,7 +100,7 @@ impl LockChild {
         self.pid
     }
 
-    /// Waits up to `timeout` for [`READY`].
+    /// Waits up to `timeout` for `READY`.
     pub fn ready(&self, timeout: Duration) -> Result<bool, String> {
         let mut b = [0u8];
         Ok(self.read(&mut b, timeout)? && b[0] == READY)

@@ -1,6 +1,6 @@
 //! The `cluster` workload: several vfscalefs servers, one lock space on etcd.
 //!
-//! The rig ([`Rig`]): a 3-member etcd on loopback ports with its data on tmpfs
+//! The rig (`Rig`): a 3-member etcd on loopback ports with its data on tmpfs
 //! (`vfscale_conformance::etcd::EtcdCluster`), one source directory under `/dev/shm`,
 //! and three vfscalefs servers over it, each on its own mountpoint: `a` and `b` with
 //! `--cluster ENDPOINTS --node NAME --lease-ttl N`, and `single`, one server without
