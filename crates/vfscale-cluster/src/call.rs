@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use vfscale_locks::{Errno, Interrupter};
+
+use crate::sync::Mutex;
 
 /// Called exactly once with a call's result.
 pub type LockDone<T> = Box<dyn FnOnce(Result<T, Errno>) + Send>;
@@ -129,5 +130,28 @@ impl std::fmt::Debug for LockCall {
         f.debug_struct("LockCall")
             .field("answered", &self.ctl.is_none())
             .finish()
+    }
+}
+
+#[cfg(all(test, vfscale_loom))]
+mod loom_models {
+    use super::*;
+    use vfscale_sync::{Precedence, Waiter};
+
+    /// The service ends a call (`EDEADLK` across members) while the call is parking in
+    /// a wait tree: the wait is interrupted whichever comes first, and the call answers
+    /// the service's reason, not a plain `EINTR`.
+    #[test]
+    fn loom_an_end_racing_the_park_reaches_the_wait() {
+        loom::model(|| {
+            let w = vfscale_sync::Arc::new(Waiter::new(Precedence::Interrupt, ()));
+            let ctl = CallCtl::new();
+            let c = ctl.clone();
+            let t = loom::thread::spawn(move || c.interrupt(Errno::EDEADLK));
+            ctl.set_hook(Hook::Local(Interrupter::new(&w)));
+            t.join().unwrap();
+            assert!(w.lock().interrupted());
+            assert_eq!(ctl.finish::<()>(Err(Errno::EINTR)), Err(Errno::EDEADLK));
+        });
     }
 }

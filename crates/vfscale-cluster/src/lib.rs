@@ -109,8 +109,8 @@
 //!
 //! A home shard's read lock → a context's `flc_lock` (the lock path; also closes and a
 //! home's drop of a dead member's owners, which take a home's `peers` mutex first and
-//! release it before the context). `Waiting`'s map → a `CallCtl` → a wait cell's leaf
-//! lock (interrupts). The shadow table's mutex → a shadow's `home` mutex; a shadow's
+//! release it before the context). `Waiting`'s map → its table of early interrupts;
+//! `Waiting`'s map → a `CallCtl` → a wait cell's leaf lock (interrupts). The shadow table's mutex → a shadow's `home` mutex; a shadow's
 //! context is locked with neither held. Every other mutex is a leaf. No lock is held
 //! across an `.await`.
 //!
@@ -146,6 +146,7 @@
 //! | directory events: dead members, lost homes, fencing | `events.rs` |
 //! | deadlock detection across members | `waits.rs`; the cycle search both directories use: `wait_graph.rs` |
 //! | counters | `stats.rs` |
+//! | the primitives the loom models check (`vfscale-sync`'s) | `sync.rs` |
 //! | the seam to etcd: [`Directory`] | `directory.rs`, `types.rs`, `error.rs`; joining: `etcd_join.rs` |
 //! | the directory on etcd: [`etcd::EtcdDirectory`] (keys, watch, lease and fence clock) | `etcd/` (its first page maps its files) |
 //! | an in-memory directory for tests | `memdir.rs` |
@@ -174,6 +175,7 @@ mod server;
 mod service;
 mod shadow;
 mod stats;
+mod sync;
 mod types;
 mod wait_graph;
 mod waiting;

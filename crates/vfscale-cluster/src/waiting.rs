@@ -3,14 +3,13 @@
 //! from a peer, `EDEADLK` across members.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
 use vfscale_locks::Errno;
 
 use crate::call::CallCtl;
+use crate::sync::{AtomicU64, Mutex, Ordering};
 use crate::InodeId;
 
 /// One waiting call.
@@ -28,7 +27,7 @@ pub(crate) struct WaitingCall {
 /// How long an interrupt that arrived before its call is kept.
 const TOMBSTONE_TTL: Duration = Duration::from_secs(30);
 
-/// The registry. `map` and `early` are leaf locks: nothing is called under them but
+/// The registry. Lock order: `map` → `early`; nothing else is called under them but
 /// [`CallCtl::interrupt`], whose own lock is a leaf.
 #[derive(Default)]
 pub(crate) struct Waiting {
@@ -54,6 +53,9 @@ impl Drop for WaitingGuard<'_> {
 impl Waiting {
     pub fn add(&self, call: WaitingCall) -> WaitingGuard<'_> {
         let key = self.next.fetch_add(1, Ordering::Relaxed);
+        // Under the map's lock, as `interrupt_peer` looks: an interrupt is either found
+        // in `early` here or finds the call in the map, never neither.
+        let mut m = self.map.lock();
         let early = call
             .peer
             .as_ref()
@@ -61,7 +63,7 @@ impl Waiting {
         if early {
             call.ctl.interrupt(Errno::EINTR);
         }
-        self.map.lock().insert(key, call);
+        m.insert(key, call);
         WaitingGuard { reg: self, key }
     }
 
@@ -80,7 +82,7 @@ impl Waiting {
             c.ctl.interrupt(Errno::EINTR);
             return;
         }
-        drop(m);
+        // Still under the map's lock: a call that arrives now finds the tombstone.
         let mut e = self.early.lock();
         let now = Instant::now();
         e.retain(|_, t| now.duration_since(*t) < TOMBSTONE_TTL);
@@ -96,5 +98,36 @@ impl Waiting {
             n += 1;
         }
         n
+    }
+}
+
+#[cfg(all(test, vfscale_loom))]
+mod loom_models {
+    use super::*;
+
+    fn peer_call(ctl: &Arc<CallCtl>) -> WaitingCall {
+        WaitingCall {
+            ino: InodeId(1),
+            owner: 7,
+            posix: true,
+            peer: Some(("b".to_string(), 1)),
+            ctl: ctl.clone(),
+        }
+    }
+
+    /// A peer's interrupt and its call arrive on two streams in either order, or at
+    /// once: the call ends interrupted in every interleaving.
+    #[test]
+    fn loom_an_interrupt_racing_its_call_is_never_lost() {
+        loom::model(|| {
+            let reg = Arc::new(Waiting::default());
+            let ctl = CallCtl::new();
+            let r = reg.clone();
+            let t = loom::thread::spawn(move || r.interrupt_peer("b", 1));
+            let guard = reg.add(peer_call(&ctl));
+            t.join().unwrap();
+            assert_eq!(ctl.reason(), Some(Errno::EINTR));
+            drop(guard);
+        });
     }
 }
