@@ -60,9 +60,13 @@ fn request(ino: InodeId, who: ClusterProcess, file: ClusterFile, op: Op) -> Requ
     }
 }
 
-/// The runtime's worker threads: peers' calls, waits and the directory's streams are
-/// light; the lock path itself runs on the caller's threads.
-const WORKERS: usize = 2;
+/// The runtime's worker threads: one per CPU, between 2 and 16. Peers' calls, waits and
+/// the directory's streams are light (the lock path itself runs on the caller's
+/// threads), but a home serving many members' calls must not queue them behind two
+/// threads on a large machine.
+fn workers() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 16))
+}
 
 impl ClusterLocks {
     /// Starts a runtime of its own, the peer service on `cfg.peer_listen`, and joins
@@ -95,7 +99,7 @@ impl ClusterLocks {
         Fut: Future<Output = Result<Arc<dyn Directory>, ClusterError>> + Send + 'static,
     {
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(WORKERS)
+            .worker_threads(workers())
             .thread_name("vfscale-cluster")
             .enable_all()
             .build()
