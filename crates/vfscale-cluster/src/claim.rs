@@ -19,12 +19,15 @@ use crate::peer::{self, pb};
 use crate::request::flock_of_range;
 use crate::service::{Service, EIO};
 use crate::stats::Counters;
-use crate::InodeId;
+use crate::{InodeId, Member};
 
-/// How long a new home waits for a member's reclaim answer (a member that does not
-/// answer is stopped or partitioned: its lease ends soon, and its clients' locks with
-/// it).
+/// How long a new home waits for one reclaim answer before it asks again (a member
+/// that holds its lease is asked until it answers or its lease ends).
 const RECLAIM_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How often a reclaim that waits for a member's answer looks whether this member was
+/// fenced meanwhile.
+const FENCE_POLL: Duration = Duration::from_millis(20);
 
 /// A claim in progress: its token and the home state it makes.
 pub(crate) type Claim = Arc<(i64, OnceCell<Result<Arc<HomeInode>, Errno>>)>;
@@ -88,16 +91,27 @@ impl Service {
         let lease = self.me().lease;
         let seed = self.seed();
         let mut n = 0u64;
-        if let Some(sh) = self.shadow.take(ino) {
-            for l in sh.ctx.held_locks() {
-                if let Some(g) = peer::decode_held(&peer::encode_held(&l, seed)) {
-                    apply_held(&hi.ctx, &g);
-                    n += 1;
-                }
+        // This member's own clients' locks, by its own ids: lost (EIO) unless the claim
+        // completes, also when it is dropped half-way (a fence cancels its caller).
+        let mut own = TakenShadow {
+            svc: self.clone(),
+            ino,
+            locks: self
+                .shadow
+                .take(ino)
+                .map(|sh| sh.ctx.held_locks())
+                .unwrap_or_default(),
+            kept: false,
+        };
+        for l in &own.locks {
+            if let Some(g) = peer::decode_held(&peer::encode_held(l, seed)) {
+                apply_held(&hi.ctx, &g);
+                n += 1;
             }
         }
-        // Every live member at once: one that does not answer in time (stopped, not
-        // yet seen dead) delays the claim by one timeout, not one per member.
+        // Every live member at once, each asked until it answers or its lease ends: a
+        // member that holds its lease may hold locks here, and serving without them
+        // would grant them twice.
         let me = self.me();
         let caller = self.caller();
         let mut asks = tokio::task::JoinSet::new();
@@ -105,44 +119,112 @@ impl Service {
             if m.node == me.node || self.is_dead(&m.node, m.lease) {
                 continue;
             }
-            let Ok(mut c) = self.peers.client(&m) else {
-                continue;
-            };
             let ask = pb::ReclaimRequest {
                 caller: Some(caller.clone()),
                 ino: ino.0,
                 token,
             };
-            asks.spawn(async move { (tokio::time::timeout(RECLAIM_TIMEOUT, c.reclaim(ask)).await, m) });
+            let svc = self.clone();
+            asks.spawn(async move { (svc.reclaim_from(&m, ask).await, m) });
         }
-        while let Some(Ok((r, m))) = asks.join_next().await {
-            match r {
-                Ok(Ok(reply)) => {
-                    for l in reply.into_inner().locks.iter().filter_map(peer::decode_held) {
-                        apply_held(&hi.ctx, &l);
-                        let (owner, file) = match l.owner {
-                            OwnerKey::Process(o) => (Some(o.0), None),
-                            OwnerKey::File(f) => (None, Some(f.0)),
-                        };
-                        hi.note_peer(&m.node, m.lease, owner, file);
-                        n += 1;
-                    }
-                }
-                Ok(Err(status)) => {
-                    tracing::warn!(node = %m.node, ino = ino.0, %status, "reclaim failed")
-                }
-                Err(_) => tracing::warn!(node = %m.node, ino = ino.0, "reclaim timed out"),
+        let mut complete = true;
+        while let Some(joined) = asks.join_next().await {
+            let Ok((reply, m)) = joined else {
+                complete = false;
+                continue;
+            };
+            for l in reply
+                .iter()
+                .flat_map(|r| r.locks.iter())
+                .filter_map(peer::decode_held)
+            {
+                apply_held(&hi.ctx, &l);
+                let (owner, file) = match l.owner {
+                    OwnerKey::Process(o) => (Some(o.0), None),
+                    OwnerKey::File(f) => (None, Some(f.0)),
+                };
+                hi.note_peer(&m.node, m.lease, owner, file);
+                n += 1;
             }
         }
-        if !self.insert_home_under(lease, &hi) {
+        if !complete || !self.insert_home_under(lease, &hi) {
+            // Fenced or rejoined meanwhile: the claim is void, and what this member's
+            // clients held went with the shadow (`own` marks it lost).
             return Err(EIO);
         }
+        own.kept = true;
         Counters::add(&self.counters.reclaimed, n);
         Counters::bump(&self.counters.homes_claimed);
         if n > 0 {
             tracing::info!(ino = ino.0, token, locks = n, "home claimed; locks reclaimed");
         }
         Ok(hi)
+    }
+
+    /// `m`'s clients' locks on the inode, asked again (pausing up to 1 s) until it
+    /// answers; `None` once it no longer holds the lease it was listed with, or this
+    /// member is fenced (the claim is void then).
+    async fn reclaim_from(&self, m: &Member, ask: pb::ReclaimRequest) -> Option<pb::ReclaimReply> {
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match self.peers.client(m) {
+                Ok(mut c) => {
+                    let rpc = c.reclaim(ask.clone());
+                    tokio::pin!(rpc);
+                    let deadline = tokio::time::Instant::now() + RECLAIM_TIMEOUT;
+                    // Checked while waiting: a fence voids the claim at once, and its
+                    // shadow's owners must be told (EIO) without waiting out the ask.
+                    loop {
+                        tokio::select! {
+                            r = &mut rpc => {
+                                match r {
+                                    Ok(reply) => return Some(reply.into_inner()),
+                                    Err(status) => tracing::warn!(node = %m.node, ino = ask.ino, %status, "reclaim failed"),
+                                }
+                                break;
+                            }
+                            _ = tokio::time::sleep(FENCE_POLL) => {
+                                if self.dir.fenced() {
+                                    return None;
+                                }
+                                if tokio::time::Instant::now() >= deadline {
+                                    tracing::warn!(node = %m.node, ino = ask.ino, "reclaim timed out");
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(node = %m.node, ino = ask.ino, %e, "reclaim: no connection"),
+            }
+            let listed = self
+                .dir
+                .members()
+                .iter()
+                .any(|x| x.node == m.node && x.lease == m.lease);
+            if !listed || self.is_dead(&m.node, m.lease) || self.dir.fenced() {
+                return None;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(RECLAIM_TIMEOUT);
+        }
+    }
+}
+
+/// This member's clients' locks taken out of the shadow by a claim: marked lost when
+/// dropped, unless the claim re-created them at this member as the new home.
+struct TakenShadow {
+    svc: Arc<Service>,
+    ino: InodeId,
+    locks: Vec<FileLock>,
+    kept: bool,
+}
+
+impl Drop for TakenShadow {
+    fn drop(&mut self) {
+        if !self.kept && !self.locks.is_empty() {
+            self.svc.lost.add_held(self.ino, &self.locks);
+        }
     }
 }
 

@@ -148,15 +148,7 @@ fn fence(svc: &Service) {
     }
     let shadows = svc.shadow.drain();
     for (ino, sh) in &shadows {
-        for l in sh.ctx.held_locks() {
-            svc.lost.add(
-                *ino,
-                match l.owner {
-                    OwnerKey::Process(o) => LockOwner::Posix(o.0),
-                    OwnerKey::File(f) => LockOwner::File(f.0),
-                },
-            );
-        }
+        svc.lost.add_held(*ino, &sh.ctx.held_locks());
     }
     svc.waiting.interrupt_where(EIO, |c| c.peer.is_none());
     svc.waiting.interrupt_where(MOVED, |c| c.peer.is_some());

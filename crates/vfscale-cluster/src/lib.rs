@@ -56,8 +56,10 @@
 //!   1 s from the first failure (past a dead home's lease), then the call answers
 //!   `EIO`.
 //! * **A new home** (a claim won in the directory) takes its own shadow of the inode
-//!   and asks every live member at once for theirs (`Reclaim`, 1 s each at most),
-//!   re-creates those locks, and only then serves the inode.
+//!   and asks every live member at once for theirs (`Reclaim`, asked again each second
+//!   until the member answers or its lease ends), re-creates those locks, and only then
+//!   serves the inode. A claim voided by a fence (or dropped half-way) makes the
+//!   shadow's owners answer `EIO`, as the fence does for every other shadow.
 //! * **Close** (`posix_remove_owner`, `file_remove`): applied at once when the home is
 //!   here; one `Remove` round trip when the shadow says the owner holds something at a
 //!   remote home; nothing otherwise.
@@ -121,8 +123,9 @@
 //!   file concurrently): the shadow, and so a reclaim, may then differ from the home.
 //! * A reclaimed lock that conflicts with one already re-created (members disagreeing
 //!   about what was held) is not granted, only logged: its owner is not told.
-//! * A member that does not answer a reclaim within 1 s is treated as holding nothing
-//!   there (it is stopped or partitioned; its lease ends, and its locks with it).
+//! * A member cut off from a new home but not from etcd (it keeps its lease) holds up
+//!   the inode's service there until it answers: serving without its locks could grant
+//!   them twice. A stopped member holds it up for at most its lease.
 //!
 //! # Where to find what
 //!

@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
+use vfscale_locks::{FileLock, OwnerKey};
+
 use crate::request::LockOwner;
 use crate::InodeId;
 
@@ -23,6 +25,19 @@ impl LostSet {
         let mut s = self.set.lock();
         s.insert((ino, who));
         self.any.store(true, Ordering::Release);
+    }
+
+    /// Every owner of `locks` (held on `ino`, by this member's own ids) lost them.
+    pub fn add_held(&self, ino: InodeId, locks: &[FileLock]) {
+        for l in locks {
+            self.add(
+                ino,
+                match l.owner {
+                    OwnerKey::Process(o) => LockOwner::Posix(o.0),
+                    OwnerKey::File(f) => LockOwner::File(f.0),
+                },
+            );
+        }
     }
 
     /// Whether `who`'s locks on `ino` were lost.
