@@ -23,6 +23,13 @@ pub(crate) async fn run(svc: Arc<Service>, mut rx: broadcast::Receiver<Directory
                 // Missed events: every inode this member uses at another home is
                 // resolved again (a new home reclaims from everyone anyway).
                 tracing::warn!(missed = n, "directory events lagged; resolving homes again");
+                // A missed `Fenced` or `Rejoined`: this member's lease changed, so what
+                // was homed here under the old one is gone (a fence's work, then a rejoin's).
+                let now = svc.dir.me();
+                if !svc.is_me(&now) {
+                    fence(&svc);
+                    handle(&svc, DirectoryEvent::Rejoined(now));
+                }
                 drop_unlisted_members(&svc);
                 for ino in svc.shadow.homed_at(None) {
                     re_home(&svc, ino);
