@@ -57,8 +57,11 @@ fn handle(svc: &Arc<Service>, ev: DirectoryEvent) {
                 .map(|hi| hi.drop_peer(&m.node, m.lease))
                 .sum();
             Counters::add(&svc.counters.dead_owners_dropped, dropped as u64);
-            svc.waiting
-                .interrupt_where(EIO, |c| c.peer.as_ref().is_some_and(|(n, _)| *n == m.node));
+            svc.waiting.interrupt_where(EIO, |c| {
+                c.peer
+                    .as_ref()
+                    .is_some_and(|(n, lease, _)| *n == m.node && *lease == m.lease)
+            });
             svc.in_flight.cancel_where(|node, _| node == m.node);
             let used = svc.shadow.homed_at(Some(&m.node));
             tracing::info!(node = %m.node, lease = m.lease, dropped, inodes = used.len(), "member gone");

@@ -51,7 +51,14 @@ impl PeerService {
                 // request: it leaves the wait tree, as an interrupted F_SETLKW does.
                 let ctl = CallCtl::new();
                 let r = svc
-                    .finish_wait(&hi, g, p, fl, &ctl, Some((caller.node.clone(), m.call_id)))
+                    .finish_wait(
+                        &hi,
+                        g,
+                        p,
+                        fl,
+                        &ctl,
+                        Some((caller.node.clone(), caller.lease, m.call_id)),
+                    )
                     .await;
                 ctl.finish(r)
             }

@@ -264,7 +264,7 @@ impl Service {
         pending: PendingLock,
         fl: Flock,
         ctl: &Arc<CallCtl>,
-        peer: Option<(String, u64)>,
+        peer: Option<(String, i64, u64)>,
     ) -> Result<Flock, Errno> {
         let is_peer = peer.is_some();
         ctl.set_hook(Hook::Local(pending.interrupter()));

@@ -19,8 +19,8 @@ pub(crate) struct WaitingCall {
     pub owner: u64,
     /// A process-owned POSIX request (the kind deadlock detection covers).
     pub posix: bool,
-    /// For a peer's call: its node and its call id.
-    pub peer: Option<(String, u64)>,
+    /// For a peer's call: its node, the lease it called under, and its call id.
+    pub peer: Option<(String, i64, u64)>,
     pub ctl: Arc<CallCtl>,
 }
 
@@ -59,7 +59,7 @@ impl Waiting {
         let early = call
             .peer
             .as_ref()
-            .is_some_and(|p| self.early.lock().remove(p).is_some());
+            .is_some_and(|(n, _, id)| self.early.lock().remove(&(n.clone(), *id)).is_some());
         if early {
             call.ctl.interrupt(Errno::EINTR);
         }
@@ -75,10 +75,11 @@ impl Waiting {
     /// Interrupts a peer's call; remembered for a while if it has not arrived.
     pub fn interrupt_peer(&self, node: &str, call_id: u64) {
         let m = self.map.lock();
-        if let Some(c) = m
-            .values()
-            .find(|c| c.peer.as_ref().is_some_and(|(n, id)| n == node && *id == call_id))
-        {
+        if let Some(c) = m.values().find(|c| {
+            c.peer
+                .as_ref()
+                .is_some_and(|(n, _, id)| n == node && *id == call_id)
+        }) {
             c.ctl.interrupt(Errno::EINTR);
             return;
         }
@@ -110,7 +111,7 @@ mod loom_models {
             ino: InodeId(1),
             owner: 7,
             posix: true,
-            peer: Some(("b".to_string(), 1)),
+            peer: Some(("b".to_string(), 1, 1)),
             ctl: ctl.clone(),
         }
     }
