@@ -92,18 +92,9 @@ impl ClusterConfig {
         if self.endpoints.is_empty() {
             return Err(ClusterError::Config("no etcd endpoint given".into()));
         }
-        if self.cluster_name.is_empty() || self.cluster_name.contains('/') {
-            return Err(ClusterError::Config(format!(
-                "cluster name {:?}: must be non-empty and contain no '/'",
-                self.cluster_name
-            )));
-        }
+        check_key_part("cluster name", &self.cluster_name)?;
         if let Some(n) = &self.node {
-            if n.is_empty() || n.contains('/') {
-                return Err(ClusterError::Config(format!(
-                    "node name {n:?}: must be non-empty and contain no '/'"
-                )));
-            }
+            check_key_part("node name", n)?;
         }
         if self.lease_ttl < MIN_LEASE_TTL {
             return Err(ClusterError::Config(format!(
@@ -113,4 +104,14 @@ impl ClusterConfig {
         }
         Ok(())
     }
+}
+
+/// A cluster or node name becomes one component of etcd keys: non-empty, without '/'.
+pub(crate) fn check_key_part(what: &str, s: &str) -> Result<(), ClusterError> {
+    if s.is_empty() || s.contains('/') {
+        return Err(ClusterError::Config(format!(
+            "{what} {s:?}: must be non-empty and contain no '/'"
+        )));
+    }
+    Ok(())
 }

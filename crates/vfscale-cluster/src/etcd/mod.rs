@@ -87,7 +87,7 @@ use view::View;
 
 /// The shortest lease TTL accepted: etcd's own minimum is about 1.5 s with its default
 /// election timeout, and the fencing margin needs room below the TTL.
-const MIN_TTL: Duration = Duration::from_secs(2);
+const MIN_TTL: Duration = crate::config::MIN_LEASE_TTL;
 
 /// Events buffered for a slow subscriber before it sees `Lagged`.
 const EVENT_BUFFER: usize = 4096;
@@ -124,18 +124,8 @@ impl EtcdConfig {
         if self.endpoints.is_empty() {
             return Err(ClusterError::Config("no etcd endpoints given".into()));
         }
-        if self.node.is_empty() || self.node.contains('/') {
-            return Err(ClusterError::Config(format!(
-                "node name {:?} must be non-empty, without '/'",
-                self.node
-            )));
-        }
-        if self.cluster_name.is_empty() || self.cluster_name.contains('/') {
-            return Err(ClusterError::Config(format!(
-                "cluster name {:?} must be non-empty, without '/'",
-                self.cluster_name
-            )));
-        }
+        crate::config::check_key_part("node name", &self.node)?;
+        crate::config::check_key_part("cluster name", &self.cluster_name)?;
         if self.lease_ttl < MIN_TTL || self.lease_ttl.subsec_nanos() != 0 {
             return Err(ClusterError::Config(format!(
                 "lease TTL {:?} must be whole seconds, at least {MIN_TTL:?}",
