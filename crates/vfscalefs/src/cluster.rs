@@ -42,7 +42,8 @@
 //! A call whose inode is homed here and that need not wait is answered on the dispatch
 //! thread that made it; the others are answered from the cluster's runtime threads
 //! (after a wait, or a peer's answer), coherence check included: a `stat`, and where
-//! the file changed, an invalidation waited for at most 100 ms (see `serve`). No lock of
+//! the file changed, an invalidation, after which the notify thread answers (see
+//! `serve`). No lock of
 //! this crate is held when a call is made, but an inode's `lock_owners` across the
 //! removals of a `RELEASE` (as without a cluster).
 
@@ -64,7 +65,7 @@ use crate::locks::{ferr, owner_id, reply_holder, Interrupts, LockReq, Locks, Par
 
 /// What a grant does before it is answered, under `--cluster`: the coherence check of
 /// connection `conn` on the inode (see the module docs; set by `serve`).
-pub type CoherenceHook = Box<dyn Fn(usize, &Node) + Send + Sync>;
+pub type CoherenceHook = Box<dyn Fn(usize, &Node, ReplyEmpty) + Send + Sync>;
 
 /// The server's side of the cluster: the lock service and what a grant does first.
 pub struct Cluster {
@@ -165,14 +166,10 @@ impl Cluster {
     ) -> impl FnOnce(Result<(), Errno>) + Send + 'static {
         let (me, h) = (self.clone(), h.clone());
         move |res| match res {
-            Ok(()) => {
-                if grant {
-                    if let Some(f) = me.coherence.get() {
-                        f(conn, &h.inode);
-                    }
-                }
-                reply.ok()
-            }
+            Ok(()) => match me.coherence.get() {
+                Some(f) if grant => f(conn, &h.inode, reply),
+                _ => reply.ok(),
+            },
             Err(e) => reply.error(ferr(e)),
         }
     }

@@ -13,7 +13,8 @@
 //! and `RELEASE` release locks; the waiters they grant are answered from the lock
 //! driver's thread). Lock requests are among them: one that must wait is parked, a wait
 //! for a holder on the source runs in a thread of its own, and a grant that waits for
-//! the client's cache to be invalidated says so with [`blocking`]. One of them that runs long anyway (a write-back at `FLUSH` on a network
+//! the client's cache to be invalidated is answered by the notify thread once it is.
+//! One of them that runs long anyway (a write-back at `FLUSH` on a network
 //! source, an open that breaks a lease, a truncate of a huge file) delays the requests
 //! behind it, not for long: a watchdog thread per connection wakes a spare once a
 //! request has been served for [`STALL`] with no thread reading. Code that is about to

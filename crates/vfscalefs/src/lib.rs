@@ -142,10 +142,11 @@
 //!   source lock held for 5 ms at most without a break, so a host waiter is not starved
 //!   by clients handing a lock on among themselves.
 //! * At a grant the client's cached attributes and data of the file are invalidated
-//!   before the answer (`FUSE_NOTIFY_INVAL_INODE`, from a notify thread: the kernel may
-//!   wait there for a page that a read waiting for a dispatch thread holds, so a grant
-//!   waits at most 100 ms for it), unless the file's times and size are those the
-//!   client's last grant saw, or those the client's own `SETATTR` left where the view
+//!   before the answer (`FUSE_NOTIFY_INVAL_INODE`, from a notify thread, which answers
+//!   the grant once it is done: the kernel may wait there for a page that a read waiting
+//!   for a dispatch thread holds, so no dispatch thread waits for it), unless the file's
+//!   times and size are those the client's last grant saw and no invalidation for that
+//!   client is still under way, or those the client's own `SETATTR` left where the view
 //!   before it was current (a view is trusted at once on a filesystem that gives every
 //!   change after a `stat` a new change time, elsewhere 50 ms after the change time;
 //!   `mirror/ctime.rs`), or the server held on the source a lock that excludes
@@ -522,14 +523,20 @@ impl Server {
 
     /// Under `--cluster`, before a lock granted to a client on connection `conn` is
     /// answered: whether the source file may have changed since that connection's
-    /// kernel was last known to cache it (`cluster.rs`; one `stat`).
+    /// kernel was last known to cache it (`cluster.rs`; one `stat`). If so, the caller
+    /// invalidates its caches and then calls `invalidation_done` on the inode's views.
     fn changed_since_grant(&self, conn: usize, node: &Inode) -> bool {
-        let Ok(fd) = self.inode_fd(node) else {
-            return true;
-        };
-        match sys::stat_fd(fd.as_fd()) {
-            Ok(st) => node.grant_views().source_changed(conn, &st, fd.as_fd()),
-            Err(_) => true,
+        let views = node.grant_views();
+        let st = self
+            .inode_fd(node)
+            .ok()
+            .and_then(|fd| sys::stat_fd(fd.as_fd()).ok().map(|st| (fd, st)));
+        match st {
+            Some((fd, st)) => views.source_changed(conn, &st, fd.as_fd()),
+            None => {
+                views.must_invalidate(conn);
+                true
+            }
         }
     }
 
@@ -744,9 +751,6 @@ fn write_stats(srv: &Server, gates: &[Arc<dispatch::ConnGate>], rings: &[fuser::
     }
 }
 
-/// How long a grant waits for its cache invalidation (see `serve`).
-const GRANT_NOTIFY_WAIT: Duration = Duration::from_millis(100);
-
 /// Lazily detaches the mount at `p` (the last resort when it is busy).
 fn detach(p: &Path) {
     if sys::is_root() {
@@ -859,39 +863,47 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
     if mirror || srv.locks.cluster().is_some() {
         let notifiers: Vec<Notifier> = sessions.iter().map(|(_, s)| s.notifier()).collect();
         let weak = Arc::downgrade(&srv);
-        let (tx, rx) = std::sync::mpsc::channel::<(usize, u64, std::sync::mpsc::SyncSender<()>)>();
+        let (tx, rx) = std::sync::mpsc::channel::<(usize, u64, locks::GrantAnswer)>();
         // The invalidation waits for the pages' locks, which a read waiting for a dispatch
-        // thread may hold: it is sent from a thread of its own, and a grant waits for it
-        // only so long (then it is answered, and the invalidation ends after).
+        // thread may hold: it is sent from a thread of its own, which answers the grant
+        // once it is done, and no dispatch thread waits for it.
         std::thread::Builder::new()
             .name("vfscalefs-notify".into())
             .spawn(move || {
-                for (conn, id, done) in rx {
+                for (conn, id, answer) in rx {
                     if let Some(srv) = weak.upgrade() {
                         srv.grant_coherence(&notifiers, conn, id);
                     }
-                    let _ = done.send(());
+                    answer();
                 }
             })
             .map_err(|e| Error::Source(source.to_owned(), e))?;
-        let invalidate: Arc<dyn Fn(usize, u64) + Send + Sync> = Arc::new(move |conn, id| {
-            let (done, wait) = std::sync::mpsc::sync_channel(1);
-            if tx.send((conn, id, done)).is_ok() {
-                dispatch::blocking();
-                let _ = wait.recv_timeout(GRANT_NOTIFY_WAIT);
-            }
-        });
+        let invalidate: Arc<dyn Fn(usize, u64, locks::GrantAnswer) + Send + Sync> =
+            Arc::new(move |conn, id, answer| {
+                if let Err(std::sync::mpsc::SendError((_, _, answer))) = tx.send((conn, id, answer)) {
+                    answer(); // the server is ending
+                }
+            });
         if mirror {
             let inval = invalidate.clone();
             srv.locks
-                .set_grant_hook(Box::new(move |conn, id| inval(conn, id)));
+                .set_grant_hook(Box::new(move |conn, id, answer| inval(conn, id, answer)));
         }
         if let Some(c) = srv.locks.cluster() {
             let weak = Arc::downgrade(&srv);
-            c.set_coherence(Box::new(move |conn, node| {
-                if weak.upgrade().is_some_and(|s| s.changed_since_grant(conn, node)) {
-                    invalidate(conn, node.id);
+            c.set_coherence(Box::new(move |conn, node, reply| {
+                if !weak.upgrade().is_some_and(|s| s.changed_since_grant(conn, node)) {
+                    return reply.ok();
                 }
+                let n = node.clone();
+                invalidate(
+                    conn,
+                    node.id,
+                    Box::new(move || {
+                        n.grant_views().invalidation_done(conn);
+                        reply.ok()
+                    }),
+                );
             }));
         }
     }

@@ -61,7 +61,7 @@ use std::sync::OnceLock;
 
 use crate::cluster::{Cluster, ClusterWait};
 use crate::handles::Handle;
-use crate::inodes::{Inode, InodeTable, Kind};
+use crate::inodes::{Inode, InodeTable, Kind, Node};
 use crate::mirror::{
     mirror_flock_op, mirror_getlk, mirror_ofd, FlockTake, GrantCheck, GrantKind, HostWait, Mirror,
     MirrorAttempt, MirrorBudget, MirrorFd, MirrorLocks, MirrorOpen, MirrorSaved, SourceLocks,
@@ -496,9 +496,14 @@ impl Driver {
     }
 }
 
-/// Invalidates what a client's kernel caches of an inode, before a lock granted to it
-/// is answered: connection, node id.
-pub type GrantHook = Box<dyn Fn(usize, u64) + Send + Sync>;
+/// Invalidates what a client's kernel caches of an inode (connection, node id), then
+/// runs the last argument, which answers the lock granted to it. It must not wait for
+/// the invalidation in the calling thread: the invalidation may wait for a page that a
+/// read holds while it waits for that thread.
+pub type GrantHook = Box<dyn Fn(usize, u64, GrantAnswer) + Send + Sync>;
+
+/// What answers a grant once its invalidation is done (see [`GrantHook`]).
+pub type GrantAnswer = Box<dyn FnOnce() + Send>;
 
 /// Opens an inode's source file with the given flags (for the mirrors' descriptions).
 pub type SourceOpen = Box<dyn Fn(&Inode, i32) -> std::io::Result<OwnedFd> + Send + Sync>;
@@ -517,7 +522,7 @@ impl Hooks {
     fn answer(
         &self,
         conn: usize,
-        inode: &Inode,
+        inode: &Node,
         check: Option<GrantCheck>,
         whole: bool,
         res: Result<(), Errno>,
@@ -525,20 +530,48 @@ impl Hooks {
     ) {
         match res {
             Ok(()) => {
-                self.granted(inode, conn, check, whole);
-                reply.ok()
+                if let Some(reply) = self.granted(inode, conn, check, whole, reply) {
+                    reply.ok()
+                }
             }
             Err(e) => reply.error(ferr(e)),
         }
     }
 
-    /// Before a grant to connection `conn` is answered (`whole`: of the whole file): ends
-    /// its coherence check, and the client's caches go if the source may have changed
-    /// (`Mirror::grant_begin`).
-    fn granted(&self, inode: &Inode, conn: usize, check: Option<GrantCheck>, whole: bool) {
-        if let (Some(f), Some(m), Some(check)) = (self.grant.get(), inode.source_mirror_if_any(), check) {
-            m.grant_end(check, conn, whole, || f(conn, inode.id));
+    /// A grant to connection `conn` (`whole`: of the whole file), to be answered: ends its
+    /// coherence check. Where the source may have changed, the client's caches go first
+    /// and the grant hook answers `reply` once they have (`None`); else the caller answers
+    /// it (`Some`).
+    fn granted(
+        &self,
+        inode: &Node,
+        conn: usize,
+        check: Option<GrantCheck>,
+        whole: bool,
+        reply: ReplyEmpty,
+    ) -> Option<ReplyEmpty> {
+        let (Some(m), Some(check)) = (inode.source_mirror_if_any(), check) else {
+            return Some(reply);
+        };
+        if !m.grant_end(check, conn, whole) {
+            return Some(reply);
         }
+        let Some(f) = self.grant.get() else {
+            m.views().invalidation_done(conn);
+            return Some(reply);
+        };
+        let node = inode.clone();
+        f(
+            conn,
+            inode.id,
+            Box::new(move || {
+                if let Some(m) = node.source_mirror_if_any() {
+                    m.views().invalidation_done(conn);
+                }
+                reply.ok()
+            }),
+        );
+        None
     }
 
     /// `inode`'s source file opened with `flags`.
@@ -910,8 +943,7 @@ impl Locks {
             };
             match taken {
                 MirrorAttempt::Done(Ok(()), check) => {
-                    hooks.granted(&h.inode, req.conn, check, req.whole());
-                    Some(reply)
+                    hooks.granted(&h.inode, req.conn, check, req.whole(), reply)
                 }
                 MirrorAttempt::Host => {
                     Self::wait_host_posix(&driver, &hooks, h.clone(), req, unique, &intr, reply);
@@ -1133,8 +1165,7 @@ impl Locks {
                 // Not granted: parked, it held nothing on the source.
                 None => Some(reply),
                 Some(MirrorAttempt::Done(Ok(()), check)) => {
-                    hooks.granted(&h.inode, req.key.0, check, true);
-                    Some(reply)
+                    hooks.granted(&h.inode, req.key.0, check, true, reply)
                 }
                 Some(MirrorAttempt::Host) => {
                     Self::wait_host_flock(&driver, &hooks, h.clone(), req, unique, &intr, reply);

@@ -506,7 +506,10 @@ impl Mirror {
         let k = kind as usize;
         let cover = st.cover[k];
         match st.clean[k] {
-            Some(mark) if cover & 1 == 1 && mark == (conn, cover) => return GrantCheck::Unchanged,
+            // Not while an invalidation for it is under way: the grant must wait for it.
+            Some(mark) if cover & 1 == 1 && mark == (conn, cover) && !self.views.invalidating(conn) => {
+                return GrantCheck::Unchanged
+            }
             // Another connection's clients may change the file under this grant.
             Some((c, _)) if c != conn => st.clean[k] = None,
             _ => {}
@@ -521,22 +524,29 @@ impl Mirror {
         GrantCheck::Stat { kind, cover, desc }
     }
 
-    /// Ends a grant's check (after the mutex): `inval` (the client's caches of the file
-    /// go) if the source file may have changed; `whole`: the grant is of the whole file.
-    pub fn grant_end(&self, check: GrantCheck, conn: usize, whole: bool, inval: impl FnOnce()) {
+    /// Ends a grant's check (after the mutex): whether the client's caches of the file
+    /// must go before the grant is answered, because the source file may have changed
+    /// (or an earlier invalidation is still under way); if so the caller invalidates them
+    /// and then calls `views().invalidation_done(conn)`. `whole`: the grant is of the
+    /// whole file.
+    #[must_use = "a true answer must be followed by an invalidation and invalidation_done"]
+    pub fn grant_end(&self, check: GrantCheck, conn: usize, whole: bool) -> bool {
         let GrantCheck::Stat { kind, cover, desc } = check else {
-            return;
+            return false;
         };
         let changed = match &desc {
             Some(d) => match crate::sys::stat_fd(d.fd.as_fd()) {
                 Ok(st) => self.source_changed(conn, &st, d.fd.as_fd()),
-                Err(_) => true,
+                Err(_) => {
+                    self.views.must_invalidate(conn);
+                    true
+                }
             },
-            None => true,
+            None => {
+                self.views.must_invalidate(conn);
+                true
+            }
         };
-        if changed {
-            inval();
-        }
         // Held since before the stat: what a host changed under a lock is in it.
         if whole && cover & 1 == 1 {
             let mut st = self.state.lock();
@@ -545,6 +555,7 @@ impl Mirror {
                 st.clean[k] = Some((conn, cover));
             }
         }
+        changed
     }
 
     /// Keeps the record locks' `cover` count in step with what the mirror description
@@ -1122,29 +1133,55 @@ mod tests {
         m
     }
 
+    /// A grant's check whose invalidation, where one is asked for, is done at once.
+    fn changed(m: &Mirror, conn: usize, st: &libc::stat64, fd: BorrowedFd<'_>) -> bool {
+        let c = m.source_changed(conn, st, fd);
+        if c {
+            m.views().invalidation_done(conn);
+        }
+        c
+    }
+
+    #[test]
+    fn no_view_vouches_while_an_invalidation_is_under_way() {
+        let m = mirror(true);
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let fd = null.as_fd();
+        let a = stat_of((100, 1), 10);
+        assert!(m.source_changed(0, &a, fd), "the first grant's check");
+        // A second grant, while the first one's invalidation is not done: the client's
+        // kernel may still cache what came before `a`.
+        assert!(m.source_changed(0, &a, fd), "a grant racing an invalidation");
+        m.views().invalidation_done(0);
+        assert!(m.source_changed(0, &a, fd), "one invalidation is still under way");
+        m.views().invalidation_done(0);
+        m.views().invalidation_done(0);
+        assert!(!m.source_changed(0, &a, fd), "both done: the view vouches");
+        // Connection 1's invalidation does not hold connection 0's grants back.
+        assert!(m.source_changed(1, &a, fd));
+        assert!(!m.source_changed(0, &a, fd));
+    }
+
     #[test]
     fn an_own_change_vouches_only_where_the_view_before_it_did() {
         let m = mirror(true);
         let null = std::fs::File::open("/dev/null").unwrap();
         let fd = null.as_fd();
         let a = stat_of((100, 1), 10);
-        assert!(m.source_changed(0, &a, fd), "the first grant's check");
-        assert!(
-            !m.source_changed(0, &a, fd),
-            "unchanged, and fine times vouch at once"
-        );
+        assert!(changed(&m, 0, &a, fd), "the first grant's check");
+        assert!(!changed(&m, 0, &a, fd), "unchanged, and fine times vouch at once");
         let b = stat_of((100, 2), 20);
         m.own_change(0, &a, &b, fd);
-        assert!(!m.source_changed(0, &b, fd), "the connection's own change");
+        assert!(!changed(&m, 0, &b, fd), "the connection's own change");
         assert!(
-            m.source_changed(1, &b, fd),
+            changed(&m, 1, &b, fd),
             "another connection's caches did not see it"
         );
         // A host change (c) before the own change (d): the view did not vouch for c.
         let (c, d) = (stat_of((100, 3), 20), stat_of((100, 4), 20));
         m.own_change(0, &c, &d, fd);
         assert!(
-            m.source_changed(0, &d, fd),
+            changed(&m, 0, &d, fd),
             "the host's change hidden by the own change"
         );
     }
@@ -1158,18 +1195,18 @@ mod tests {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap();
         let fresh = stat_of((now.as_secs() as i64, now.subsec_nanos() as i64), 10);
-        assert!(m.source_changed(0, &fresh, fd));
+        assert!(changed(&m, 0, &fresh, fd));
         assert!(
-            m.source_changed(0, &fresh, fd),
+            changed(&m, 0, &fresh, fd),
             "a change within the same tick would not show"
         );
         let old = stat_of((now.as_secs() as i64 - 1, 0), 10);
-        assert!(m.source_changed(0, &old, fd));
-        assert!(!m.source_changed(0, &old, fd));
+        assert!(changed(&m, 0, &old, fd));
+        assert!(!changed(&m, 0, &old, fd));
         // An own change on a coarse filesystem leaves a view that does not vouch yet.
         let after = stat_of((now.as_secs() as i64, now.subsec_nanos() as i64), 10);
         m.own_change(0, &old, &after, fd);
-        assert!(m.source_changed(0, &after, fd));
+        assert!(changed(&m, 0, &after, fd));
     }
 
     #[test]

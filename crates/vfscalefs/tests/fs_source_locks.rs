@@ -926,14 +926,15 @@ fn a_clients_own_change_is_not_taken_for_the_hosts() {
     );
 }
 
-/// A grant waits for its cache invalidation only so long, then is answered: with one
-/// dispatch thread, a read through the mount that waits for it holds the page that the
-/// invalidation must lock. The grant is answered after that wait, and the read after it.
+/// A grant is answered once its cache invalidation is done, and waiting for it holds no
+/// dispatch thread: with one dispatch thread, a read through the mount that is queued
+/// behind the grant holds the page that the invalidation must lock. The read is served
+/// first, then the invalidation ends and the grant is answered.
 /// Over io_uring the requests of one CPU share its queue's one thread: the client and
 /// the reader are pinned to CPU 0 so that the read waits for that thread as it waits for
 /// the one dispatch thread over /dev/fuse.
 #[test]
-fn a_grant_waits_for_an_invalidation_only_so_long() {
+fn a_grant_waits_for_its_invalidation_in_no_dispatch_thread() {
     if let Some(why) = skip() {
         return say(&format!("SKIP: {why}"));
     }
@@ -983,13 +984,16 @@ fn a_grant_waits_for_an_invalidation_only_so_long() {
     }
     let (r, read_at) = reader.join().unwrap();
     assert_eq!(r.unwrap(), 7, "the read through the mount");
+    // The two processes' clocks are read after their wake-ups, in either order.
     assert!(
-        granted - since(resumed) >= 0.09,
-        "the grant did not wait for its invalidation ({:.1} ms): the read did not hold it up",
-        (granted - since(resumed)) * 1e3
+        since(read_at) - granted < 0.05,
+        "the grant was answered {:.1} ms before the read whose page its invalidation waits for: \
+         it did not wait for the invalidation",
+        (since(read_at) - granted) * 1e3
     );
     assert!(
-        since(read_at) >= granted,
-        "the read was answered before the grant: it did not wait for the dispatch thread"
+        granted - since(resumed) < 5.0,
+        "the grant took {:.1} s after the server resumed",
+        granted - since(resumed)
     );
 }

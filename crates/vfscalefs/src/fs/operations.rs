@@ -367,7 +367,8 @@ impl Conn {
         reply: &mut ReplyDirectoryPlus,
     ) -> Result<(), RequestError> {
         self.read_dir_at(fh, offset, |h, f| {
-            let ttl = self.ttl();
+            // Not cached in a directory of locked files, as a lookup's (`entry_ttl`).
+            let ttl = self.entry_ttl(&h.inode);
             // An entry with attributes takes about four times its dirent: see readdir.
             let mut buf = vec![0u8; 2 * 1024];
             let mut added = 0usize;

@@ -54,11 +54,21 @@ impl MirrorSeen {
     }
 }
 
+/// One connection's view: the source file as its caches hold it once the invalidations
+/// sent for it are done, and how many are not done yet.
+#[derive(Clone, Copy, Default)]
+struct ConnView {
+    seen: Option<MirrorSeen>,
+    /// Invalidations decided on and not yet done: while any is, no view vouches for the
+    /// file (the caches may still hold what came before it).
+    inflight: u32,
+}
+
 /// Per connection, the source file as its caches hold it.
 #[derive(Default)]
 pub struct SourceViews {
     /// Per connection, the source file as its last grant's invalidation saw it.
-    seen: Mutex<Vec<Option<MirrorSeen>>>,
+    seen: Mutex<Vec<ConnView>>,
     /// Whether the source file's change time shows every change made after a `stat`
     /// (`ctime.rs`), once asked.
     fine_ctime: OnceLock<bool>,
@@ -67,21 +77,53 @@ pub struct SourceViews {
 impl SourceViews {
     /// Whether the source file (`st` now, through `file`) may have changed since
     /// connection `conn`'s caches were last known to hold it (its last grant's check, or
-    /// its own change since); if so, `st` is remembered for the next grant. Unchanged
-    /// means that the remembered view vouches for `st` (`MirrorSeen::vouches_for`).
-    /// (Writes through a shared mapping update the times late: such a change may be
-    /// missed.)
+    /// its own change since); if so, `st` is remembered for the next grant, and the caller
+    /// must invalidate the connection's caches and then call
+    /// [`SourceViews::invalidation_done`]. Unchanged means that the remembered view
+    /// vouches for `st` (`MirrorSeen::vouches_for`) and no invalidation is still under
+    /// way: a grant answered before an earlier one's invalidation is done would find the
+    /// old attributes and pages still cached. (Writes through a shared mapping update the
+    /// times late: such a change may be missed.)
     pub fn source_changed(&self, conn: usize, st: &libc::stat64, file: BorrowedFd<'_>) -> bool {
         let cur = MirrorSeen::of(st, self.fine_ctime(st, file));
         let mut seen = self.seen.lock();
-        if seen.len() <= conn {
-            seen.resize(conn + 1, None);
-        }
-        let same = seen[conn].is_some_and(|p| p.vouches_for(st));
+        let v = Self::of(&mut seen, conn);
+        let same = v.inflight == 0 && v.seen.is_some_and(|p| p.vouches_for(st));
         if !same {
-            seen[conn] = Some(cur);
+            v.seen = Some(cur);
+            v.inflight += 1;
         }
         !same
+    }
+
+    /// Connection `conn`'s caches must go, whatever the file (its `stat` failed): as
+    /// [`SourceViews::source_changed`] returning true, with no view remembered.
+    pub fn must_invalidate(&self, conn: usize) {
+        let mut seen = self.seen.lock();
+        let v = Self::of(&mut seen, conn);
+        v.seen = None;
+        v.inflight += 1;
+    }
+
+    /// An invalidation of connection `conn`'s caches that [`SourceViews::source_changed`]
+    /// or [`SourceViews::must_invalidate`] asked for is done (or was given up).
+    pub fn invalidation_done(&self, conn: usize) {
+        let mut seen = self.seen.lock();
+        let v = Self::of(&mut seen, conn);
+        debug_assert!(v.inflight > 0, "an invalidation done that was never begun");
+        v.inflight = v.inflight.saturating_sub(1);
+    }
+
+    /// Whether an invalidation of connection `conn`'s caches is under way.
+    pub fn invalidating(&self, conn: usize) -> bool {
+        self.seen.lock().get(conn).is_some_and(|v| v.inflight > 0)
+    }
+
+    fn of(seen: &mut Vec<ConnView>, conn: usize) -> &mut ConnView {
+        if seen.len() <= conn {
+            seen.resize(conn + 1, ConnView::default());
+        }
+        &mut seen[conn]
     }
 
     /// Connection `conn` changed the source file itself (`file`; a `SETATTR` through the
@@ -92,9 +134,9 @@ impl SourceViews {
     pub fn own_change(&self, conn: usize, before: &libc::stat64, after: &libc::stat64, file: BorrowedFd<'_>) {
         let cur = MirrorSeen::of(after, self.fine_ctime(after, file));
         let mut seen = self.seen.lock();
-        if let Some(p) = seen.get_mut(conn) {
-            if p.is_some_and(|p| p.vouches_for(before)) {
-                *p = Some(cur);
+        if let Some(v) = seen.get_mut(conn) {
+            if v.seen.is_some_and(|p| p.vouches_for(before)) {
+                v.seen = Some(cur);
             }
         }
     }
