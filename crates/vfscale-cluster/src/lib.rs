@@ -71,8 +71,10 @@
 //!   table only if the lease is unchanged and `fenced()` is false (checked under the
 //!   identity's read lock); the `Fenced` event and a rejoin empty the table; a
 //!   `HomeGone` for that token removes the inode. A home grants nothing while
-//!   `fenced()`: the lock path checks it before the call, a wait that ends granted
-//!   checks it again and answers `EIO` (a peer's: "moved") instead.
+//!   `fenced()`: the lock path checks it before the call and again after a call that
+//!   was answered at once, and a wait that ends granted checks it again, answering
+//!   `EIO` (a peer's: "moved") instead; a lock so refused leaves the table with the
+//!   rest at the fence.
 //! * A peer's call is served only under the token the home holds (else "moved": the
 //!   caller resolves the home again), and never for a member whose lease the home saw
 //!   end ("gone": the caller answers `EIO`).

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,6 +69,7 @@ impl MemCluster {
             ttl: st.ttl.unwrap_or(Duration::from_secs(5)),
             me: Mutex::new(me),
             fenced: AtomicBool::new(false),
+            fence_in: AtomicI64::new(-1),
             tx,
             txns: AtomicU64::new(0),
             claims_won: AtomicU64::new(0),
@@ -119,6 +120,14 @@ impl MemCluster {
         }
     }
 
+    /// Makes `dir`'s member fenced as [`MemCluster::fence`] does, at the moment its
+    /// `reads`-th next read of `fenced()` is made (its clock passing the fence point
+    /// between two reads: 1 fences it between the check before a call and the one
+    /// after).
+    pub fn fence_after(&self, dir: &MemDirectory, reads: i64) {
+        dir.fence_in.store(reads, Ordering::SeqCst);
+    }
+
     /// A fenced member rejoins: a new lease, registered again; it gets `Rejoined`.
     pub fn rejoin(&self, dir: &MemDirectory) -> Member {
         let mut st = self.state.lock();
@@ -161,6 +170,9 @@ pub struct MemDirectory {
     ttl: Duration,
     me: Mutex<Member>,
     fenced: AtomicBool,
+    /// Reads of `fenced()` left before it turns true ([`MemCluster::fence_after`]);
+    /// negative: none planned.
+    fence_in: AtomicI64,
     tx: broadcast::Sender<DirectoryEvent>,
     txns: AtomicU64,
     claims_won: AtomicU64,
@@ -223,6 +235,9 @@ impl Directory for MemDirectory {
     }
 
     fn fenced(&self) -> bool {
+        if self.fence_in.load(Ordering::Relaxed) >= 0 && self.fence_in.fetch_sub(1, Ordering::SeqCst) == 0 {
+            self.cluster.fence(self);
+        }
         self.fenced.load(Ordering::Relaxed)
     }
 

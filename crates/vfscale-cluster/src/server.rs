@@ -45,6 +45,8 @@ impl PeerService {
         Counters::bump(&svc.counters.served_for_peers);
         let r = match g.start(&hi.ctx) {
             Err(e) => Err(e),
+            // Fenced while it ran: the caller resolves the home again.
+            Ok(Started::Done(_)) if svc.dir.fenced() => Err(MOVED),
             Ok(Started::Done(fl)) => Ok(fl),
             Ok(Started::Waiting(p, fl)) => {
                 // Dropping this future (the caller's stream broke) drops the pending

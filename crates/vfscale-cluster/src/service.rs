@@ -211,10 +211,13 @@ impl Service {
             }
             self.counters.local_calls.bump();
             let g = req.global(seed);
-            g.start(&hi.ctx).map(|s| match s {
-                Started::Done(fl) => Fast::Done(fl),
-                Started::Waiting(p, fl) => Fast::Wait(Box::new((hi.clone(), g, p, fl))),
-            })
+            match g.start(&hi.ctx)? {
+                // Fenced while it ran (a thread held up past the fence): another member
+                // may serve the inode once the lease ends, so the grant is not given.
+                Started::Done(_) if self.dir.fenced() => Err(EIO),
+                Started::Done(fl) => Ok(Fast::Done(fl)),
+                Started::Waiting(p, fl) => Ok(Fast::Wait(Box::new((hi.clone(), g, p, fl)))),
+            }
         });
         match fast {
             Some(Ok(Fast::Done(fl))) => {
@@ -319,6 +322,7 @@ impl Service {
                 self.counters.local_calls.bump();
                 let g = req.global(seed);
                 return match g.start(&hi.ctx)? {
+                    Started::Done(_) if self.dir.fenced() => Err(EIO),
                     Started::Done(fl) => Ok(fl),
                     Started::Waiting(p, fl) => self.finish_wait(&hi, g, p, fl, ctl, None).await,
                 };

@@ -7,7 +7,7 @@ mod service_support;
 use std::time::Duration;
 
 use service_support::*;
-use vfscale_cluster::InodeId;
+use vfscale_cluster::{Directory as _, InodeId};
 use vfscale_locks::{Errno, FcntlCmd, FlockOp};
 
 #[test]
@@ -151,4 +151,22 @@ fn a_waiter_that_waited_past_the_lease_is_granted_at_the_next_home() {
     std::thread::sleep(Duration::from_millis(100));
     c.mem.expire("m0");
     assert_eq!(rx.recv_timeout(ANSWER).unwrap().map(|_| ()), Ok(()));
+}
+
+#[test]
+fn a_grant_made_as_the_fence_passes_is_refused() {
+    let c = start(2);
+    let (a, b) = (&c.members[0], &c.members[1]);
+    setlk(a, 90, who(1, 100), wr(0, 1)).unwrap(); // home A
+                                                  // A's clock passes its fence point while the next call runs (after the check
+                                                  // before it): another member may serve the inode once the lease ends, so the lock
+                                                  // must not be given.
+    c.mem.fence_after(&c.dirs[0], 1);
+    assert_eq!(setlk(a, 90, who(2, 101), wr(10, 1)), Err(EIO));
+    assert!(c.dirs[0].fenced(), "the fence passed during the call");
+    c.mem.expire("m0");
+    // B serves the inode now and grants the range: no one else was told they hold it.
+    eventually("B grants the range", || {
+        setlk(b, 90, who(1, 200), wr(10, 1)).is_ok()
+    });
 }
