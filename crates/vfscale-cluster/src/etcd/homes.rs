@@ -84,10 +84,13 @@ pub(crate) async fn home(shared: &Shared, ino: InodeId) -> Result<Home, ClusterE
             if shared.fence.fenced() {
                 return Err(ClusterError::Fenced);
             }
-            return Ok(Home {
-                member: shared.me(),
-                token,
-            });
+            let me = shared.me();
+            if me.lease != lease {
+                // Rejoined meanwhile: the key went with the old lease; claim it again.
+                retries.last_error = format!("lease {lease:x} ended during the claim");
+                continue;
+            }
+            return Ok(Home { member: me, token });
         }
         let Some(kv) = resp.op_responses().into_iter().find_map(|r| match r {
             TxnOpResponse::Get(g) => g.kvs().first().cloned(),
