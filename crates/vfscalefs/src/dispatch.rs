@@ -17,15 +17,13 @@
 //! One of them that runs long anyway (a write-back at `FLUSH` on a network
 //! source, an open that breaks a lease, a truncate of a huge file) delays the requests
 //! behind it, not for long: a watchdog thread per connection wakes a spare once a
-//! request has been served for [`STALL`] with no thread reading. Code that is about to
-//! wait in a request not listed as blocking calls [`blocking`].
+//! request has been served for [`STALL`] with no thread reading.
 //!
 //! A read counts as finding the queue busy when it returned within [`QUEUED_READ`] and
 //! `poll(2)` shows another request behind it. On a machine where a read of a queued
 //! request takes longer than that, parallel clients are served by one thread until the
 //! watchdog sees a request run for [`STALL`].
 
-use std::cell::RefCell;
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -48,11 +46,6 @@ pub const IDLE_TICK: Duration = Duration::from_millis(50);
 /// A read that returns sooner found its request already queued: a read that sleeps
 /// takes at least a cross-CPU wake-up, several microseconds.
 pub const QUEUED_READ: Duration = Duration::from_micros(2);
-
-thread_local! {
-    /// The gate of the connection this dispatch thread serves.
-    static SERVING: RefCell<Option<Arc<DispatchGate>>> = const { RefCell::new(None) };
-}
 
 /// One dispatch thread's view of its reads; written only by that thread.
 #[derive(Default)]
@@ -137,12 +130,6 @@ impl ConnGate {
 
 impl Hook for ConnGate {
     fn before_read(&self, thread: usize) -> bool {
-        SERVING.with(|s| {
-            let mut s = s.borrow_mut();
-            if s.is_none() {
-                *s = Some(self.gate.clone());
-            }
-        });
         let busy = self.threads[thread].busy.load(Ordering::Relaxed);
         self.gate.before_read(thread, busy)
     }
@@ -207,16 +194,6 @@ fn watch(gate: Weak<ConnGate>) {
 fn more_queued(dev: BorrowedFd<'_>) -> bool {
     let mut p = [PollFd::new(dev, PollFlags::POLLIN)];
     matches!(poll(&mut p, PollTimeout::ZERO), Ok(n) if n > 0)
-}
-
-/// The calling dispatch thread is about to wait on something that may take long (a
-/// request not listed as blocking): a spare thread reads meanwhile.
-pub fn blocking() {
-    SERVING.with(|s| {
-        if let Some(g) = s.borrow().as_ref() {
-            let _ = g.blocking();
-        }
-    });
 }
 
 /// FUSE opcodes (`enum fuse_opcode` of `include/uapi/linux/fuse.h`).
