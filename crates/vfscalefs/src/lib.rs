@@ -31,6 +31,7 @@
 //! | [`locks::Locks`] | `locks.rs` | `GETLK`/`SETLK`/`SETLKW`/flock, parked waiters, `FLUSH`/`RELEASE`, `INTERRUPT` |
 //! | [`mirror::Mirror`] | `mirror.rs` | per locked inode: the clients' locks held on the source file, host waits |
 //! | [`mirror::SourceViews`] | `mirror/views.rs` | per inode and connection: the source file as the client's kernel caches it at its last grant |
+//! | [`notify::GrantNotify`] | `notify.rs` | per connection, the thread that invalidates a client's caches of a file before a grant and then answers it |
 //! | [`cluster::Cluster`] | `cluster.rs` | `--cluster`: every lock call sent to `vfscale-cluster`, coherence at grants, `EIO` for lost locks |
 //! | | `cluster/log.rs` | the cluster's events (members gone, homes claimed, fencing) as lines on stderr |
 //! | `sys` | `sys.rs` | every system call on the source behind a safe wrapper: `openat2(RESOLVE_BENEATH)`, file handles (`name_to_handle_at`, `open_by_handle_at`), `/proc/self/fd` reopening, the `*at` calls, I/O, xattrs, per-thread credentials |
@@ -142,9 +143,10 @@
 //!   source lock held for 5 ms at most without a break, so a host waiter is not starved
 //!   by clients handing a lock on among themselves.
 //! * At a grant the client's cached attributes and data of the file are invalidated
-//!   before the answer (`FUSE_NOTIFY_INVAL_INODE`, from a notify thread, which answers
-//!   the grant once it is done: the kernel may wait there for a page that a read waiting
-//!   for a dispatch thread holds, so no dispatch thread waits for it), unless the file's
+//!   before the answer (`FUSE_NOTIFY_INVAL_INODE`, from the connection's notify thread,
+//!   which answers the grant once it is done: the kernel may wait there for a page that
+//!   a read waiting for a dispatch thread holds, so no dispatch thread waits for it;
+//!   `notify.rs`), unless the file's
 //!   times and size are those the client's last grant saw and no invalidation for that
 //!   client is still under way, or those the client's own `SETATTR` left where the view
 //!   before it was current (a view is trusted at once on a filesystem that gives every
@@ -212,6 +214,7 @@ pub mod handles;
 pub mod inodes;
 pub mod locks;
 pub mod mirror;
+pub mod notify;
 pub mod sys;
 
 use std::fmt;
@@ -862,32 +865,13 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
     let mirror = srv.locks.source_locks() == SourceLocks::Mirror;
     if mirror || srv.locks.cluster().is_some() {
         let notifiers: Vec<Notifier> = sessions.iter().map(|(_, s)| s.notifier()).collect();
-        let weak = Arc::downgrade(&srv);
-        let (tx, rx) = std::sync::mpsc::channel::<(usize, u64, locks::GrantAnswer)>();
-        // The invalidation waits for the pages' locks, which a read waiting for a dispatch
-        // thread may hold: it is sent from a thread of its own, which answers the grant
-        // once it is done, and no dispatch thread waits for it.
-        std::thread::Builder::new()
-            .name("vfscalefs-notify".into())
-            .spawn(move || {
-                for (conn, id, answer) in rx {
-                    if let Some(srv) = weak.upgrade() {
-                        srv.grant_coherence(&notifiers, conn, id);
-                    }
-                    answer();
-                }
-            })
+        let notify = notify::GrantNotify::start(notifiers, Arc::downgrade(&srv))
             .map_err(|e| Error::Source(source.to_owned(), e))?;
-        let invalidate: Arc<dyn Fn(usize, u64, locks::GrantAnswer) + Send + Sync> =
-            Arc::new(move |conn, id, answer| {
-                if let Err(std::sync::mpsc::SendError((_, _, answer))) = tx.send((conn, id, answer)) {
-                    answer(); // the server is ending
-                }
-            });
+        let invalidate = notify.clone();
         if mirror {
-            let inval = invalidate.clone();
-            srv.locks
-                .set_grant_hook(Box::new(move |conn, id, answer| inval(conn, id, answer)));
+            srv.locks.set_grant_hook(Box::new(move |conn, id, answer| {
+                notify.invalidate_then(conn, id, answer)
+            }));
         }
         if let Some(c) = srv.locks.cluster() {
             let weak = Arc::downgrade(&srv);
@@ -896,7 +880,7 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
                     return reply.ok();
                 }
                 let n = node.clone();
-                invalidate(
+                invalidate.invalidate_then(
                     conn,
                     node.id,
                     Box::new(move || {

@@ -928,8 +928,10 @@ fn a_clients_own_change_is_not_taken_for_the_hosts() {
 
 /// A grant is answered once its cache invalidation is done, and waiting for it holds no
 /// dispatch thread: with one dispatch thread, a read through the mount that is queued
-/// behind the grant holds the page that the invalidation must lock. The read is served
-/// first, then the invalidation ends and the grant is answered.
+/// behind the grant holds the page that the invalidation must lock. The read is served,
+/// then the invalidation ends and the grant is answered, promptly: a grant that waited
+/// in the dispatch thread for its invalidation would be answered only after giving up
+/// on it (unanswered, or after a bound), and before the read.
 /// Over io_uring the requests of one CPU share its queue's one thread: the client and
 /// the reader are pinned to CPU 0 so that the read waits for that thread as it waits for
 /// the one dispatch thread over /dev/fuse.
@@ -949,51 +951,62 @@ fn a_grant_waits_for_its_invalidation_in_no_dispatch_thread() {
     };
     let client_pid = nix::unistd::Pid::from_raw(client.pid());
     nix::sched::sched_setaffinity(client_pid, &cpu0()).unwrap();
-    // The directory's first grant is done; a host change makes the next one invalidate.
+    let since = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    // The directory's first grant is done.
     client.status(&lk(SETLK, WR, 0, 0)).unwrap();
     client.status(&lk(SETLK, UN, 0, 0)).unwrap();
-    host.status(&lk(SETLK, WR, 0, 0)).unwrap();
-    std::fs::write(m.source.join("f"), vec![7u8; 4096]).unwrap();
-    host.status(&lk(SETLK, UN, 0, 0)).unwrap();
-    let f = std::fs::File::open(m.mounts[0].join("f")).unwrap();
-    f.metadata().unwrap(); // fresh attributes: the read asks for its pages at once
-                           // Queued while the server is stopped: the grant first, then the read, whose page
-                           // stays locked until the one dispatch thread serves it.
-    kill(server, Signal::SIGSTOP).unwrap();
-    client.send(&lk(SETLK, WR, 0, 0));
-    std::thread::sleep(Duration::from_millis(200));
-    let reader = std::thread::spawn(move || {
-        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpu0()).unwrap();
-        let mut b = [0u8; 16];
-        let r = f.read_exact_at(&mut b, 0).map(|_| b[0]);
-        (r, std::time::SystemTime::now())
-    });
-    std::thread::sleep(Duration::from_millis(200));
-    let resumed = std::time::SystemTime::now();
-    kill(server, Signal::SIGCONT).unwrap();
-    let w = client
-        .answer(Duration::from_secs(10))
-        .expect("the grant is never answered while its invalidation waits for the read");
-    assert_eq!(w[0], "ok", "{w:?}");
-    let granted = time_of(&w);
-    let since = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !reader.is_finished() {
-        assert!(Instant::now() < deadline, "the read is never answered");
-        std::thread::sleep(Duration::from_millis(10));
+    // Timing on 2 loaded vCPUs: the fastest of three attempts is judged.
+    let mut fastest = f64::MAX;
+    for attempt in 0..3u8 {
+        // A host change makes the next grant invalidate.
+        host.status(&lk(SETLK, WR, 0, 0)).unwrap();
+        std::fs::write(m.source.join("f"), vec![7 + attempt; 4096]).unwrap();
+        host.status(&lk(SETLK, UN, 0, 0)).unwrap();
+        let f = std::fs::File::open(m.mounts[0].join("f")).unwrap();
+        f.metadata().unwrap(); // fresh attributes: the read asks for its pages at once
+                               // Queued while the server is stopped: the grant first, then the read, whose
+                               // page stays locked until the one dispatch thread serves it.
+        kill(server, Signal::SIGSTOP).unwrap();
+        client.send(&lk(SETLK, WR, 0, 0));
+        std::thread::sleep(Duration::from_millis(200));
+        let reader = std::thread::spawn(move || {
+            nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpu0()).unwrap();
+            let mut b = [0u8; 16];
+            let r = f.read_exact_at(&mut b, 0).map(|_| b[0]);
+            (r, std::time::SystemTime::now())
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let resumed = std::time::SystemTime::now();
+        kill(server, Signal::SIGCONT).unwrap();
+        let w = client
+            .answer(Duration::from_secs(10))
+            .expect("the grant is never answered while its invalidation waits for the read");
+        assert_eq!(w[0], "ok", "{w:?}");
+        let granted = time_of(&w);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !reader.is_finished() {
+            assert!(Instant::now() < deadline, "the read is never answered");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let (r, read_at) = reader.join().unwrap();
+        assert_eq!(r.unwrap(), 7 + attempt, "the read through the mount");
+        // The two processes' clocks are read after their wake-ups, in either order.
+        assert!(
+            since(read_at) - granted < 0.05,
+            "the grant was answered {:.1} ms before the read whose page its invalidation \
+             waits for: it did not wait for the invalidation",
+            (since(read_at) - granted) * 1e3
+        );
+        fastest = fastest.min(granted - since(resumed));
+        client.status(&lk(SETLK, UN, 0, 0)).unwrap();
+        if fastest < 0.05 {
+            break;
+        }
     }
-    let (r, read_at) = reader.join().unwrap();
-    assert_eq!(r.unwrap(), 7, "the read through the mount");
-    // The two processes' clocks are read after their wake-ups, in either order.
     assert!(
-        since(read_at) - granted < 0.05,
-        "the grant was answered {:.1} ms before the read whose page its invalidation waits for: \
-         it did not wait for the invalidation",
-        (since(read_at) - granted) * 1e3
-    );
-    assert!(
-        granted - since(resumed) < 5.0,
-        "the grant took {:.1} s after the server resumed",
-        granted - since(resumed)
+        fastest < 0.05,
+        "the grant took {:.1} ms after the server resumed at best: it waited for its \
+         invalidation in the dispatch thread that the read needs",
+        fastest * 1e3
     );
 }
