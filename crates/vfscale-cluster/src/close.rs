@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use vfscale_locks::{FileId, FileLockContext, OwnerId, Pid, Process};
 
 use crate::ids::IdSeed;
-use crate::peer::pb;
+use crate::peer::{pb, MOVED};
 use crate::service::Service;
 use crate::stats::Counters;
 use crate::InodeId;
@@ -30,8 +30,14 @@ impl Service {
                 break;
             };
             if self.is_me(&home.member) {
-                if let Ok(hi) = self.home_inode(ino, home.token).await {
-                    remove_at(&hi.ctx, what, Some(self.seed()));
+                match self.home_inode(ino, home.token).await {
+                    Ok(hi) => remove_at(&hi.ctx, what, Some(self.seed())),
+                    // Given back meanwhile: the directory names the next home soon.
+                    Err(e) if e == MOVED && Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                    Err(_) => {}
                 }
                 break;
             }

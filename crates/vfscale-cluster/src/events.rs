@@ -75,7 +75,9 @@ fn handle(svc: &Arc<Service>, ev: DirectoryEvent) {
                 lose_home(svc, &hi);
             }
             svc.in_flight.cancel_where(|_, i| i == ino);
-            if svc.shadow.get(ino).is_some() {
+            // Only to reclaim: a shadow that holds nothing (its home gave the idle
+            // inode back) needs no new home.
+            if svc.shadow.holds_any(ino) {
                 re_home(svc, ino);
             }
         }

@@ -179,3 +179,41 @@ async fn a_frozen_first_endpoint_is_left_for_the_others() {
     // SIGSTOP: the connection stays up and nothing answers on it (Drop reaps it).
     first_endpoint_lost(|etcd| etcd.pause(0).expect("SIGSTOP")).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_home_given_back_goes_and_a_newer_claim_is_never_deleted() {
+    let Some(etcd) = etcd() else { return };
+    let a = join(&etcd, "a", 5).await;
+    let b = join(&etcd, "b", 5).await;
+    let ino = InodeId(11);
+    let first = a.home(ino).await.expect("a claims");
+    assert_eq!(first.member, a.me());
+    let mut rx = b.events();
+    a.give_back(ino, first.token).await.expect("given back");
+    let token = wait_event(&mut rx, Duration::from_secs(5), "HomeGone(11)", |e| match e {
+        DirectoryEvent::HomeGone {
+            ino: InodeId(11),
+            token,
+        } => Some(*token),
+        _ => None,
+    })
+    .await;
+    assert_eq!(token, first.token);
+    eventually(Duration::from_secs(5), "a no longer shows its claim", || {
+        a.cached_home(ino).is_none()
+    })
+    .await;
+    let second = b.home(ino).await.expect("b claims anew");
+    assert_eq!(second.member, b.me());
+    assert!(second.token > first.token);
+    // Giving back the old claim again deletes nothing: b's key has a newer token.
+    a.give_back(ino, first.token).await.expect("answered");
+    let mut client = etcd_client::Client::connect(etcd.endpoints(), None)
+        .await
+        .expect("connect");
+    let key = client.get("/vfscale/test/homes/11", None).await.expect("get");
+    assert_eq!(
+        key.kvs().first().map(|kv| kv.create_revision()),
+        Some(second.token)
+    );
+}
