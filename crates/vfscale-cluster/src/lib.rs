@@ -86,8 +86,9 @@
 //!   caller resolves the home again), and never for a member whose lease the home saw
 //!   end ("gone": the caller answers `EIO`).
 //! * The shadow holds exactly the granted locks of this member's clients at remote
-//!   homes (each granted call is applied to it after the home's answer; a failed flock
-//!   conversion drops the file's flock, as Linux does). A new home takes its own shadow
+//!   homes (each granted call is applied to it after the home's answer, each unlock and
+//!   close before it is sent; a failed flock conversion drops the file's flock, as
+//!   Linux does). A new home takes its own shadow
 //!   and every live member's before it serves the inode: calls that arrive meanwhile
 //!   wait for the claim.
 //! * When a member's lease ends, every home drops its owners' and files' locks and
@@ -129,7 +130,13 @@
 //!   table: the fence and a rejoin empty it as before, and a sweep finds nothing.
 //! * Other members' shadows hold nothing for an idle inode (a shadow holds only locks
 //!   granted at that home), so there is nothing to reclaim; a member told `HomeGone`
-//!   claims the inode again only if its shadow holds locks there.
+//!   claims the inode again only if its shadow holds locks there. An unlock or a close
+//!   leaves the shadow before it is sent, not after the answer: the home may give the
+//!   inode back as soon as it applied it, and a new home must not reclaim the lock.
+//! * `HomeGone` re-sends only the calls in flight to the home that went (its token): a
+//!   call cancelled here may still be applied at its home after the one re-sent (an
+//!   unlock after the next lock), which is harmless only where the token it carries is
+//!   no longer served.
 //! * A shadow is dropped when it holds nothing, no call holds it, and no call took it to
 //!   add a lock between the two looks of the sweep (`taken`, bumped under the table's
 //!   mutex).
@@ -170,6 +177,9 @@
 //!   file concurrently): the shadow, and so a reclaim, may then differ from the home.
 //! * A reclaimed lock that conflicts with one already re-created (members disagreeing
 //!   about what was held) is not granted, only logged: its owner is not told.
+//! * A failed flock conversion drops the file's flock from the shadow only after the
+//!   home's answer: were the answer followed by a whole idle time (two sweeps) before
+//!   that, a give-back and a new home's reclaim could re-create the dropped flock.
 //! * A member cut off from a new home but not from etcd (it keeps its lease) holds up
 //!   the inode's service there until it answers: serving without its locks could grant
 //!   them twice. A stopped member holds it up for at most its lease.

@@ -363,6 +363,14 @@ impl Service {
                     Err(e) => return Err(e),
                 }
             } else {
+                // An unlock leaves the shadow before it is sent: once the home answered,
+                // the home may give the inode back, and a new home's reclaim must not
+                // find the lock here still. Early is safe: the lock is being let go of.
+                if req.is_unlock() {
+                    if let Some(s) = self.shadow.get(req.ino) {
+                        req.mirror(&s.ctx);
+                    }
+                }
                 self.remote_lock(&home, req, seed, ctl).await
             };
             match outcome {
@@ -454,7 +462,7 @@ impl Service {
                 });
             })));
         }
-        let cancel = self.in_flight.add(call_id, &home.member.node, req.ino);
+        let cancel = self.in_flight.add(call_id, home, req.ino);
         Counters::bump(&self.counters.remote_calls);
         let r = tokio::select! {
             r = client.lock(msg) => Some(r),

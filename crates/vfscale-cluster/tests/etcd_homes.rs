@@ -106,15 +106,16 @@ async fn home_gone_arrives_at_the_other_member() {
     let first = a.home(InodeId(9)).await.expect("a claims");
     let mut rx = b.events();
     a.leave().await;
-    let token = wait_event(&mut rx, Duration::from_secs(5), "HomeGone(9)", |e| match e {
-        DirectoryEvent::HomeGone {
-            ino: InodeId(9),
-            token,
-        } => Some(*token),
+    assert_eq!(home_gone(&mut rx, InodeId(9)).await, first.token);
+}
+
+/// The token of the next `HomeGone` of `ino`.
+async fn home_gone(rx: &mut tokio::sync::broadcast::Receiver<DirectoryEvent>, ino: InodeId) -> i64 {
+    wait_event(rx, Duration::from_secs(5), "HomeGone", |e| match e {
+        DirectoryEvent::HomeGone { ino: i, token } if *i == ino => Some(*token),
         _ => None,
     })
-    .await;
-    assert_eq!(token, first.token);
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -190,15 +191,7 @@ async fn a_home_given_back_goes_and_a_newer_claim_is_never_deleted() {
     assert_eq!(first.member, a.me());
     let mut rx = b.events();
     a.give_back(ino, first.token).await.expect("given back");
-    let token = wait_event(&mut rx, Duration::from_secs(5), "HomeGone(11)", |e| match e {
-        DirectoryEvent::HomeGone {
-            ino: InodeId(11),
-            token,
-        } => Some(*token),
-        _ => None,
-    })
-    .await;
-    assert_eq!(token, first.token);
+    assert_eq!(home_gone(&mut rx, ino).await, first.token);
     eventually(Duration::from_secs(5), "a no longer shows its claim", || {
         a.cached_home(ino).is_none()
     })

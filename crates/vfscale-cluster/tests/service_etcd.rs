@@ -18,13 +18,18 @@ fn member(etcd: &EtcdCluster, node: &str) -> std::sync::Arc<ClusterLocks> {
     ClusterLocks::join(cfg).expect("join")
 }
 
-#[test]
-fn two_members_over_etcd() {
+/// A fresh 3-member etcd, or `None` after printing why the test is skipped.
+fn etcd() -> Option<EtcdCluster> {
     if let Err(why) = EtcdCluster::available() {
         println!("SKIP: {why}");
-        return;
+        return None;
     }
-    let etcd = EtcdCluster::start(3).expect("etcd");
+    Some(EtcdCluster::start(3).expect("etcd"))
+}
+
+#[test]
+fn two_members_over_etcd() {
+    let Some(etcd) = etcd() else { return };
     let (a, b) = (member(&etcd, "a"), member(&etcd, "b"));
     setlk(&a, 1, who(1, 100), wr(0, 10)).unwrap();
     assert_eq!(setlk(&b, 1, who(1, 200), wr(5, 1)), Err(Errno::EAGAIN));
@@ -80,11 +85,7 @@ fn two_members_over_etcd() {
 
 #[test]
 fn an_idle_home_is_given_back_over_etcd() {
-    if let Err(why) = EtcdCluster::available() {
-        println!("SKIP: {why}");
-        return;
-    }
-    let etcd = EtcdCluster::start(3).expect("etcd");
+    let Some(etcd) = etcd() else { return };
     let (a, b) = (member(&etcd, "a"), member(&etcd, "b"));
     a.set_home_idle(Duration::from_millis(200));
     setlk(&a, 5, who(1, 100), wr(0, 10)).unwrap();
