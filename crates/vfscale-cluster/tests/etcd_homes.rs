@@ -1,12 +1,14 @@
 //! Homes on a real 3-member etcd: claim races, homes that go with their lease, fencing
-//! tokens that grow, and claims that go on when the etcd leader dies.
+//! tokens that grow, claims that go on when the etcd leader dies, and homes given back.
 
 mod etcd_support;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_support::{etcd, eventually, join, wait_event};
-use vfscale_cluster::{Directory, DirectoryEvent, InodeId};
+use vfscale_cluster::etcd::EtcdDirectory;
+use vfscale_cluster::{Directory, DirectoryEvent, Home, InodeId};
 use vfscale_conformance::etcd::EtcdCluster;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -58,11 +60,8 @@ async fn a_claim_race_makes_one_home_that_both_see() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_home_goes_with_its_lease_and_the_next_token_is_larger() {
     let Some(etcd) = etcd() else { return };
-    let a = join(&etcd, "a", 5).await;
-    let b = join(&etcd, "b", 5).await;
     let ino = InodeId(7);
-    let first = a.home(ino).await.expect("a claims");
-    assert_eq!(first.member, a.me());
+    let (a, b, first) = claimed_by_a(&etcd, ino).await;
     let seen = b.home(ino).await.expect("b learns");
     assert_eq!(seen, first);
     let a_member = a.me();
@@ -107,6 +106,15 @@ async fn home_gone_arrives_at_the_other_member() {
     let mut rx = b.events();
     a.leave().await;
     assert_eq!(home_gone(&mut rx, InodeId(9)).await, first.token);
+}
+
+/// Members `a` and `b`, and `ino` claimed by `a`.
+async fn claimed_by_a(etcd: &EtcdCluster, ino: InodeId) -> (Arc<EtcdDirectory>, Arc<EtcdDirectory>, Home) {
+    let a = join(etcd, "a", 5).await;
+    let b = join(etcd, "b", 5).await;
+    let first = a.home(ino).await.expect("a claims");
+    assert_eq!(first.member, a.me());
+    (a, b, first)
 }
 
 /// The token of the next `HomeGone` of `ino`.
@@ -184,11 +192,8 @@ async fn a_frozen_first_endpoint_is_left_for_the_others() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_home_given_back_goes_and_a_newer_claim_is_never_deleted() {
     let Some(etcd) = etcd() else { return };
-    let a = join(&etcd, "a", 5).await;
-    let b = join(&etcd, "b", 5).await;
     let ino = InodeId(11);
-    let first = a.home(ino).await.expect("a claims");
-    assert_eq!(first.member, a.me());
+    let (a, b, first) = claimed_by_a(&etcd, ino).await;
     let mut rx = b.events();
     a.give_back(ino, first.token).await.expect("given back");
     assert_eq!(home_gone(&mut rx, ino).await, first.token);
