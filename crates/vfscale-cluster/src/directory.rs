@@ -62,9 +62,10 @@ pub trait Directory: Send + Sync + 'static {
     /// Gives back this member's home of `ino` claimed under `token`: deletes the
     /// ownership key if its create revision is still `token` (a newer claim is never
     /// deleted), so that the other members learn `HomeGone` and the next lock claims it
-    /// anew. Retried until the directory answers: `Ok` once no key with that token is
-    /// left (deleted now, or gone before); `Err(Fenced)` while fenced (the key goes with
-    /// the lease). The caller must have stopped serving the inode under that token.
+    /// anew. `Ok` once no key with that token is left (deleted now, or gone before);
+    /// `Err(Fenced)` while fenced (the key goes with the lease); another error when the
+    /// directory did not answer in time (the caller tries again later). The caller must
+    /// have stopped serving the inode under that token.
     fn give_back(&self, ino: InodeId, token: i64) -> BoxFuture<'_, Result<(), ClusterError>>;
 
     /// The live members, as the watch last saw them (this member included).
