@@ -4,7 +4,7 @@
 
 mod service_support;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -97,15 +97,16 @@ fn calls_racing_give_backs_never_get_one_lock_twice() {
     }
     let holders = AtomicUsize::new(0);
     let grants = AtomicUsize::new(0);
-    let end = Instant::now() + Duration::from_secs(4);
+    let stop = AtomicBool::new(false);
+    let given_back = || -> u64 { c.members.iter().map(|m| m.stats().homes_given_back).sum() };
     std::thread::scope(|s| {
         for t in 0..4usize {
             let m = c.members[t % 2].clone();
-            let (holders, grants) = (&holders, &grants);
+            let (holders, grants, stop) = (&holders, &grants, &stop);
             s.spawn(move || {
                 let p = who(t as u64 + 1, 100 + t as i32);
                 let mut i = 0u64;
-                while Instant::now() < end {
+                while !stop.load(Ordering::Relaxed) {
                     i += 1;
                     let cmd = if i.is_multiple_of(3) {
                         FcntlCmd::SetLkW
@@ -133,8 +134,17 @@ fn calls_racing_give_backs_never_get_one_lock_twice() {
                 }
             });
         }
+        // At least 2 s, and on a loaded machine until the inode went idle often enough
+        // (its users seldom all sleep at once there), 30 s at most.
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(30)
+            && (start.elapsed() < Duration::from_secs(2) || given_back() < 5)
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        stop.store(true, Ordering::Relaxed);
     });
-    let given_back: u64 = c.members.iter().map(|m| m.stats().homes_given_back).sum();
+    let given_back = given_back();
     let claimed: u64 = c.members.iter().map(|m| m.stats().homes_claimed).sum();
     println!(
         "grants {}, homes claimed {claimed}, given back {given_back}",
