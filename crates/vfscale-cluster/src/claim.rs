@@ -3,19 +3,17 @@
 //! every live member for theirs (reclaim). Calls that arrive meanwhile, local or from
 //! peers, wait for the claim.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use tokio::sync::OnceCell;
 use vfscale_locks::{
     AccessMode, Errno, FcntlCmd, FileLock, FileLockContext, FlockOp, LockKind, LockType, OpenFile, OwnerId,
     OwnerKey, Process,
 };
 
-use crate::homes::{context_for, HomeInode};
-use crate::peer::{self, pb};
+use crate::homes::{context_for, HomeInode, Pinned};
+use crate::peer::{self, pb, MOVED};
 use crate::request::flock_of_range;
 use crate::service::{Service, EIO};
 use crate::stats::Counters;
@@ -33,10 +31,11 @@ const FENCE_POLL: Duration = Duration::from_millis(20);
 pub(crate) type Claim = Arc<(i64, OnceCell<Result<Arc<HomeInode>, Errno>>)>;
 
 impl Service {
-    /// The home state of `ino` under `token`, claiming it (with reclaim) when this
-    /// member just became its home. Concurrent callers share one claim.
-    pub async fn home_inode(self: &Arc<Self>, ino: InodeId, token: i64) -> Result<Arc<HomeInode>, Errno> {
-        if let Some(hi) = self.homes.get(ino) {
+    /// The home state of `ino` under `token`, pinned for the caller, claiming it (with
+    /// reclaim) when this member just became its home. Concurrent callers share one
+    /// claim. `MOVED`: the inode was given back (or lost) meanwhile; resolve it again.
+    pub async fn home_inode(self: &Arc<Self>, ino: InodeId, token: i64) -> Result<Pinned, Errno> {
+        if let Some(hi) = self.homes.pin(ino) {
             if hi.token >= token {
                 return Ok(hi);
             }
@@ -52,17 +51,26 @@ impl Service {
             .get_or_init(|| self.clone().become_home(ino, claim.0))
             .await
             .clone();
-        let mut c = self.claims.lock();
-        if c.get(&ino).is_some_and(|x| Arc::ptr_eq(x, &claim)) {
-            c.remove(&ino);
+        {
+            let mut c = self.claims.lock();
+            if c.get(&ino).is_some_and(|x| Arc::ptr_eq(x, &claim)) {
+                c.remove(&ino);
+            }
         }
-        r
+        let made = r?;
+        // Pinned through the table: a home given back (or lost) since the claim made
+        // it is not used.
+        match self.homes.pin(ino) {
+            Some(hi) if Arc::ptr_eq(hi.home(), &made) => Ok(hi),
+            _ => Err(MOVED),
+        }
     }
 
-    /// The home state a peer's call with `token` may use: the current one, or the one
-    /// a claim in progress is making; `None`: not the home (the peer resolves again).
-    pub async fn home_for_peer(&self, ino: InodeId, token: i64) -> Option<Arc<HomeInode>> {
-        if let Some(hi) = self.homes.get(ino) {
+    /// The home state a peer's call with `token` may use, pinned: the current one, or
+    /// the one a claim in progress is making; `None`: not the home (the peer resolves
+    /// again).
+    pub async fn home_for_peer(&self, ino: InodeId, token: i64) -> Option<Pinned> {
+        if let Some(hi) = self.homes.pin(ino) {
             return (hi.token == token).then_some(hi);
         }
         let claim = self.claims.lock().get(&ino).cloned()?;
@@ -70,25 +78,35 @@ impl Service {
             return None;
         }
         // The claim's owner drives it; wait for it to finish.
-        loop {
-            if let Some(r) = claim.1.get() {
-                return r.as_ref().ok().filter(|h| h.token == token).cloned();
-            }
+        while claim.1.get().is_none() {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+        self.homes.pin(ino).filter(|hi| hi.token == token)
+    }
+
+    /// Whether a claim of `ino` under `token` may make a home: the directory still shows
+    /// this member as its home under that token, and it was not given back. The
+    /// directory never shows a given-back claim again once it stopped, and the inode is
+    /// returning until it stops: a call that resolved the home before a give-back and
+    /// claims after it is refused.
+    fn may_claim(&self, ino: InodeId, token: i64) -> bool {
+        !self.returning.blocks(ino, token)
+            && self
+                .dir
+                .cached_home(ino)
+                .is_some_and(|h| h.token == token && self.is_me(&h.member))
     }
 
     /// This member just became `ino`'s home: re-create its own clients' locks (its
     /// shadow) and every live member's (reclaim), then serve.
     async fn become_home(self: Arc<Self>, ino: InodeId, token: i64) -> Result<Arc<HomeInode>, Errno> {
-        let hi = Arc::new(HomeInode {
-            ino,
-            token,
-            ctx: context_for(&self.mgr, ino),
-            peers: Mutex::new(HashMap::new()),
-        });
+        // Checked before the shadow is taken: a void claim must not take it.
+        if !self.may_claim(ino, token) {
+            return Err(MOVED);
+        }
         // The claim is under this lease; a rejoin meanwhile makes it void.
         let lease = self.me().lease;
+        let hi = Arc::new(HomeInode::new(ino, token, lease, context_for(&self.mgr, ino)));
         let seed = self.seed();
         let mut n = 0u64;
         // This member's own clients' locks, by its own ids: lost (EIO) unless the claim

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use vfscale_locks::{FileId, FileLockContext, OwnerId, Pid, Process};
 
 use crate::ids::IdSeed;
-use crate::peer::pb;
+use crate::peer::{pb, MOVED};
 use crate::service::Service;
 use crate::stats::Counters;
 use crate::InodeId;
@@ -24,14 +24,25 @@ pub(crate) enum Removal {
 impl Service {
     /// close(2) / last close at the home of `ino`; returns once applied.
     pub async fn remove(self: Arc<Self>, ino: InodeId, what: Removal) {
+        // Out of the shadow first, as an unlock (see the lock path): a home that applied
+        // the close may give the inode back before this call returns.
+        if let Some(s) = self.shadow.get(ino) {
+            remove_at(&s.ctx, what, None);
+        }
         let deadline = Instant::now() + self.dir.lease_ttl() * 2 + Duration::from_secs(1);
         loop {
             let Ok(home) = self.dir.home(ino).await else {
                 break;
             };
             if self.is_me(&home.member) {
-                if let Ok(hi) = self.home_inode(ino, home.token).await {
-                    remove_at(&hi.ctx, what, Some(self.seed()));
+                match self.home_inode(ino, home.token).await {
+                    Ok(hi) => remove_at(&hi.ctx, what, Some(self.seed())),
+                    // Given back meanwhile: the directory names the next home soon.
+                    Err(e) if e == MOVED && Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                    Err(_) => {}
                 }
                 break;
             }
@@ -54,7 +65,7 @@ impl Service {
             Counters::bump(&self.counters.remote_calls);
             let cancel = {
                 let id = self.next_call.fetch_add(1, Ordering::Relaxed);
-                (id, self.in_flight.add(id, &home.member.node, ino))
+                (id, self.in_flight.add(id, &home, ino))
             };
             let r = tokio::select! {
                 r = c.remove(ask) => Some(r),
@@ -66,9 +77,6 @@ impl Service {
                 _ if Instant::now() > deadline => break,
                 _ => tokio::time::sleep(Duration::from_millis(10)).await,
             }
-        }
-        if let Some(s) = self.shadow.get(ino) {
-            remove_at(&s.ctx, what, None);
         }
     }
 }

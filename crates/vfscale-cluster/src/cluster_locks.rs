@@ -85,6 +85,7 @@ impl ClusterLocks {
         if let Some(f) = leave.lock().take() {
             me.set_leave(f);
         }
+        me.set_home_idle(cfg.home_idle);
         Ok(me)
     }
 
@@ -131,6 +132,7 @@ impl ClusterLocks {
         });
         rt.spawn(crate::events::run(svc.clone(), events));
         rt.spawn(crate::waits::run(svc.clone()));
+        rt.spawn(crate::give_back::run(svc.clone()));
         let me = svc.me();
         tracing::info!(node = %me.node, lease = me.lease, peer = %addr, "joined the cluster");
         Ok(Arc::new(ClusterLocks {
@@ -143,6 +145,14 @@ impl ClusterLocks {
     /// Sets what [`ClusterLocks::leave`] runs (the directory's orderly leave).
     fn set_leave(&self, f: LeaveFn) {
         *self.leave.lock() = Some(f);
+    }
+
+    /// How long an inode homed here stays idle (no lock held, nothing waiting, no call
+    /// in progress) before this member gives it back: the inode leaves its table and
+    /// its ownership key is deleted; the next lock on it claims it again. Zero: never.
+    /// [`crate::HOME_IDLE`] unless set.
+    pub fn set_home_idle(&self, idle: std::time::Duration) {
+        self.svc.set_home_idle(idle);
     }
 
     /// This member, with its current lease.

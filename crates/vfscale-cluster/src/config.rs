@@ -24,11 +24,15 @@ pub struct ClusterConfig {
     pub peer_listen: SocketAddr,
     /// The etcd lease TTL: how long a dead member holds its locks and homes.
     pub lease_ttl: Duration,
+    /// How long an inode homed here stays idle before it is given back (zero: never);
+    /// see [`crate::ClusterLocks::set_home_idle`].
+    pub home_idle: Duration,
 }
 
 impl ClusterConfig {
     /// The defaults (cluster `vfscale`, node `<hostname>-<pid>`, peer service on a free
-    /// port of 127.0.0.1, lease TTL 5 s) with these endpoints.
+    /// port of 127.0.0.1, lease TTL 5 s, homes given back after [`crate::HOME_IDLE`])
+    /// with these endpoints.
     pub fn new(endpoints: Vec<String>) -> ClusterConfig {
         ClusterConfig {
             endpoints,
@@ -36,6 +40,7 @@ impl ClusterConfig {
             node: None,
             peer_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             lease_ttl: Duration::from_secs(5),
+            home_idle: crate::HOME_IDLE,
         }
     }
 

@@ -56,8 +56,17 @@ pub trait Directory: Send + Sync + 'static {
     fn home(&self, ino: InodeId) -> BoxFuture<'_, Result<Home, ClusterError>>;
 
     /// The home of `ino` as the watch last saw it, with no round trip; `None` when none
-    /// is known.
+    /// is known. Once it stopped showing a claim (deleted), it never shows it again.
     fn cached_home(&self, ino: InodeId) -> Option<Home>;
+
+    /// Gives back this member's home of `ino` claimed under `token`: deletes the
+    /// ownership key if its create revision is still `token` (a newer claim is never
+    /// deleted), so that the other members learn `HomeGone` and the next lock claims it
+    /// anew. `Ok` once no key with that token is left (deleted now, or gone before);
+    /// `Err(Fenced)` while fenced (the key goes with the lease); another error when the
+    /// directory did not answer in time (the caller tries again later). The caller must
+    /// have stopped serving the inode under that token.
+    fn give_back(&self, ino: InodeId, token: i64) -> BoxFuture<'_, Result<(), ClusterError>>;
 
     /// The live members, as the watch last saw them (this member included).
     fn members(&self) -> Vec<Member>;

@@ -34,7 +34,7 @@ pub(crate) async fn run(svc: Arc<Service>, mut rx: broadcast::Receiver<Directory
                 for ino in svc.shadow.homed_at(None) {
                     re_home(&svc, ino);
                 }
-                svc.in_flight.cancel_where(|_, _| true);
+                svc.in_flight.cancel_where(|_, _, _| true);
             }
             Err(RecvError::Closed) => return,
         }
@@ -62,7 +62,7 @@ fn handle(svc: &Arc<Service>, ev: DirectoryEvent) {
                     .as_ref()
                     .is_some_and(|(n, lease, _)| *n == m.node && *lease == m.lease)
             });
-            svc.in_flight.cancel_where(|node, _| node == m.node);
+            svc.in_flight.cancel_where(|node, _, _| node == m.node);
             let used = svc.shadow.homed_at(Some(&m.node));
             tracing::info!(node = %m.node, lease = m.lease, dropped, inodes = used.len(), "member gone");
             for ino in used {
@@ -74,8 +74,12 @@ fn handle(svc: &Arc<Service>, ev: DirectoryEvent) {
                 tracing::warn!(ino = ino.0, token, "an inode homed here lost its ownership key");
                 lose_home(svc, &hi);
             }
-            svc.in_flight.cancel_where(|_, i| i == ino);
-            if svc.shadow.get(ino).is_some() {
+            // Only the calls sent to the home that went: a call to a newer home (claimed
+            // after a give-back) is left to finish there.
+            svc.in_flight.cancel_where(|_, i, t| i == ino && t == token);
+            // Only to reclaim: a shadow that holds nothing (its home gave the idle
+            // inode back) needs no new home.
+            if svc.shadow.holds_any(ino) {
                 re_home(svc, ino);
             }
         }
@@ -162,7 +166,7 @@ fn fence(svc: &Service) {
     }
     svc.waiting.interrupt_where(EIO, |c| c.peer.is_none());
     svc.waiting.interrupt_where(MOVED, |c| c.peer.is_some());
-    svc.in_flight.cancel_where(|_, _| true);
+    svc.in_flight.cancel_where(|_, _, _| true);
     tracing::error!(
         homes = homes.len(),
         shadows = shadows.len(),

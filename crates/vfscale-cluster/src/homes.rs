@@ -1,9 +1,11 @@
 //! The inodes homed at this member: their `vfscale-locks` contexts (under global ids)
 //! and which other members' owners used them, in a sharded table the lock path reads
-//! with one shared lock.
+//! with one shared lock; and what tells an idle inode (to give back) from one in use.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasherDefault;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -37,12 +39,58 @@ pub(crate) struct HomeInode {
     pub ino: InodeId,
     /// The fencing token of this member's claim.
     pub token: i64,
+    /// The lease this member claimed it under.
+    pub lease: i64,
     pub ctx: Arc<FileLockContext>,
     /// Other members' owners and files seen here, by node.
     pub peers: Mutex<HashMap<String, PeerUse>>,
+    /// Calls that hold it outside the table's lock ([`Pinned`]): waits, calls past a
+    /// claim, peers' calls, closes. Raised only under the shard's lock.
+    users: AtomicUsize,
+    /// Used since the last sweep for idle inodes.
+    used: AtomicBool,
 }
 
 impl HomeInode {
+    /// A new home state, counted as used (a claim is a use).
+    pub fn new(ino: InodeId, token: i64, lease: i64, ctx: Arc<FileLockContext>) -> HomeInode {
+        HomeInode {
+            ino,
+            token,
+            lease,
+            ctx,
+            peers: Mutex::new(HashMap::new()),
+            users: AtomicUsize::new(0),
+            used: AtomicBool::new(true),
+        }
+    }
+
+    /// Marks it used; a load first, so the steady state writes no shared line.
+    #[inline]
+    pub fn touch(&self) {
+        if !self.used.load(Ordering::Relaxed) {
+            self.used.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Holds it for a call past the shard's lock. Only under that lock (inside
+    /// [`HomeTable::with`] or by [`HomeTable::pin`]), so that a give-back, which
+    /// checks `users` under the write lock, sees every pin.
+    pub fn pin(self: &Arc<Self>) -> Pinned {
+        self.users.fetch_add(1, Ordering::AcqRel);
+        self.touch();
+        Pinned(self.clone())
+    }
+
+    /// Whether nothing is held, waited for or in progress here, and nothing was since
+    /// the last sweep. Under the shard's write lock, no pin can be taken meanwhile.
+    fn is_idle(&self) -> bool {
+        if self.users.load(Ordering::Acquire) != 0 || self.used.load(Ordering::Relaxed) {
+            return false;
+        }
+        let m = self.ctx.memory();
+        m.posix_locks == 0 && m.flock_locks == 0 && m.requests == 0
+    }
     /// Remembers that `node` (under `lease`) used owner `owner` and file `file` here.
     pub fn note_peer(&self, node: &str, lease: i64, owner: Option<u64>, file: Option<u64>) {
         let mut p = self.peers.lock();
@@ -123,6 +171,33 @@ impl HomeInode {
     }
 }
 
+/// A home state held by a call outside the table's lock: a give-back leaves it alone
+/// until dropped.
+pub(crate) struct Pinned(Arc<HomeInode>);
+
+impl Pinned {
+    /// The home state itself.
+    pub fn home(&self) -> &Arc<HomeInode> {
+        &self.0
+    }
+}
+
+impl Deref for Pinned {
+    type Target = HomeInode;
+
+    fn deref(&self) -> &HomeInode {
+        &self.0
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // The end of a call is a use: the idle time counts from here.
+        self.0.touch();
+        self.0.users.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 const SHARDS: usize = 64;
 
 /// Hashes an inode number with one multiply (SipHash cost as much as the rest of the
@@ -169,15 +244,19 @@ impl HomeTable {
     }
 
     /// Runs `f` on `ino`'s home state, with its shard read-locked (no reference count
-    /// is touched); `None` when `ino` is not homed here.
+    /// is touched; the inode counts as used); `None` when `ino` is not homed here.
     #[inline]
     pub fn with<R>(&self, ino: InodeId, f: impl FnOnce(&Arc<HomeInode>) -> R) -> Option<R> {
         let s = self.shard(ino).read();
-        s.get(&ino).map(f)
+        s.get(&ino).map(|hi| {
+            hi.touch();
+            f(hi)
+        })
     }
 
-    pub fn get(&self, ino: InodeId) -> Option<Arc<HomeInode>> {
-        self.shard(ino).read().get(&ino).cloned()
+    /// `ino`'s home state, pinned for a call.
+    pub fn pin(&self, ino: InodeId) -> Option<Pinned> {
+        self.shard(ino).read().get(&ino).map(HomeInode::pin)
     }
 
     pub fn insert(&self, hi: Arc<HomeInode>) {
@@ -190,6 +269,35 @@ impl HomeTable {
         match s.get(&ino) {
             Some(h) if h.token == token => s.remove(&ino),
             _ => None,
+        }
+    }
+
+    /// The inodes not used since the last call of this (which marks the others
+    /// unused) and not pinned now: the candidates for a give-back.
+    pub fn unused_since_last_look(&self) -> Vec<Arc<HomeInode>> {
+        let mut out = Vec::new();
+        for s in self.shards.iter() {
+            for hi in s.read().values() {
+                if !hi.used.swap(false, Ordering::Relaxed) && hi.users.load(Ordering::Acquire) == 0 {
+                    out.push(hi.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// Takes `hi` out if it is still in the table and idle, checked under its shard's
+    /// write lock, so no lock call can come between the check and the removal. `mark`
+    /// runs under that lock too, before anyone can look for the inode again; it may
+    /// refuse (`false`: the inode stays).
+    pub fn take_idle(&self, hi: &Arc<HomeInode>, mark: impl FnOnce() -> bool) -> bool {
+        let mut s = self.shard(hi.ino).write();
+        match s.get(&hi.ino) {
+            Some(h) if Arc::ptr_eq(h, hi) && h.is_idle() && mark() => {
+                s.remove(&hi.ino);
+                true
+            }
+            _ => false,
         }
     }
 

@@ -1,5 +1,8 @@
 //! Remote calls in flight, by home and inode, so that when a home dies or an inode
-//! loses its home the calls waiting there are re-sent at once.
+//! loses its home the calls waiting there are re-sent at once. Only those sent to the
+//! home that went: a call cancelled here may still reach its home and be applied after
+//! the one re-sent (an unlock after the next lock), which is harmless only at a home
+//! that no longer serves the token it carries.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -7,10 +10,11 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use crate::InodeId;
+use crate::{Home, InodeId};
 
-/// A remote call in flight: its home's node, its inode, and what cancels it.
-type Flight = (String, InodeId, Arc<Notify>);
+/// A remote call in flight: its home's node, its inode, the home's token, and what
+/// cancels it.
+type Flight = (String, InodeId, i64, Arc<Notify>);
 
 /// Remote calls in flight, so that a home's death re-sends them at once.
 #[derive(Default)]
@@ -19,9 +23,11 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
-    pub fn add(&self, id: u64, node: &str, ino: InodeId) -> Arc<Notify> {
+    pub fn add(&self, id: u64, home: &Home, ino: InodeId) -> Arc<Notify> {
         let n = Arc::new(Notify::new());
-        self.map.lock().insert(id, (node.to_string(), ino, n.clone()));
+        self.map
+            .lock()
+            .insert(id, (home.member.node.clone(), ino, home.token, n.clone()));
         n
     }
 
@@ -29,10 +35,10 @@ impl InFlight {
         self.map.lock().remove(&id);
     }
 
-    /// Makes the calls `pick` selects re-send.
-    pub fn cancel_where(&self, pick: impl Fn(&str, InodeId) -> bool) {
-        for (node, ino, n) in self.map.lock().values() {
-            if pick(node, *ino) {
+    /// Makes the calls `pick` (given node, inode, token) selects re-send.
+    pub fn cancel_where(&self, pick: impl Fn(&str, InodeId, i64) -> bool) {
+        for (node, ino, token, n) in self.map.lock().values() {
+            if pick(node, *ino, *token) {
                 n.notify_one();
             }
         }

@@ -24,6 +24,12 @@
 //! * **Failure.** When a home's lease ends, the members that use its inodes claim them
 //!   again; the new home asks every live member for the locks its clients hold there
 //!   (reclaim) before it grants anything else.
+//! * **Giving back.** A home gives back an inode idle for [`HOME_IDLE`] (no lock held,
+//!   no waiter, no call in progress; settable): a sweep on the runtime every idle time
+//!   takes it out of the table, then deletes its key only under its token, and the next
+//!   lock anywhere claims it anew. So a member that locks millions of files over days
+//!   keeps only the homes in use, in memory and in etcd. The same sweep drops shadows
+//!   that hold nothing.
 //!
 //! # What is fenced, and what is not
 //!
@@ -44,9 +50,10 @@
 //! * **Home here**: a read lock on one of 64 shards of the home table (inode numbers
 //!   hashed with one multiply), `fenced()` (an atomic load and a clock read), then the
 //!   `vfscale-locks` call on the caller's thread; the call counter is striped per
-//!   thread. A request that waits is finished by a task of the service's runtime
-//!   (`.await` on the [`vfscale_locks::PendingLock`]), registered so the service can
-//!   end it.
+//!   thread, and the inode's "used" flag is written only when it is clear. A request
+//!   that waits is finished by a task of the service's runtime (`.await` on the
+//!   [`vfscale_locks::PendingLock`]), registered so the service can end it, and pins
+//!   its home (taken under the shard's read lock) until it ends.
 //! * **Home elsewhere**: the runtime resolves the home (the directory answers from its
 //!   watch cache) and sends one `Lock` request; a waiting call is one long request,
 //!   interrupted by an `Interrupt` request (the home answers `EINTR` unless it granted
@@ -70,7 +77,7 @@
 //!   and only under the lease it claimed it with, while not fenced: a claim enters the
 //!   table only if the lease is unchanged and `fenced()` is false (checked under the
 //!   identity's read lock); the `Fenced` event and a rejoin empty the table; a
-//!   `HomeGone` for that token removes the inode. A home grants nothing while
+//!   `HomeGone` for that token removes the inode, and so does a give-back (below). A home grants nothing while
 //!   `fenced()`: the lock path checks it before the call and again after a call that
 //!   was answered at once, and a wait that ends granted checks it again, answering
 //!   `EIO` (a peer's: "moved") instead; a lock so refused leaves the table with the
@@ -79,8 +86,9 @@
 //!   caller resolves the home again), and never for a member whose lease the home saw
 //!   end ("gone": the caller answers `EIO`).
 //! * The shadow holds exactly the granted locks of this member's clients at remote
-//!   homes (each granted call is applied to it after the home's answer; a failed flock
-//!   conversion drops the file's flock, as Linux does). A new home takes its own shadow
+//!   homes (each granted call is applied to it after the home's answer, each unlock and
+//!   close before it is sent; a failed flock conversion drops the file's flock, as
+//!   Linux does). A new home takes its own shadow
 //!   and every live member's before it serves the inode: calls that arrive meanwhile
 //!   wait for the claim.
 //! * When a member's lease ends, every home drops its owners' and files' locks and
@@ -93,6 +101,46 @@
 //! * `EDEADLK` across members is answered only after every other edge of the cycle was
 //!   confirmed current by the member that published it.
 //!
+//! ## Giving back
+//!
+//! * Every use of a home inode outside its shard's read lock holds a pin, taken under
+//!   that lock: a wait, a call past a claim (`home_inode`), a peer's call or close
+//!   (`home_for_peer`), a remote close. A call served wholly under the read lock needs
+//!   none. Every use marks the inode used; so does a pin's end.
+//! * An inode leaves the table for a give-back only under its shard's write lock, after
+//!   a check there that it has no pin, was not used since the previous sweep, and its
+//!   context holds no lock and no request: no lock call can come between the check and
+//!   the removal. Not while fenced, and only under the lease it was claimed with.
+//! * In the same critical section it becomes *returning* (inode, token, lease). A claim
+//!   under that token or an older one is refused ("moved": the caller resolves the home
+//!   again, with backoff, within the usual patience) for as long as it is returning; and
+//!   a claim enters the table only if the directory still shows this member as the
+//!   home under the claim's token (checked before the shadow is taken). So no call that
+//!   resolved the old home, before or after the delete, makes it again: once the key is
+//!   deleted another member may claim the inode and grant the same range.
+//! * A pinned home is used only if it is still the table's entry after its claim;
+//!   otherwise the call resolves again. A peer's call with the old token finds no entry
+//!   and answers "moved".
+//! * The key is deleted with `if create_revision == token then delete` (a newer claim
+//!   is never deleted), retried by each sweep until the directory answers; fenced, it
+//!   is not tried: the key goes with the lease. The inode stays returning until the
+//!   directory no longer shows the claim (it never shows it again then) or the lease
+//!   changed; a delete that failed leaves calls on the inode answered "moved" until a
+//!   later sweep's delete succeeds or the lease ends. Nothing is ever put back in the
+//!   table: the fence and a rejoin empty it as before, and a sweep finds nothing.
+//! * Other members' shadows hold nothing for an idle inode (a shadow holds only locks
+//!   granted at that home), so there is nothing to reclaim; a member told `HomeGone`
+//!   claims the inode again only if its shadow holds locks there. An unlock or a close
+//!   leaves the shadow before it is sent, not after the answer: the home may give the
+//!   inode back as soon as it applied it, and a new home must not reclaim the lock.
+//! * `HomeGone` re-sends only the calls in flight to the home that went (its token): a
+//!   call cancelled here may still be applied at its home after the one re-sent (an
+//!   unlock after the next lock), which is harmless only where the token it carries is
+//!   no longer served.
+//! * A shadow is dropped when it holds nothing, no call holds it, and no call took it to
+//!   add a lock between the two looks of the sweep (`taken`, bumped under the table's
+//!   mutex).
+//!
 //! # What protects what
 //!
 //! | state | protected by |
@@ -100,6 +148,9 @@
 //! | the home table (inode → context, token, peers' owners) | one `RwLock` per shard; a context's locks by its own `flc_lock` |
 //! | the peers' owners of one home inode | that inode's `peers` mutex |
 //! | the shadow table / one shadow's home | the table's mutex / the shadow's `home` mutex |
+//! | a home's pins and "used" flag | atomics; pins are taken under its shard's read lock, read under its write lock |
+//! | inodes given back, not yet forgotten (returning) | `Returning`'s mutex, taken under a shard's write lock when an inode leaves |
+//! | the idle time | an atomic; the sweeper is woken when it changes |
 //! | lost (inode, owner) pairs | `LostSet`'s mutex (an atomic flag skips it when empty) |
 //! | waiting calls, early interrupts | `Waiting`'s two mutexes |
 //! | a call's interrupt reason and hook | its `CallCtl` mutex |
@@ -115,8 +166,9 @@
 //! home's drop of a dead member's owners, which take a home's `peers` mutex first and
 //! release it before the context). `Waiting`'s map → its table of early interrupts;
 //! `Waiting`'s map → a `CallCtl` → a wait cell's leaf lock (interrupts). The shadow table's mutex → a shadow's `home` mutex; a shadow's
-//! context is locked with neither held. Every other mutex is a leaf. No lock is held
-//! across an `.await`.
+//! context is locked with neither held. A home shard's write lock → a context's
+//! `flc_lock` (the idle check) and → `Returning`'s mutex (a give-back). Every other
+//! mutex is a leaf. No lock is held across an `.await`.
 //!
 //! # Known limits
 //!
@@ -125,6 +177,9 @@
 //!   file concurrently): the shadow, and so a reclaim, may then differ from the home.
 //! * A reclaimed lock that conflicts with one already re-created (members disagreeing
 //!   about what was held) is not granted, only logged: its owner is not told.
+//! * A failed flock conversion drops the file's flock from the shadow only after the
+//!   home's answer: were the answer followed by a whole idle time (two sweeps) before
+//!   that, a give-back and a new home's reclaim could re-create the dropped flock.
 //! * A member cut off from a new home but not from etcd (it keeps its lease) holds up
 //!   the inode's service there until it answers: serving without its locks could grant
 //!   them twice. A stopped member holds it up for at most its lease.
@@ -137,6 +192,7 @@
 //! | configuration | `config.rs` |
 //! | what the parts share; the lock path | `service.rs` |
 //! | claiming an inode, reclaim | `claim.rs` |
+//! | giving back idle inodes (the sweep, returning inodes) | `give_back.rs` |
 //! | closes (`posix_remove_owner`, `file_remove`) | `close.rs` |
 //! | remote calls in flight (re-sent when a home dies) | `in_flight.rs` |
 //! | one call as carried (`Request`), and its mirror in the shadow | `request.rs` |
@@ -168,6 +224,7 @@ mod error;
 pub mod etcd;
 mod etcd_join;
 mod events;
+mod give_back;
 mod homes;
 mod ids;
 mod in_flight;
@@ -191,6 +248,7 @@ pub use cluster_locks::{ClusterFile, ClusterLocks, ClusterProcess};
 pub use config::{ClusterConfig, MIN_LEASE_TTL};
 pub use directory::{BoxFuture, Directory, DirectoryStats, WaitCycle};
 pub use error::ClusterError;
+pub use give_back::HOME_IDLE;
 pub use ids::{GlobalOwner, IdSeed};
 pub use stats::ClusterStats;
 pub use types::{DirectoryEvent, Home, InodeId, Member, PublishedEdge, WaitEdge};

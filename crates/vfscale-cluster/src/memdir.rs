@@ -37,6 +37,8 @@ struct State {
     subscribers: HashMap<String, broadcast::Sender<DirectoryEvent>>,
     /// The lease TTL members joining from now on report (`None`: 5 s).
     ttl: Option<Duration>,
+    /// How long a give-back takes before its key is deleted.
+    give_back_delay: Duration,
 }
 
 impl MemCluster {
@@ -49,6 +51,12 @@ impl MemCluster {
     /// service keeps trying a home that does not answer depends on it).
     pub fn set_lease_ttl(&self, ttl: Duration) {
         self.state.lock().ttl = Some(ttl);
+    }
+
+    /// Makes every give-back take `delay` before its key is deleted (a slow etcd), so
+    /// that calls can arrive while an inode is on its way out.
+    pub fn set_give_back_delay(&self, delay: Duration) {
+        self.state.lock().give_back_delay = delay;
     }
 
     /// Registers member `node` at `addr` with a new lease.
@@ -228,6 +236,30 @@ impl Directory for MemDirectory {
 
     fn members(&self) -> Vec<Member> {
         self.cluster.state.lock().members.values().cloned().collect()
+    }
+
+    fn give_back(&self, ino: InodeId, token: i64) -> BoxFuture<'_, Result<(), ClusterError>> {
+        Box::pin(async move {
+            let delay = self.cluster.state.lock().give_back_delay;
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            if self.fenced() {
+                return Err(ClusterError::Fenced);
+            }
+            let mut st = self.cluster.state.lock();
+            self.txns.fetch_add(1, Ordering::Relaxed);
+            if st.homes.get(&ino).is_none_or(|h| h.token != token) {
+                return Ok(());
+            }
+            st.homes.remove(&ino);
+            st.rev += 1;
+            // Every member is told, this one too, as etcd's watch does.
+            for tx in st.subscribers.values() {
+                let _ = tx.send(DirectoryEvent::HomeGone { ino, token });
+            }
+            Ok(())
+        })
     }
 
     fn events(&self) -> broadcast::Receiver<DirectoryEvent> {

@@ -74,6 +74,14 @@ impl Request {
         }
     }
 
+    /// Whether it only lets go of locks (an unlock, which a home never refuses).
+    pub fn is_unlock(&self) -> bool {
+        match self.op {
+            Op::Fcntl { cmd, fl } => !cmd.is_get() && fl.l_type == LockType::Unlock,
+            Op::Flock { op, .. } => op == FlockOp::Unlock,
+        }
+    }
+
     /// The owner whose locks the call is about.
     pub fn lock_owner(&self) -> LockOwner {
         match self.op {

@@ -54,7 +54,7 @@ impl PeerService {
                 let ctl = CallCtl::new();
                 let r = svc
                     .finish_wait(
-                        &hi,
+                        hi.ino,
                         g,
                         p,
                         fl,

@@ -16,7 +16,8 @@ use vfscale_locks::{
 
 use crate::call::{CallCtl, Hook, LockCall, LockDone};
 use crate::claim::Claim;
-use crate::homes::{HomeInode, HomeTable};
+use crate::give_back::{idle_millis, Returning, HOME_IDLE};
+use crate::homes::{HomeInode, HomeTable, Pinned};
 use crate::ids::IdSeed;
 use crate::in_flight::InFlight;
 use crate::lost::LostSet;
@@ -67,7 +68,7 @@ impl Drop for DoneOnce {
 
 /// A request that waits at a home here: the home, the request (global ids), the
 /// pending lock and the answer's flock.
-type Waiter = (Arc<HomeInode>, Request, PendingLock, Flock);
+type Waiter = (Pinned, Request, PendingLock, Flock);
 
 /// A first attempt at a home here (small: the usual answer is copied out of the home
 /// table's closure; a wait is boxed, as waiting allocates anyway).
@@ -102,6 +103,12 @@ pub(crate) struct Service {
     pub counters: Counters,
     pub in_flight: InFlight,
     pub claims: Mutex<HashMap<InodeId, Claim>>,
+    /// Inodes given back whose claim the directory may still show.
+    pub returning: Returning,
+    /// How long an inode stays idle before it is given back, in ms (0: never).
+    home_idle_ms: AtomicU64,
+    /// Wakes the sweeper: the idle time changed.
+    pub sweep_kick: Notify,
     /// Members whose lease ended, as (node, lease): their requests are refused.
     dead: Mutex<HashSet<(String, i64)>>,
     pub next_call: AtomicU64,
@@ -128,6 +135,9 @@ impl Service {
             counters: Counters::default(),
             in_flight: InFlight::default(),
             claims: Mutex::new(HashMap::new()),
+            returning: Returning::default(),
+            home_idle_ms: AtomicU64::new(idle_millis(HOME_IDLE)),
+            sweep_kick: Notify::new(),
             dead: Mutex::new(HashSet::new()),
             next_call: AtomicU64::new(1),
             waits_kick: Notify::new(),
@@ -140,6 +150,23 @@ impl Service {
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
         self.homes.drain();
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// How long an inode stays idle before it is given back; `None`: never.
+    pub fn home_idle(&self) -> Option<Duration> {
+        match self.home_idle_ms.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+
+    pub fn set_home_idle(&self, idle: Duration) {
+        self.home_idle_ms.store(idle_millis(idle), Ordering::Relaxed);
+        self.sweep_kick.notify_one();
     }
 
     #[inline]
@@ -216,7 +243,8 @@ impl Service {
                 // may serve the inode once the lease ends, so the grant is not given.
                 Started::Done(_) if self.dir.fenced() => Err(EIO),
                 Started::Done(fl) => Ok(Fast::Done(fl)),
-                Started::Waiting(p, fl) => Ok(Fast::Wait(Box::new((hi.clone(), g, p, fl)))),
+                // Pinned under the shard's lock: no give-back while it waits.
+                Started::Waiting(p, fl) => Ok(Fast::Wait(Box::new((hi.pin(), g, p, fl)))),
             }
         });
         match fast {
@@ -235,7 +263,8 @@ impl Service {
                 let c = ctl.clone();
                 let done = DoneOnce(Some(done));
                 self.rt.spawn(async move {
-                    let r = svc.finish_wait(&hi, g, p, fl, &c, None).await;
+                    let r = svc.finish_wait(hi.ino, g, p, fl, &c, None).await;
+                    drop(hi);
                     done.call(c.finish(r));
                 });
                 LockCall::waiting(ctl)
@@ -259,10 +288,11 @@ impl Service {
     }
 
     /// Waits for a request blocked at a home here (for a client of this member, or a
-    /// peer's with `peer`), registered so the service can end it.
+    /// peer's with `peer`), registered so the service can end it. The caller keeps the
+    /// home pinned until it returns.
     pub async fn finish_wait(
         &self,
-        hi: &Arc<HomeInode>,
+        ino: InodeId,
         g: Request,
         pending: PendingLock,
         fl: Flock,
@@ -276,7 +306,7 @@ impl Service {
             LockOwner::Posix(o) | LockOwner::File(o) => o,
         };
         let guard = self.waiting.add(WaitingCall {
-            ino: hi.ino,
+            ino,
             owner,
             posix,
             peer,
@@ -314,20 +344,36 @@ impl Service {
             }
             let home = self.dir.home(req.ino).await.map_err(|e| e.errno())?;
             let seed = self.seed();
-            if self.is_me(&home.member) {
-                let hi = self.home_inode(req.ino, home.token).await?;
-                if self.dir.fenced() {
-                    return Err(EIO);
+            let outcome = if self.is_me(&home.member) {
+                match self.home_inode(req.ino, home.token).await {
+                    Ok(hi) => {
+                        if self.dir.fenced() {
+                            return Err(EIO);
+                        }
+                        self.counters.local_calls.bump();
+                        let g = req.global(seed);
+                        return match g.start(&hi.ctx)? {
+                            Started::Done(_) if self.dir.fenced() => Err(EIO),
+                            Started::Done(fl) => Ok(fl),
+                            Started::Waiting(p, fl) => self.finish_wait(hi.ino, g, p, fl, ctl, None).await,
+                        };
+                    }
+                    // Given back meanwhile: the directory names the next home soon.
+                    Err(e) if e == MOVED => Remote::Retry,
+                    Err(e) => return Err(e),
                 }
-                self.counters.local_calls.bump();
-                let g = req.global(seed);
-                return match g.start(&hi.ctx)? {
-                    Started::Done(_) if self.dir.fenced() => Err(EIO),
-                    Started::Done(fl) => Ok(fl),
-                    Started::Waiting(p, fl) => self.finish_wait(&hi, g, p, fl, ctl, None).await,
-                };
-            }
-            match self.remote_lock(&home, req, seed, ctl).await {
+            } else {
+                // An unlock leaves the shadow before it is sent: once the home answered,
+                // the home may give the inode back, and a new home's reclaim must not
+                // find the lock here still. Early is safe: the lock is being let go of.
+                if req.is_unlock() {
+                    if let Some(s) = self.shadow.get(req.ino) {
+                        req.mirror(&s.ctx);
+                    }
+                }
+                self.remote_lock(&home, req, seed, ctl).await
+            };
+            match outcome {
                 Remote::Done(r) => {
                     self.mirror(&home, &req, &r);
                     return r;
@@ -416,7 +462,7 @@ impl Service {
                 });
             })));
         }
-        let cancel = self.in_flight.add(call_id, &home.member.node, req.ino);
+        let cancel = self.in_flight.add(call_id, home, req.ino);
         Counters::bump(&self.counters.remote_calls);
         let r = tokio::select! {
             r = client.lock(msg) => Some(r),

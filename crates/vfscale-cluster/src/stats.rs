@@ -26,6 +26,11 @@ pub struct ClusterStats {
     pub homes_claimed: u64,
     /// Inodes homed here now.
     pub homes_now: u64,
+    /// Inodes this member gave back after they were idle (out of its table, their
+    /// ownership key deleted).
+    pub homes_given_back: u64,
+    /// Shadows of remote inodes dropped because they held nothing.
+    pub shadows_pruned: u64,
     /// Calls waiting in this member's wait trees now (its clients' and peers').
     pub waiting_now: u64,
     /// Owners of dead members whose locks this member dropped as their home.
@@ -88,6 +93,8 @@ pub(crate) struct Counters {
     pub deadlocks_across: AtomicU64,
     pub lost_eio: AtomicU64,
     pub homes_claimed: AtomicU64,
+    pub homes_given_back: AtomicU64,
+    pub shadows_pruned: AtomicU64,
     pub dead_owners_dropped: AtomicU64,
     pub wait_publications: AtomicU64,
     pub cycles_unconfirmed: AtomicU64,
@@ -113,6 +120,8 @@ impl Counters {
             lost_eio: g(&self.lost_eio),
             homes_claimed: g(&self.homes_claimed),
             homes_now,
+            homes_given_back: g(&self.homes_given_back),
+            shadows_pruned: g(&self.shadows_pruned),
             waiting_now,
             dead_owners_dropped: g(&self.dead_owners_dropped),
             wait_publications: g(&self.wait_publications),

@@ -1,12 +1,14 @@
 //! Homes on a real 3-member etcd: claim races, homes that go with their lease, fencing
-//! tokens that grow, and claims that go on when the etcd leader dies.
+//! tokens that grow, claims that go on when the etcd leader dies, and homes given back.
 
 mod etcd_support;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_support::{etcd, eventually, join, wait_event};
-use vfscale_cluster::{Directory, DirectoryEvent, InodeId};
+use vfscale_cluster::etcd::EtcdDirectory;
+use vfscale_cluster::{Directory, DirectoryEvent, Home, InodeId};
 use vfscale_conformance::etcd::EtcdCluster;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -58,11 +60,8 @@ async fn a_claim_race_makes_one_home_that_both_see() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_home_goes_with_its_lease_and_the_next_token_is_larger() {
     let Some(etcd) = etcd() else { return };
-    let a = join(&etcd, "a", 5).await;
-    let b = join(&etcd, "b", 5).await;
     let ino = InodeId(7);
-    let first = a.home(ino).await.expect("a claims");
-    assert_eq!(first.member, a.me());
+    let (a, b, first) = claimed_by_a(&etcd, ino).await;
     let seen = b.home(ino).await.expect("b learns");
     assert_eq!(seen, first);
     let a_member = a.me();
@@ -106,15 +105,25 @@ async fn home_gone_arrives_at_the_other_member() {
     let first = a.home(InodeId(9)).await.expect("a claims");
     let mut rx = b.events();
     a.leave().await;
-    let token = wait_event(&mut rx, Duration::from_secs(5), "HomeGone(9)", |e| match e {
-        DirectoryEvent::HomeGone {
-            ino: InodeId(9),
-            token,
-        } => Some(*token),
+    assert_eq!(home_gone(&mut rx, InodeId(9)).await, first.token);
+}
+
+/// Members `a` and `b`, and `ino` claimed by `a`.
+async fn claimed_by_a(etcd: &EtcdCluster, ino: InodeId) -> (Arc<EtcdDirectory>, Arc<EtcdDirectory>, Home) {
+    let a = join(etcd, "a", 5).await;
+    let b = join(etcd, "b", 5).await;
+    let first = a.home(ino).await.expect("a claims");
+    assert_eq!(first.member, a.me());
+    (a, b, first)
+}
+
+/// The token of the next `HomeGone` of `ino`.
+async fn home_gone(rx: &mut tokio::sync::broadcast::Receiver<DirectoryEvent>, ino: InodeId) -> i64 {
+    wait_event(rx, Duration::from_secs(5), "HomeGone", |e| match e {
+        DirectoryEvent::HomeGone { ino: i, token } if *i == ino => Some(*token),
         _ => None,
     })
-    .await;
-    assert_eq!(token, first.token);
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -178,4 +187,31 @@ async fn a_killed_first_endpoint_is_left_for_the_others() {
 async fn a_frozen_first_endpoint_is_left_for_the_others() {
     // SIGSTOP: the connection stays up and nothing answers on it (Drop reaps it).
     first_endpoint_lost(|etcd| etcd.pause(0).expect("SIGSTOP")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_home_given_back_goes_and_a_newer_claim_is_never_deleted() {
+    let Some(etcd) = etcd() else { return };
+    let ino = InodeId(11);
+    let (a, b, first) = claimed_by_a(&etcd, ino).await;
+    let mut rx = b.events();
+    a.give_back(ino, first.token).await.expect("given back");
+    assert_eq!(home_gone(&mut rx, ino).await, first.token);
+    eventually(Duration::from_secs(5), "a no longer shows its claim", || {
+        a.cached_home(ino).is_none()
+    })
+    .await;
+    let second = b.home(ino).await.expect("b claims anew");
+    assert_eq!(second.member, b.me());
+    assert!(second.token > first.token);
+    // Giving back the old claim again deletes nothing: b's key has a newer token.
+    a.give_back(ino, first.token).await.expect("answered");
+    let mut client = etcd_client::Client::connect(etcd.endpoints(), None)
+        .await
+        .expect("connect");
+    let key = client.get("/vfscale/test/homes/11", None).await.expect("get");
+    assert_eq!(
+        key.kvs().first().map(|kv| kv.create_revision()),
+        Some(second.token)
+    );
 }

@@ -18,13 +18,18 @@ fn member(etcd: &EtcdCluster, node: &str) -> std::sync::Arc<ClusterLocks> {
     ClusterLocks::join(cfg).expect("join")
 }
 
-#[test]
-fn two_members_over_etcd() {
+/// A fresh 3-member etcd, or `None` after printing why the test is skipped.
+fn etcd() -> Option<EtcdCluster> {
     if let Err(why) = EtcdCluster::available() {
         println!("SKIP: {why}");
-        return;
+        return None;
     }
-    let etcd = EtcdCluster::start(3).expect("etcd");
+    Some(EtcdCluster::start(3).expect("etcd"))
+}
+
+#[test]
+fn two_members_over_etcd() {
+    let Some(etcd) = etcd() else { return };
     let (a, b) = (member(&etcd, "a"), member(&etcd, "b"));
     setlk(&a, 1, who(1, 100), wr(0, 10)).unwrap();
     assert_eq!(setlk(&b, 1, who(1, 200), wr(5, 1)), Err(Errno::EAGAIN));
@@ -76,4 +81,29 @@ fn two_members_over_etcd() {
     println!("granted {:?} after the home left", t.elapsed());
     assert_eq!(setlk(&b, 20, who(10, 1000), wr(50, 1)), Err(Errno::EAGAIN));
     println!("b: {:?}", b.stats());
+}
+
+#[test]
+fn an_idle_home_is_given_back_over_etcd() {
+    let Some(etcd) = etcd() else { return };
+    let (a, b) = (member(&etcd, "a"), member(&etcd, "b"));
+    a.set_home_idle(Duration::from_millis(200));
+    setlk(&a, 5, who(1, 100), wr(0, 10)).unwrap();
+    let first = a.directory().cached_home(InodeId(5)).expect("homed at a");
+    setlk(&a, 5, who(1, 100), un(0, 10)).unwrap();
+    eventually("a gives inode 5 back", || a.stats().homes_given_back == 1);
+    assert_eq!(a.stats().homes_now, 0);
+    eventually("b learns it has no home", || {
+        b.directory().cached_home(InodeId(5)).is_none()
+    });
+    // The next lock, from b, claims it anew (a larger token) and is granted.
+    setlk(&b, 5, who(2, 200), wr(0, 10)).unwrap();
+    let second = b.directory().cached_home(InodeId(5)).expect("homed at b");
+    assert_eq!(second.member.node, "b");
+    assert!(second.token > first.token);
+    assert_eq!(setlk(&a, 5, who(1, 100), wr(5, 1)), Err(Errno::EAGAIN));
+    // Held at b, it stays there; a's next idle sweeps find nothing to give back.
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(b.directory().cached_home(InodeId(5)), Some(second));
+    assert_eq!(a.stats().homes_given_back, 1);
 }

@@ -324,6 +324,32 @@ impl LockManager {
         self.shards[shard].lock().push(ctx);
     }
 
+    /// Forgets the contexts dropped since they were listed: the listing keeps a weak
+    /// reference to each context that ever held a lock, and with it the context's
+    /// allocation, until a listing walks past it. A caller that drops contexts over
+    /// time and never lists calls this now and then; returns how many it forgot.
+    ///
+    /// ```
+    /// use vfscale_locks::*;
+    /// let mgr = LockManager::new();
+    /// let inode = FileLockContext::new(&mgr, InodeKey::default());
+    /// let f = OpenFile::new(1, AccessMode::ReadWrite);
+    /// inode.fcntl(Process::new(1), f, FcntlCmd::SetLk, &mut Flock::new(LockType::Write, 0, 1)).unwrap();
+    /// assert_eq!(mgr.forget_dropped_contexts(), 0);
+    /// drop(inode);
+    /// assert_eq!(mgr.forget_dropped_contexts(), 1);
+    /// ```
+    pub fn forget_dropped_contexts(&self) -> usize {
+        let mut n = 0;
+        for shard in self.shards.iter() {
+            let mut s = shard.lock();
+            let before = s.len();
+            s.retain(|w| w.strong_count() > 0);
+            n += before - s.len();
+        }
+        n
+    }
+
     /// Every live context that has held a lock, shard by shard; drops contexts that
     /// are gone. Touches each shard's lock once.
     pub(crate) fn listing_contexts(&self) -> Vec<Arc<FileLockContext>> {

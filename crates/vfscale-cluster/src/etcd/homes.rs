@@ -1,5 +1,6 @@
-//! Homes: claiming an inode (one etcd transaction, the winner of a race is the home) and
-//! answering from the view when it knows a live home (no etcd traffic at all).
+//! Homes: claiming an inode (one etcd transaction, the winner of a race is the home),
+//! answering from the view when it knows a live home (no etcd traffic at all), and
+//! giving a home back (one transaction that deletes the key only under its token).
 
 use std::time::Duration;
 
@@ -130,6 +131,36 @@ pub(crate) async fn home(shared: &Shared, ino: InodeId) -> Result<Home, ClusterE
             None => {
                 // The key's lease is ending (its member is gone): etcd deletes it soon.
                 retries.last_error = format!("home {:?} (lease {:x}) is going away", entry.node, entry.lease);
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+}
+
+/// Deletes `homes/<ino>` if its create revision is `token`: `if create_revision == token
+/// then delete`. Either answer means no key of that claim is left (a failed compare: it
+/// is gone, or a newer claim holds the key). Retried on another endpoint until etcd
+/// answers, within the lease TTL; `Err(Fenced)` once fenced. The key is left in the view
+/// for the watch to remove, so the view never shows it again once it stopped.
+pub(crate) async fn give_back(shared: &Shared, ino: InodeId, token: i64) -> Result<(), ClusterError> {
+    let key = shared.keys.home(ino);
+    let mut retries = Retries::new(shared.cfg.lease_ttl);
+    loop {
+        retries.next(&shared.fence, format_args!("giving back inode {}", ino.0))?;
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, token)])
+            .and_then([TxnOp::delete(key.as_str(), None)]);
+        match shared
+            .request(ATTEMPT, |mut c| async move { c.txn(txn).await })
+            .await
+        {
+            Ok(resp) => {
+                debug!(ino = ino.0, token, deleted = resp.succeeded(), "home given back");
+                return Ok(());
+            }
+            Err(Failure::Timeout(d)) => retries.last_error = format!("no answer within {d:?}"),
+            Err(f) => {
+                retries.last_error = f.to_string();
                 tokio::time::sleep(RETRY).await;
             }
         }

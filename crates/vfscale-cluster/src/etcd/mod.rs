@@ -6,12 +6,15 @@
 //! | key | value | lease | written by |
 //! |---|---|---|---|
 //! | `members/<node>` | `{"addr": "<peer addr>", "lease": N}` | the member's | join / rejoin (create-only txn) |
-//! | `homes/<ino>` | the home's node name | the home's | a claim: `if create_revision == 0 then put else get` |
+//! | `homes/<ino>` | the home's node name | the home's | a claim: `if create_revision == 0 then put else get`; deleted by a give-back: `if create_revision == token then delete` |
 //! | `waits/<node>` | the member's wait-for edges, `[[waiter, blocker], ...]` | the member's | `publish_waits` |
 //! | `waits-version` | the last publisher's node | none | every publication, compared on its mod revision |
 //!
 //! A home's fencing token is its key's create revision: a later home of the same inode
-//! is created at a later revision, so its token is larger. When a lease ends (expired or
+//! is created at a later revision, so its token is larger. The view applies a home's
+//! put or delete only to an entry no newer than it (a delete at revision D removes only
+//! an entry created before D), so a watch that lags behind a claim this member recorded
+//! itself never drops or overwrites it. When a lease ends (expired or
 //! revoked), etcd deletes every key under it at one revision, so a member's registration,
 //! homes and edges go together.
 //!
@@ -38,7 +41,7 @@
 //! | the fence clock (`CLOCK_MONOTONIC`, TTL minus margin) | `fence.rs` |
 //! | keep-alive, fencing, rejoin, registration | `lease.rs` |
 //! | the view (members, homes), its watch and re-list | `view.rs` |
-//! | claims and cached homes | `homes.rs` |
+//! | claims, cached homes, give-backs | `homes.rs` |
 //! | the wait-for graph and cycle search | `waits.rs` |
 //!
 //! # Fencing rule
@@ -311,6 +314,10 @@ impl Directory for EtcdDirectory {
 
     fn cached_home(&self, ino: InodeId) -> Option<Home> {
         homes::resolve(&self.shared, &self.shared.view.read(), ino)
+    }
+
+    fn give_back(&self, ino: InodeId, token: i64) -> BoxFuture<'_, Result<(), ClusterError>> {
+        Box::pin(homes::give_back(&self.shared, ino, token))
     }
 
     fn members(&self) -> Vec<Member> {

@@ -80,10 +80,19 @@ impl View {
                 self.members.remove(node).map(DirectoryEvent::MemberGone)
             }
             (ViewKey::Home(ino), EventType::Put) => {
-                self.homes.insert(ino, HomeEntry::from_kv(kv));
+                let entry = HomeEntry::from_kv(kv);
+                // A claim recorded before the watch got here may be newer than the put.
+                if self.homes.get(&ino).is_none_or(|e| e.token <= entry.token) {
+                    self.homes.insert(ino, entry);
+                }
                 None
             }
             (ViewKey::Home(ino), EventType::Delete) => {
+                // A delete at revision D removes a key created before D: a newer claim
+                // (given back and claimed again while the watch lagged) stays.
+                if self.homes.get(&ino)?.token >= kv.mod_revision() {
+                    return None;
+                }
                 let gone = self.homes.remove(&ino)?;
                 Some(DirectoryEvent::HomeGone {
                     ino,
