@@ -685,7 +685,8 @@ fn check_mountpoint(p: &Path) -> Result<(), Error> {
 /// and the most parked at once on one queue). Under `--cluster`, the cluster's counters
 /// follow (`cluster_local_calls= cluster_remote_calls= cluster_served_for_peers=
 /// cluster_reclaimed= cluster_deadlocks_across= cluster_lost_eio= cluster_homes_claimed=
-/// cluster_homes_now= cluster_dead_owners_dropped= cluster_etcd_txns= cluster_fences=`,
+/// cluster_homes_now= cluster_homes_given_back= cluster_dead_owners_dropped=
+/// cluster_etcd_txns= cluster_fences=`,
 /// see `vfscale_cluster::ClusterStats`; the lock counters before them are then zero, the
 /// server's own lock manager unused). After the kernels have forgotten
 /// everything (`umount`, or `echo 2 > /proc/sys/vm/drop_caches` with nothing open) it
@@ -711,7 +712,7 @@ fn write_stats(srv: &Server, gates: &[Arc<dispatch::ConnGate>], rings: &[fuser::
         Some(c) => {
             let c = c.stats();
             format!(
-                "{} cluster_local_calls={} cluster_remote_calls={} cluster_served_for_peers={} cluster_reclaimed={} cluster_deadlocks_across={} cluster_lost_eio={} cluster_homes_claimed={} cluster_homes_now={} cluster_dead_owners_dropped={} cluster_etcd_txns={} cluster_fences={}\n",
+                "{} cluster_local_calls={} cluster_remote_calls={} cluster_served_for_peers={} cluster_reclaimed={} cluster_deadlocks_across={} cluster_lost_eio={} cluster_homes_claimed={} cluster_homes_now={} cluster_homes_given_back={} cluster_dead_owners_dropped={} cluster_etcd_txns={} cluster_fences={}\n",
                 line.trim_end(),
                 c.local_calls,
                 c.remote_calls,
@@ -721,6 +722,7 @@ fn write_stats(srv: &Server, gates: &[Arc<dispatch::ConnGate>], rings: &[fuser::
                 c.lost_eio,
                 c.homes_claimed,
                 c.homes_now,
+                c.homes_given_back,
                 c.dead_owners_dropped,
                 c.directory.etcd_txns,
                 c.directory.fences
