@@ -17,8 +17,9 @@ use fuser::Notifier;
 use crate::locks::GrantAnswer;
 use crate::Server;
 
-/// One invalidation to make (connection, node id) and what answers its grant after it.
-type Job = (usize, u64, GrantAnswer);
+/// One invalidation to make (node id, on the thread's connection) and what answers its
+/// grant after it.
+type Job = (u64, GrantAnswer);
 
 /// The notifier threads, one per connection.
 pub struct GrantNotify {
@@ -37,7 +38,7 @@ impl GrantNotify {
             std::thread::Builder::new()
                 .name(format!("vfscalefs-notify-{conn}"))
                 .spawn(move || {
-                    for (conn, id, answer) in rx {
+                    for (id, answer) in rx {
                         if let Some(srv) = srv.upgrade() {
                             // A bug here must not end the thread: every later grant of the
                             // connection would be answered with no invalidation.
@@ -61,7 +62,7 @@ impl GrantNotify {
     pub fn invalidate_then(&self, conn: usize, id: u64, answer: GrantAnswer) {
         match self.queues.get(conn) {
             Some(q) => {
-                if let Err(SendError((_, _, answer))) = q.send((conn, id, answer)) {
+                if let Err(SendError((_, answer))) = q.send((id, answer)) {
                     answer(); // its thread is gone: only at the server's end
                 }
             }

@@ -4,6 +4,7 @@
 //! the other servers' clients change the file under their locks.
 
 use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
@@ -69,6 +70,9 @@ struct ConnView {
 pub struct SourceViews {
     /// Per connection, the source file as its last grant's invalidation saw it.
     seen: Mutex<Vec<ConnView>>,
+    /// The sum of `seen`'s `inflight` (changed under its mutex): with none under way,
+    /// [`SourceViews::invalidating`] needs no lock (it runs at every hand-off's grant).
+    inflight_any: AtomicU32,
     /// Whether the source file's change time shows every change made after a `stat`
     /// (`ctime.rs`), once asked.
     fine_ctime: OnceLock<bool>,
@@ -92,6 +96,7 @@ impl SourceViews {
         if !same {
             v.seen = Some(cur);
             v.inflight += 1;
+            self.inflight_any.fetch_add(1, Ordering::Release);
         }
         !same
     }
@@ -103,6 +108,7 @@ impl SourceViews {
         let v = Self::of(&mut seen, conn);
         v.seen = None;
         v.inflight += 1;
+        self.inflight_any.fetch_add(1, Ordering::Release);
     }
 
     /// An invalidation of connection `conn`'s caches that [`SourceViews::source_changed`]
@@ -111,12 +117,16 @@ impl SourceViews {
         let mut seen = self.seen.lock();
         let v = Self::of(&mut seen, conn);
         debug_assert!(v.inflight > 0, "an invalidation done that was never begun");
-        v.inflight = v.inflight.saturating_sub(1);
+        if v.inflight > 0 {
+            v.inflight -= 1;
+            self.inflight_any.fetch_sub(1, Ordering::Release);
+        }
     }
 
     /// Whether an invalidation of connection `conn`'s caches is under way.
     pub fn invalidating(&self, conn: usize) -> bool {
-        self.seen.lock().get(conn).is_some_and(|v| v.inflight > 0)
+        self.inflight_any.load(Ordering::Acquire) != 0
+            && self.seen.lock().get(conn).is_some_and(|v| v.inflight > 0)
     }
 
     fn of(seen: &mut Vec<ConnView>, conn: usize) -> &mut ConnView {
