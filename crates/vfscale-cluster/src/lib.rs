@@ -20,7 +20,8 @@
 //! * **Deadlock across members.** A POSIX wait that lasts is published in etcd as a
 //!   wait-for edge, serialised by a compare-and-swap on one version key; the edge that
 //!   closes a cycle, once the other members confirm their edges are current, fails with
-//!   `EDEADLK`.
+//!   `EDEADLK`: the newest wait of its owner for its blocker, alone (as Linux refuses
+//!   the one request that would close a cycle, an owner's other waits go on).
 //! * **Failure.** When a home's lease ends, the members that use its inodes claim them
 //!   again; the new home asks every live member for the locks its clients hold there
 //!   (reclaim) before it grants anything else.

@@ -22,7 +22,7 @@ use crate::ids::IdSeed;
 use crate::in_flight::InFlight;
 use crate::lost::LostSet;
 use crate::peer::{self, pb, Peers, MOVED};
-use crate::request::{flock_of_range, LockOwner, Op, Request, Started};
+use crate::request::{flock_of_range, Op, Request, Started};
 use crate::shadow::ShadowTable;
 use crate::stats::Counters;
 use crate::waiting::{Waiting, WaitingCall};
@@ -302,14 +302,10 @@ impl Service {
         let is_peer = peer.is_some();
         ctl.set_hook(Hook::Local(pending.interrupter()));
         let posix = g.is_posix_wait();
-        let owner = match g.lock_owner() {
-            LockOwner::Posix(o) | LockOwner::File(o) => o,
-        };
         let guard = self.waiting.add(WaitingCall {
             ino,
-            owner,
-            posix,
             peer,
+            wait: Some(pending.wait_id()),
             ctl: ctl.clone(),
         });
         if posix {

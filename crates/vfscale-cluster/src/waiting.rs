@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vfscale_locks::Errno;
+use vfscale_locks::{Errno, PosixWaitId};
 
 use crate::call::CallCtl;
 use crate::sync::{AtomicU64, Mutex, Ordering};
@@ -15,12 +15,10 @@ use crate::InodeId;
 /// One waiting call.
 pub(crate) struct WaitingCall {
     pub ino: InodeId,
-    /// The global owner (process for POSIX requests, file otherwise).
-    pub owner: u64,
-    /// A process-owned POSIX request (the kind deadlock detection covers).
-    pub posix: bool,
     /// For a peer's call: its node, the lease it called under, and its call id.
     pub peer: Option<(String, i64, u64)>,
+    /// The wait in this member's lock manager (`None` for a call not waiting there).
+    pub wait: Option<PosixWaitId>,
     pub ctl: Arc<CallCtl>,
 }
 
@@ -109,9 +107,8 @@ mod loom_models {
     fn peer_call(ctl: &Arc<CallCtl>) -> WaitingCall {
         WaitingCall {
             ino: InodeId(1),
-            owner: 7,
-            posix: true,
             peer: Some(("b".to_string(), 1, 1)),
+            wait: None,
             ctl: ctl.clone(),
         }
     }

@@ -1,7 +1,8 @@
 //! Deadlock detection across members: this member publishes the wait-for edges of its
 //! homes' POSIX waits that last (the directory serialises publications and refuses a
 //! new edge that closes a cycle); a cycle is confirmed with the members whose edges it
-//! uses (`IsWaiting`) before its closing wait answers `EDEADLK`.
+//! uses (`IsWaiting`) before its closing wait answers `EDEADLK` (that wait alone: the
+//! owner's other waits go on).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,6 +12,7 @@ use crate::peer::pb;
 use crate::service::Service;
 use crate::stats::Counters;
 use crate::{WaitCycle, WaitEdge};
+use vfscale_locks::PosixWaitId;
 
 /// A wait is published once it has lasted this long: most waits end sooner, and
 /// publishing costs an etcd transaction.
@@ -36,6 +38,18 @@ fn lasting_edges(svc: &Service) -> Vec<WaitEdge> {
     v.sort();
     v.dedup();
     v
+}
+
+/// The wait that closed a cycle: of the closing owner's waits for the closing blocker,
+/// the newest. Linux refuses the request that would close a cycle, not the owner's
+/// other waits (a process whose threads wait on other locks keeps those waits).
+fn closing_wait(svc: &Service, closing: WaitEdge) -> Option<PosixWaitId> {
+    svc.mgr
+        .posix_wait_edges()
+        .into_iter()
+        .filter(|e| e.waiter.0 == closing.waiter && e.blocker.0 == closing.blocker)
+        .max_by_key(|e| e.blocked_at)
+        .map(|e| e.wait)
 }
 
 /// Whether every edge of the cycle other than the closing one is still a wait.
@@ -96,9 +110,10 @@ pub(crate) async fn run(svc: Arc<Service>) {
                 let mut answered = Vec::new();
                 for c in &cycles {
                     if confirm(&svc, c).await {
-                        let n = svc
-                            .waiting
-                            .interrupt_where(EDEADLK, |w| w.posix && w.owner == c.closing.waiter);
+                        let n = match closing_wait(&svc, c.closing) {
+                            Some(id) => svc.waiting.interrupt_where(EDEADLK, |w| w.wait == Some(id)),
+                            None => 0,
+                        };
                         if n > 0 {
                             Counters::bump(&svc.counters.deadlocks_across);
                             tracing::info!(

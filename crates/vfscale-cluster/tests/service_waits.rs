@@ -101,6 +101,34 @@ fn edeadlk_for_a_cycle_whose_waits_sit_at_two_homes() {
     assert_eq!(total, 1);
 }
 
+#[test]
+fn edeadlk_ends_only_the_wait_that_closed_the_cycle() {
+    let c = start(2);
+    let (a, b) = (&c.members[0], &c.members[1]);
+    let (pa, pb, pc) = (who(1, 100), who(1, 200), who(2, 300));
+    setlk(a, 13, pa, wr(0, 1)).unwrap(); // X at home A, held by pa
+    setlk(b, 14, pb, wr(0, 1)).unwrap(); // Y at home B, held by pb
+    setlk(b, 15, pc, wr(0, 1)).unwrap(); // Z at home B, held by pc
+                                         // A thread of pa waits for Z (at B, behind pc: no cycle)...
+    let (_cz, rxz) = fcntl_start(a, 15, pa, file(1), FcntlCmd::SetLkW, wr(0, 1));
+    // ...pb waits for X, long enough to be published...
+    let (_cx, rxx) = fcntl_start(b, 13, pb, file(2), FcntlCmd::SetLkW, wr(0, 1));
+    still_waiting(&rxz);
+    still_waiting(&rxx);
+    // ...then another thread of pa waits for Y: its wait closes the cycle.
+    let (_cy, rxy) = fcntl_start(a, 14, pa, file(3), FcntlCmd::SetLkW, wr(0, 1));
+    assert_eq!(rxy.recv_timeout(ANSWER).unwrap().map(|_| ()), Err(Errno::EDEADLK));
+    // pa's other wait, at the same home and for the same owner, goes on, as pb's does.
+    still_waiting(&rxz);
+    still_waiting(&rxx);
+    setlk(b, 15, pc, un(0, 1)).unwrap();
+    rxz.recv_timeout(ANSWER).unwrap().unwrap();
+    setlk(a, 13, pa, un(0, 1)).unwrap();
+    rxx.recv_timeout(ANSWER).unwrap().unwrap();
+    let total: u64 = c.members.iter().map(|m| m.stats().deadlocks_across).sum();
+    assert_eq!(total, 1);
+}
+
 /// The first answer of two calls, and whether it was the first call's.
 fn first_answer(
     rxa: &Answers<vfscale_locks::Flock>,

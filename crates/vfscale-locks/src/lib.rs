@@ -168,7 +168,7 @@ pub use fcntl::{flock_to_posix_range, OpenFile, Process};
 pub use listing::{render_proc_locks, LockListing, LockRecord};
 pub use lock::{FileLock, LockKind, OwnerKey};
 pub use manager::{
-    ContextLock, LockIndex, LockManager, ManagerStats, PosixWaitEdge, Settings, WakeMode,
+    ContextLock, LockIndex, LockManager, ManagerStats, PosixWaitEdge, PosixWaitId, Settings, WakeMode,
     MAX_DEADLK_ITERATIONS,
 };
 pub use pending::PendingLock;

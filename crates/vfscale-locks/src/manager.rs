@@ -24,6 +24,24 @@ pub struct PosixWaitEdge {
     pub blocker: OwnerId,
     /// When the request first went to sleep.
     pub blocked_at: Instant,
+    /// Which wait this is (the same as its [`PendingLock::wait_id`]): an owner with
+    /// several threads can wait several times, and a detector that finds a cycle ends
+    /// only the wait that closed it, as Linux refuses only the request that would.
+    ///
+    /// [`PendingLock::wait_id`]: crate::PendingLock::wait_id
+    pub wait: PosixWaitId,
+}
+
+/// Names one waiting request while it waits (the address of its wait cell, which its
+/// [`PendingLock`](crate::PendingLock) keeps alive): unique among the waits of the
+/// moment, and reused only after the wait ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PosixWaitId(usize);
+
+impl PosixWaitId {
+    pub(crate) fn of(cell: &WaitCell) -> PosixWaitId {
+        PosixWaitId(cell as *const WaitCell as usize)
+    }
 }
 
 /// `MAX_DEADLK_ITERATIONS`: how far the deadlock detector follows a chain of owners.
@@ -201,6 +219,7 @@ impl BlockedHash {
                             waiter,
                             blocker,
                             blocked_at: cell.blocked_at,
+                            wait: PosixWaitId::of(cell),
                         });
                     }
                 }

@@ -66,6 +66,12 @@ impl PendingLock {
         self.waiter.blocked_at
     }
 
+    /// Which wait this is, as [`PosixWaitEdge::wait`](crate::PosixWaitEdge::wait) names
+    /// it while it lasts.
+    pub fn wait_id(&self) -> crate::PosixWaitId {
+        crate::PosixWaitId::of(&self.waiter)
+    }
+
     /// A handle that ends this wait with `EINTR` from anywhere (the role of a signal),
     /// unless it was already granted.
     pub fn interrupter(&self) -> Interrupter {
