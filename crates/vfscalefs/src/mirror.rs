@@ -712,6 +712,15 @@ impl Mirror {
         }
         for (a, b, have) in st.held.pieces(s, e) {
             let Some(have) = have else { continue };
+            // One probe where a client lock of the held type still covers the piece (a
+            // hand-off's grantee): nothing there to lower, and no union to compute.
+            let sees_held = match have {
+                LockType::Write => LockType::Read,
+                _ => LockType::Write,
+            };
+            if client_probe(ctx, sees_held, a, b).is_some_and(|(x, y)| x <= a && y >= b) {
+                continue;
+            }
             let want = Self::wanted(ctx, a, b);
             for (x, y, w) in want.pieces(a, b) {
                 let lower = matches!((have, w), (_, None) | (LockType::Write, Some(LockType::Read)));
@@ -973,9 +982,9 @@ pub fn is_conflict(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES))
 }
 
-/// The ranges of `[s, e]` where a client holds a lock that conflicts with a `probe`-type
-/// request: with a write probe every lock, with a read probe the write locks.
-fn client_cover(ctx: &Arc<FileLockContext>, probe: LockType, s: i64, e: i64) -> Vec<MirrorRange> {
+/// One `F_GETLK` probe of the clients' locks over `[s, e]` with a `probe` lock: the
+/// range of the lock Linux's rule reports (the first that conflicts), if any.
+fn client_probe(ctx: &Arc<FileLockContext>, probe: LockType, s: i64, e: i64) -> Option<MirrorRange> {
     let who = Process {
         owner: MIRROR_PROBE_OWNER,
         pid: Pid(0),
@@ -984,21 +993,29 @@ fn client_cover(ctx: &Arc<FileLockContext>, probe: LockType, s: i64, e: i64) -> 
         id: MIRROR_PROBE_FILE,
         mode: AccessMode::ReadWrite,
     };
+    let mut fl = Flock::new(probe, s, mirror_len(s, e));
+    if ctx.fcntl_lock(who, file, FcntlCmd::GetLk, &mut fl).is_err() || fl.l_type == LockType::Unlock {
+        return None;
+    }
+    let end = if fl.l_len == 0 {
+        OFFSET_MAX
+    } else {
+        fl.l_start + fl.l_len - 1
+    };
+    Some((fl.l_start, end))
+}
+
+/// The ranges of `[s, e]` where a client holds a lock that conflicts with a `probe`-type
+/// request: with a write probe every lock, with a read probe the write locks.
+fn client_cover(ctx: &Arc<FileLockContext>, probe: LockType, s: i64, e: i64) -> Vec<MirrorRange> {
     let mut out = Vec::new();
     let mut todo = vec![(s, e)];
     while let Some((a, b)) = todo.pop() {
         if a > b {
             continue;
         }
-        let mut fl = Flock::new(probe, a, mirror_len(a, b));
-        if ctx.fcntl_lock(who, file, FcntlCmd::GetLk, &mut fl).is_err() || fl.l_type == LockType::Unlock {
+        let Some((ls, le)) = client_probe(ctx, probe, a, b) else {
             continue;
-        }
-        let ls = fl.l_start;
-        let le = if fl.l_len == 0 {
-            OFFSET_MAX
-        } else {
-            fl.l_start + fl.l_len - 1
         };
         out.push((ls.max(a), le.min(b)));
         if ls > a {
