@@ -7,7 +7,7 @@
 //! ```text
 //! vfscalefs SOURCE MOUNTPOINT [MOUNTPOINT...] [-o allow_other,...]
 //!           [--cluster ENDPOINTS [--cluster-name NAME] [--node NAME]
-//!            [--peer-listen ADDR] [--lease-ttl SECS]]
+//!            [--peer-listen ADDR] [--lease-ttl SECS] [--home-idle SECS]]
 //! ```
 //!
 //! With `--cluster`, several servers (on several hosts, over one shared filesystem)

@@ -47,6 +47,11 @@ struct Args {
     /// seconds (at least 2).
     #[arg(long, value_name = "SECS", default_value_t = 5, requires = "cluster")]
     lease_ttl: u64,
+    /// How long an inode whose locks this server keeps stays unused (no lock, no
+    /// waiter) before the server gives it back, in seconds (fractions allowed; 0:
+    /// never). A given-back inode costs etcd one claim when it is locked again.
+    #[arg(long, value_name = "SECS", default_value_t = 5.0, requires = "cluster")]
+    home_idle: f64,
 }
 
 impl Args {
@@ -67,6 +72,8 @@ impl Args {
             return Err(format!("--lease-ttl {}: at least 2 seconds", self.lease_ttl));
         }
         c.lease_ttl = Duration::from_secs(self.lease_ttl);
+        c.home_idle = Duration::try_from_secs_f64(self.home_idle)
+            .map_err(|_| format!("--home-idle {}: a number of seconds, 0 or more", self.home_idle))?;
         c.validate().map_err(|e| format!("--cluster: {e}"))?;
         Ok(Some(c))
     }

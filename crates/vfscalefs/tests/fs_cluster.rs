@@ -50,6 +50,8 @@ struct Pair {
     b: Option<Mounted>,
     name: String,
     ttl: u64,
+    /// More flags for both servers.
+    extra: Vec<String>,
     logs: TempDir,
     /// The shared source, removed last.
     _src: TempDir,
@@ -72,6 +74,11 @@ impl Pair {
     /// A fresh etcd, a fresh source, servers `a` and `b` (`-o opts_a`, `-o opts_b`) with
     /// lease TTL `ttl` seconds.
     fn start(ttl: u64, opts_a: &str, opts_b: &str) -> Pair {
+        Pair::start_with(ttl, opts_a, opts_b, &[])
+    }
+
+    /// As [`Pair::start`], both servers with the flags `extra` too.
+    fn start_with(ttl: u64, opts_a: &str, opts_b: &str, extra: &[&str]) -> Pair {
         let etcd = EtcdCluster::start(3).expect("start a 3-member etcd");
         let src = TempDir::new("cluster-src");
         let logs = TempDir::new("cluster-logs");
@@ -82,6 +89,7 @@ impl Pair {
             b: None,
             name,
             ttl,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
             logs,
             _src: src,
         };
@@ -112,6 +120,7 @@ impl Pair {
         ]
         .iter()
         .map(|s| s.to_string())
+        .chain(self.extra.iter().cloned())
         .collect();
         let log = self.log(node);
         let stats = self.stats_file(node);
@@ -234,11 +243,49 @@ fn cluster_flags_are_checked() {
         "source_locks=mirror cannot be used with --cluster",
     );
     refused(&["--cluster", none, "--lease-ttl", "1"], 2, "--lease-ttl 1");
+    refused(&["--cluster", none, "--home-idle=-1"], 2, "--home-idle -1");
     refused(&["--cluster", "127.0.0.1:2379"], 2, "127.0.0.1:2379");
     refused(&["--cluster", none, "--node", "a/b"], 2, "a/b");
     refused(&["--node", "x"], 2, "--cluster");
     // No etcd there: the server says so and mounts nothing.
     refused(&["--cluster", none], 1, "--cluster: ");
+}
+
+#[test]
+fn an_idle_inode_is_given_back_after_home_idle() {
+    skip_unless_ready!();
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let p = Pair::start_with(5, "", "", &["--home-idle", "0.3"]);
+    let (pa, pb) = p.paths("idle");
+    let a = open_rw(&pa);
+    lk(a.as_raw_fd(), libc::F_SETLK, libc::F_WRLCK, 0, 1).expect("a: lock (a is its home)");
+    // A held lock keeps its home, however long.
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(
+        p.stat("a", "cluster_homes_given_back"),
+        0,
+        "given back while held"
+    );
+    lk(a.as_raw_fd(), libc::F_SETLK, libc::F_UNLCK, 0, 1).unwrap();
+    // Unused now (the file stays open): given back after 0.3 s and a sweep.
+    let end = Instant::now() + Duration::from_secs(5);
+    while p.stat("a", "cluster_homes_given_back") == 0 {
+        assert!(
+            Instant::now() < end,
+            "not given back within 5 s of --home-idle 0.3"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The next lock, through b, claims it anew there.
+    let claimed = p.stat("b", "cluster_homes_claimed");
+    let b = open_rw(&pb);
+    lk(b.as_raw_fd(), libc::F_SETLK, libc::F_WRLCK, 0, 1).expect("b: lock");
+    assert_eq!(p.stat("b", "cluster_homes_claimed"), claimed + 1);
+    assert_eq!(
+        lk(a.as_raw_fd(), libc::F_SETLK, libc::F_WRLCK, 0, 1).err(),
+        Some(libc::EAGAIN),
+        "a's lock goes to the new home"
+    );
 }
 
 #[test]
