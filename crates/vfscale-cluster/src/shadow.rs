@@ -115,7 +115,9 @@ impl ShadowTable {
         self.map.lock().drain().collect()
     }
 
-    /// The inodes whose shadow holds locks at `node` (or at any home, with `None`).
+    /// The inodes whose shadow is homed at `node` (or at any home, with `None`), empty
+    /// ones too: a call answered by the old home just before it went may still add to
+    /// one, and its locks must then be reclaimed at the next home.
     pub fn homed_at(&self, node: Option<&str>) -> Vec<InodeId> {
         self.map
             .lock()
