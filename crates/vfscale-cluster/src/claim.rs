@@ -40,8 +40,19 @@ impl Service {
                 return Ok(hi);
             }
         }
+        #[cfg(all(test, not(vfscale_loom)))]
+        tests::pause_before_claims().await;
         let claim = {
             let mut c = self.claims.lock();
+            // Again under the map's mutex: a claim that finished since the look above
+            // put its home in the table before it left the map, and a second claim
+            // under its token would make a second home state (its clients' locks not
+            // in it: granted again).
+            if let Some(hi) = self.homes.pin(ino) {
+                if hi.token >= token {
+                    return Ok(hi);
+                }
+            }
             c.entry(ino)
                 .or_insert_with(|| Arc::new((token, OnceCell::new())))
                 .clone()
@@ -165,11 +176,15 @@ impl Service {
                 n += 1;
             }
         }
-        if !complete || !self.insert_home_under(lease, &hi) {
+        if !complete {
             // Fenced or rejoined meanwhile: the claim is void, and what this member's
             // clients held went with the shadow (`own` marks it lost).
             return Err(EIO);
         }
+        // Refused as the reclaim: or, with `MOVED`, given back meanwhile, or a home
+        // state of an older claim is still in the table (its `HomeGone` has not come
+        // yet): the caller resolves the home again.
+        self.insert_home_under(lease, &hi)?;
         own.kept = true;
         Counters::add(&self.counters.reclaimed, n);
         Counters::bump(&self.counters.homes_claimed);
@@ -286,5 +301,77 @@ pub(crate) fn apply_held(ctx: &Arc<FileLockContext>, l: &FileLock) {
     };
     if let Err(e) = r {
         tracing::error!(?l, %e, "a reclaimed lock conflicts with one already re-created; not granted");
+    }
+}
+
+#[cfg(all(test, not(vfscale_loom)))]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{mpsc, Arc};
+    use std::time::Duration;
+
+    use vfscale_locks::{AccessMode, Errno, FcntlCmd, Flock, LockType};
+
+    use crate::memdir::MemCluster;
+    use crate::{ClusterFile, ClusterLocks, ClusterProcess, Directory, InodeId};
+
+    /// The next call of `home_inode` that finds no home pauses this long (ms) before it
+    /// takes the claims' mutex: a thread preempted there.
+    static PAUSE_MS: AtomicU64 = AtomicU64::new(0);
+
+    pub(super) async fn pause_before_claims() {
+        let ms = PAUSE_MS.swap(0, Ordering::SeqCst);
+        if ms > 0 {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+    }
+
+    fn member(mem: &Arc<MemCluster>, name: &str) -> Arc<ClusterLocks> {
+        let (c, name) = (mem.clone(), name.to_string());
+        ClusterLocks::with_directory("127.0.0.1:0".parse().unwrap(), move |addr| async move {
+            Ok(c.join(&name, addr) as Arc<dyn Directory>)
+        })
+        .expect("a member starts")
+    }
+
+    fn setlk(m: &ClusterLocks, owner: u64, fl: Flock) -> Result<(), Errno> {
+        let (tx, rx) = mpsc::channel();
+        let who = ClusterProcess {
+            owner,
+            pid: owner as i32,
+        };
+        let file = ClusterFile {
+            id: owner,
+            mode: AccessMode::ReadWrite,
+        };
+        let done = Box::new(move |r: Result<Flock, Errno>| {
+            let _ = tx.send(r);
+        });
+        let _call = m.fcntl(InodeId(9), who, file, FcntlCmd::SetLk, fl, done);
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("an answer")
+            .map(|_| ())
+    }
+
+    /// A call that found no home and is held up before the claims' mutex while another
+    /// call claims the inode (same token) and is granted there: it must use that home
+    /// state, not claim again and replace it (which granted the lock twice).
+    #[test]
+    fn a_call_held_up_before_the_claims_uses_the_home_claimed_meanwhile() {
+        let mem = MemCluster::new();
+        let (a, b) = (member(&mem, "m0"), member(&mem, "m1"));
+        let wr = Flock::new(LockType::Write, 0, 1);
+        PAUSE_MS.store(300, Ordering::SeqCst);
+        let ax = a.clone();
+        let x = std::thread::spawn(move || setlk(&ax, 1, wr));
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(setlk(&a, 2, wr), Ok(()), "the second call claims and is granted");
+        assert_eq!(x.join().unwrap(), Err(Errno::EAGAIN), "granted twice");
+        assert_eq!(
+            setlk(&b, 3, wr),
+            Err(Errno::EAGAIN),
+            "granted at a second home state"
+        );
+        assert_eq!(a.stats().homes_claimed, 1);
     }
 }

@@ -59,6 +59,11 @@ pub trait Directory: Send + Sync + 'static {
     /// is known. Once it stopped showing a claim (deleted), it never shows it again.
     fn cached_home(&self, ino: InodeId) -> Option<Home>;
 
+    /// Whether the watch still shows this member's claim of `ino` under `token`, fenced
+    /// or not ([`Directory::cached_home`] hides this member's claims while it is
+    /// fenced, which says nothing of whether the key is gone).
+    fn claim_shown(&self, ino: InodeId, token: i64) -> bool;
+
     /// Gives back this member's home of `ino` claimed under `token`: deletes the
     /// ownership key if its create revision is still `token` (a newer claim is never
     /// deleted), so that the other members learn `HomeGone` and the next lock claims it

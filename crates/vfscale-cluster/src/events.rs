@@ -34,7 +34,10 @@ pub(crate) async fn run(svc: Arc<Service>, mut rx: broadcast::Receiver<Directory
                 for ino in svc.shadow.homed_at(None) {
                     re_home(&svc, ino);
                 }
-                svc.in_flight.cancel_where(|_, _, _| true);
+                // Only the calls whose home went: one cancelled at a home that still
+                // serves its token may be applied there after its re-sent copy.
+                svc.in_flight
+                    .cancel_where(|h, ino| svc.dir.cached_home(ino).as_ref() != Some(h));
             }
             Err(RecvError::Closed) => return,
         }
@@ -62,7 +65,9 @@ fn handle(svc: &Arc<Service>, ev: DirectoryEvent) {
                     .as_ref()
                     .is_some_and(|(n, lease, _)| *n == m.node && *lease == m.lease)
             });
-            svc.in_flight.cancel_where(|node, _, _| node == m.node);
+            // Under the lease that ended: calls sent to the node's new lease are served.
+            svc.in_flight
+                .cancel_where(|h, _| h.member.node == m.node && h.member.lease == m.lease);
             let used = svc.shadow.homed_at(Some(&m.node));
             tracing::info!(node = %m.node, lease = m.lease, dropped, inodes = used.len(), "member gone");
             for ino in used {
@@ -76,7 +81,7 @@ fn handle(svc: &Arc<Service>, ev: DirectoryEvent) {
             }
             // Only the calls sent to the home that went: a call to a newer home (claimed
             // after a give-back) is left to finish there.
-            svc.in_flight.cancel_where(|_, i, t| i == ino && t == token);
+            svc.in_flight.cancel_where(|h, i| i == ino && h.token == token);
             // Only to reclaim: a shadow that holds nothing (its home gave the idle
             // inode back) needs no new home.
             if svc.shadow.holds_any(ino) {
@@ -166,7 +171,7 @@ fn fence(svc: &Service) {
     }
     svc.waiting.interrupt_where(EIO, |c| c.peer.is_none());
     svc.waiting.interrupt_where(MOVED, |c| c.peer.is_some());
-    svc.in_flight.cancel_where(|_, _, _| true);
+    svc.in_flight.cancel_where(|_, _| true);
     tracing::error!(
         homes = homes.len(),
         shadows = shadows.len(),

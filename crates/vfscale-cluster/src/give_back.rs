@@ -136,23 +136,10 @@ pub(crate) async fn sweep(svc: &Arc<Service>) {
     let (deleted, undeleted) = svc.returning.sort_out(me.lease);
     delete_keys(svc, undeleted).await;
     // A tombstone goes once the directory no longer shows the claim: it never shows it
-    // again then. Not while fenced, when it shows none of this member's claims.
-    if svc.dir.fenced() {
-        return;
-    }
-    let shown: Vec<bool> = deleted
-        .iter()
-        .map(|&(ino, token)| {
-            svc.dir
-                .cached_home(ino)
-                .is_some_and(|h| h.token == token && h.member.node == me.node)
-        })
-        .collect();
-    if svc.dir.fenced() {
-        return;
-    }
-    for (&(ino, token), shown) in deleted.iter().zip(shown) {
-        if !shown {
+    // again then. Asked of the watch's view itself: what a fenced member resolves hides
+    // its claims, and a fence can come and go between two looks.
+    for (ino, token) in deleted {
+        if !svc.dir.claim_shown(ino, token) {
             svc.returning.remove(ino, token);
         }
     }

@@ -259,8 +259,18 @@ impl HomeTable {
         self.shard(ino).read().get(&ino).map(HomeInode::pin)
     }
 
-    pub fn insert(&self, hi: Arc<HomeInode>) {
-        self.shard(hi.ino).write().insert(hi.ino, hi);
+    /// Inserts `hi` if its inode has no home state here and `ok` holds (run under the
+    /// shard's write lock); else the token of the state it has (`None`: `ok` refused).
+    pub fn insert_new(&self, hi: Arc<HomeInode>, ok: impl FnOnce() -> bool) -> Result<(), Option<i64>> {
+        let mut s = self.shard(hi.ino).write();
+        if let Some(h) = s.get(&hi.ino) {
+            return Err(Some(h.token));
+        }
+        if !ok() {
+            return Err(None);
+        }
+        s.insert(hi.ino, hi);
+        Ok(())
     }
 
     /// Removes `ino` if its token is `token`.

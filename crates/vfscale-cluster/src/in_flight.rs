@@ -12,9 +12,9 @@ use tokio::sync::Notify;
 
 use crate::{Home, InodeId};
 
-/// A remote call in flight: its home's node, its inode, the home's token, and what
-/// cancels it.
-type Flight = (String, InodeId, i64, Arc<Notify>);
+/// A remote call in flight: the home it was sent to (member, with its lease, and
+/// token), its inode, and what cancels it.
+type Flight = (Home, InodeId, Arc<Notify>);
 
 /// Remote calls in flight, so that a home's death re-sends them at once.
 #[derive(Default)]
@@ -25,9 +25,7 @@ pub(crate) struct InFlight {
 impl InFlight {
     pub fn add(&self, id: u64, home: &Home, ino: InodeId) -> Arc<Notify> {
         let n = Arc::new(Notify::new());
-        self.map
-            .lock()
-            .insert(id, (home.member.node.clone(), ino, home.token, n.clone()));
+        self.map.lock().insert(id, (home.clone(), ino, n.clone()));
         n
     }
 
@@ -35,10 +33,12 @@ impl InFlight {
         self.map.lock().remove(&id);
     }
 
-    /// Makes the calls `pick` (given node, inode, token) selects re-send.
-    pub fn cancel_where(&self, pick: impl Fn(&str, InodeId, i64) -> bool) {
-        for (node, ino, token, n) in self.map.lock().values() {
-            if pick(node, *ino, *token) {
+    /// Makes the calls `pick` (given the home each was sent to, and its inode) selects
+    /// re-send. `pick` runs with no lock held.
+    pub fn cancel_where(&self, pick: impl Fn(&Home, InodeId) -> bool) {
+        let all: Vec<Flight> = self.map.lock().values().cloned().collect();
+        for (home, ino, n) in all {
+            if pick(&home, ino) {
                 n.notify_one();
             }
         }

@@ -78,7 +78,15 @@
 //!   and only under the lease it claimed it with, while not fenced: a claim enters the
 //!   table only if the lease is unchanged and `fenced()` is false (checked under the
 //!   identity's read lock); the `Fenced` event and a rejoin empty the table; a
-//!   `HomeGone` for that token removes the inode, and so does a give-back (below). A home grants nothing while
+//!   `HomeGone` for that token removes the inode, and so does a give-back (below).
+//! * One home state per inode, never replaced: a claim enters the table only where the
+//!   inode has none (checked under its shard's write lock; a state of an older claim
+//!   whose `HomeGone` has not come yet makes the new claim "moved"), and concurrent
+//!   calls share one claim: a call that found no home looks again under the claims'
+//!   mutex, which a claim leaves only after its home entered the table. (A second home
+//!   state would lack the locks the first granted to this member's clients: they are in
+//!   no shadow.)
+//! * A home grants nothing while
 //!   `fenced()`: the lock path checks it before the call and again after a call that
 //!   was answered at once, and a wait that ends granted checks it again, answering
 //!   `EIO` (a peer's: "moved") instead; a lock so refused leaves the table with the
@@ -134,10 +142,14 @@
 //!   claims the inode again only if its shadow holds locks there. An unlock or a close
 //!   leaves the shadow before it is sent, not after the answer: the home may give the
 //!   inode back as soon as it applied it, and a new home must not reclaim the lock.
-//! * `HomeGone` re-sends only the calls in flight to the home that went (its token): a
-//!   call cancelled here may still be applied at its home after the one re-sent (an
-//!   unlock after the next lock), which is harmless only where the token it carries is
-//!   no longer served.
+//! * `HomeGone` re-sends only the calls in flight to the home that went (its token), a
+//!   member's end only those sent to it under the lease that ended, and a lagging event
+//!   receiver only those whose home the directory no longer shows: a call cancelled
+//!   here may still be applied at its home after the one re-sent (an unlock after the
+//!   next lock), which is harmless only where the token it carries is no longer served.
+//! * The returning mark goes once the watch's own view no longer shows the claim
+//!   (`Directory::claim_shown`), not what a fenced member resolves, which hides its
+//!   claims whether or not their keys are gone.
 //! * A shadow is dropped when it holds nothing, no call holds it, and no call took it to
 //!   add a lock between the two looks of the sweep (`taken`, bumped under the table's
 //!   mutex).

@@ -234,6 +234,16 @@ impl Directory for MemDirectory {
         self.cluster.state.lock().homes.get(&ino).cloned()
     }
 
+    fn claim_shown(&self, ino: InodeId, token: i64) -> bool {
+        let node = self.me.lock().node.clone();
+        self.cluster
+            .state
+            .lock()
+            .homes
+            .get(&ino)
+            .is_some_and(|h| h.token == token && h.member.node == node)
+    }
+
     fn members(&self) -> Vec<Member> {
         self.cluster.state.lock().members.values().cloned().collect()
     }

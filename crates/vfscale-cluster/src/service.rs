@@ -188,16 +188,32 @@ impl Service {
     }
 
     /// Puts a claimed home in the table if this member still holds the lease it was
-    /// claimed under and is not fenced. Under the identity's read lock, so a rejoin
-    /// ([`Service::set_me`], which empties the table after it) cannot come between the
-    /// check and the insert.
-    pub fn insert_home_under(&self, lease: i64, hi: &Arc<HomeInode>) -> bool {
+    /// claimed under and is not fenced (else `EIO`), and if the inode has no home state
+    /// in the table and is not returning under the claim's token (else `MOVED`): one
+    /// home state per inode, never one replaced while it serves. Under the identity's
+    /// read lock, so a rejoin ([`Service::set_me`], which empties the table after it)
+    /// cannot come between the check and the insert; the table's own checks are made
+    /// under its shard's write lock, under which a give-back marks the inode returning.
+    pub fn insert_home_under(&self, lease: i64, hi: &Arc<HomeInode>) -> Result<(), Errno> {
         let me = self.me.read();
         if me.lease != lease || self.dir.fenced() {
-            return false;
+            return Err(EIO);
         }
-        self.homes.insert(hi.clone());
-        true
+        match self
+            .homes
+            .insert_new(hi.clone(), || !self.returning.blocks(hi.ino, hi.token))
+        {
+            Ok(()) => Ok(()),
+            Err(held) => {
+                debug_assert!(
+                    held != Some(hi.token),
+                    "two claims of inode {} under token {}",
+                    hi.ino.0,
+                    hi.token
+                );
+                Err(MOVED)
+            }
+        }
     }
 
     pub fn is_me(&self, m: &Member) -> bool {

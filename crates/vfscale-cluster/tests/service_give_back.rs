@@ -98,15 +98,23 @@ fn calls_racing_give_backs_never_get_one_lock_twice() {
     let holders = AtomicUsize::new(0);
     let grants = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
+    // Quiet spells in which nobody locks, so that the inode goes idle even on a loaded
+    // machine (where its users seldom all sleep at once), and every caller comes back
+    // at once as the spell ends, racing the give-back it let happen.
+    let quiet = AtomicBool::new(false);
     let given_back = || -> u64 { c.members.iter().map(|m| m.stats().homes_given_back).sum() };
     std::thread::scope(|s| {
         for t in 0..4usize {
             let m = c.members[t % 2].clone();
-            let (holders, grants, stop) = (&holders, &grants, &stop);
+            let (holders, grants, stop, quiet) = (&holders, &grants, &stop, &quiet);
             s.spawn(move || {
                 let p = who(t as u64 + 1, 100 + t as i32);
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) {
+                    if quiet.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(1));
+                        continue;
+                    }
                     i += 1;
                     let cmd = if i.is_multiple_of(3) {
                         FcntlCmd::SetLkW
@@ -134,13 +142,15 @@ fn calls_racing_give_backs_never_get_one_lock_twice() {
                 }
             });
         }
-        // At least 2 s, and on a loaded machine until the inode went idle often enough
-        // (its users seldom all sleep at once there), 30 s at most.
+        // At least 2 s, and until the inode went idle often enough, 30 s at most.
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(30)
             && (start.elapsed() < Duration::from_secs(2) || given_back() < 5)
         {
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(40));
+            quiet.store(true, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_millis(20));
+            quiet.store(false, Ordering::Relaxed);
         }
         stop.store(true, Ordering::Relaxed);
     });

@@ -316,6 +316,15 @@ impl Directory for EtcdDirectory {
         homes::resolve(&self.shared, &self.shared.view.read(), ino)
     }
 
+    fn claim_shown(&self, ino: InodeId, token: i64) -> bool {
+        self.shared
+            .view
+            .read()
+            .homes
+            .get(&ino)
+            .is_some_and(|e| e.token == token && e.node == self.shared.cfg.node)
+    }
+
     fn give_back(&self, ino: InodeId, token: i64) -> BoxFuture<'_, Result<(), ClusterError>> {
         Box::pin(homes::give_back(&self.shared, ino, token))
     }
