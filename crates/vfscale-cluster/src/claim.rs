@@ -88,8 +88,14 @@ impl Service {
         if claim.0 != token {
             return None;
         }
-        // The claim's owner drives it; wait for it to finish.
+        // The claim's owner drives it; wait for it to finish. Not for ever: a claim
+        // whose every caller went (interrupted, fenced) is driven by no one until the
+        // next local call, and the peer asks again after resolving the home anew.
+        let give_up = tokio::time::Instant::now() + self.dir.lease_ttl() * 2 + Duration::from_secs(1);
         while claim.1.get().is_none() {
+            if tokio::time::Instant::now() >= give_up {
+                return None;
+            }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         self.homes.pin(ino).filter(|hi| hi.token == token)

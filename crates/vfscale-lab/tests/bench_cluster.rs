@@ -245,11 +245,17 @@ fn an_interrupted_run_stops_servers_and_etcd() {
         return;
     };
     for sig in [libc::SIGINT, libc::SIGTERM] {
-        let mut run = Run(bench(&env, &["--runs", "50", "--lease-ttl", "2"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap());
+        let mut cmd = bench(&env, &["--runs", "50", "--lease-ttl", "2"]);
+        // As a run in a terminal gets them: the lab keeps ignoring a signal it was
+        // started with ignored (a background job's SIGINT), and this test may run in one.
+        // SAFETY: signal(2) is async-signal-safe and touches only the child's own state.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                libc::signal(sig, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+        let mut run = Run(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
         let pid = run.0.id();
         let mnt = PathBuf::from(format!("/dev/shm/vfscale-cluster-{pid}/b"));
         assert!(
