@@ -32,15 +32,15 @@ pub struct PosixWaitEdge {
     pub wait: PosixWaitId,
 }
 
-/// Names one waiting request while it waits (the address of its wait cell, which its
-/// [`PendingLock`](crate::PendingLock) keeps alive): unique among the waits of the
-/// moment, and reused only after the wait ended.
+/// Names one waiting request: the address of its wait cell (which its
+/// [`PendingLock`](crate::PendingLock) keeps alive while it waits) and when it first
+/// went to sleep, so that a later wait whose cell took the same address is another id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PosixWaitId(usize);
+pub struct PosixWaitId(usize, Instant);
 
 impl PosixWaitId {
     pub(crate) fn of(cell: &WaitCell) -> PosixWaitId {
-        PosixWaitId(cell as *const WaitCell as usize)
+        PosixWaitId(cell as *const WaitCell as usize, cell.blocked_at)
     }
 }
 
