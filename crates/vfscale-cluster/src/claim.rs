@@ -57,17 +57,7 @@ impl Service {
                 .or_insert_with(|| Arc::new((token, OnceCell::new())))
                 .clone()
         };
-        let r = claim
-            .1
-            .get_or_init(|| self.clone().become_home(ino, claim.0))
-            .await
-            .clone();
-        {
-            let mut c = self.claims.lock();
-            if c.get(&ino).is_some_and(|x| Arc::ptr_eq(x, &claim)) {
-                c.remove(&ino);
-            }
-        }
+        let r = self.drive_claim(ino, &claim).await;
         let made = r?;
         // Pinned through the table: a home given back (or lost) since the claim made
         // it is not used.
@@ -80,7 +70,7 @@ impl Service {
     /// The home state a peer's call with `token` may use, pinned: the current one, or
     /// the one a claim in progress is making; `None`: not the home (the peer resolves
     /// again).
-    pub async fn home_for_peer(&self, ino: InodeId, token: i64) -> Option<Pinned> {
+    pub async fn home_for_peer(self: &Arc<Self>, ino: InodeId, token: i64) -> Option<Pinned> {
         if let Some(hi) = self.homes.pin(ino) {
             return (hi.token == token).then_some(hi);
         }
@@ -88,17 +78,25 @@ impl Service {
         if claim.0 != token {
             return None;
         }
-        // The claim's owner drives it; wait for it to finish. Not for ever: a claim
-        // whose every caller went (interrupted, fenced) is driven by no one until the
-        // next local call, and the peer asks again after resolving the home anew.
-        let give_up = tokio::time::Instant::now() + self.dir.lease_ttl() * 2 + Duration::from_secs(1);
-        while claim.1.get().is_none() {
-            if tokio::time::Instant::now() >= give_up {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        // Driven by whichever of its callers is polled: one whose every local caller
+        // went (interrupted, fenced) is carried on by this call, which then finds it.
+        let _ = self.drive_claim(ino, &claim).await;
         self.homes.pin(ino).filter(|hi| hi.token == token)
+    }
+
+    /// Runs `claim` to its end (or waits for the caller running it), then takes it out
+    /// of the claims' map; its result.
+    async fn drive_claim(self: &Arc<Self>, ino: InodeId, claim: &Claim) -> Result<Arc<HomeInode>, Errno> {
+        let r = claim
+            .1
+            .get_or_init(|| self.clone().become_home(ino, claim.0))
+            .await
+            .clone();
+        let mut c = self.claims.lock();
+        if c.get(&ino).is_some_and(|x| Arc::ptr_eq(x, claim)) {
+            c.remove(&ino);
+        }
+        r
     }
 
     /// Whether a claim of `ino` under `token` may make a home: the directory still shows

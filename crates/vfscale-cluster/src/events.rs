@@ -29,6 +29,9 @@ pub(crate) async fn run(svc: Arc<Service>, mut rx: broadcast::Receiver<Directory
                 if !svc.is_me(&now) {
                     fence(&svc);
                     handle(&svc, DirectoryEvent::Rejoined(now));
+                } else if svc.dir.fenced() {
+                    // A missed `Fenced` under a lease not renewed yet: its work now.
+                    fence(&svc);
                 }
                 drop_unlisted_members(&svc);
                 for ino in svc.shadow.homed_at(None) {

@@ -34,11 +34,11 @@ impl InFlight {
     }
 
     /// Makes the calls `pick` (given the home each was sent to, and its inode) selects
-    /// re-send. `pick` runs with no lock held.
+    /// re-send. `pick` runs under the registry's mutex, which is a leaf but for the
+    /// directory's view (`cached_home`), never held while this is called.
     pub fn cancel_where(&self, pick: impl Fn(&Home, InodeId) -> bool) {
-        let all: Vec<Flight> = self.map.lock().values().cloned().collect();
-        for (home, ino, n) in all {
-            if pick(&home, ino) {
+        for (home, ino, n) in self.map.lock().values() {
+            if pick(home, *ino) {
                 n.notify_one();
             }
         }

@@ -180,8 +180,11 @@
 //! release it before the context). `Waiting`'s map → its table of early interrupts;
 //! `Waiting`'s map → a `CallCtl` → a wait cell's leaf lock (interrupts). The shadow table's mutex → a shadow's `home` mutex; a shadow's
 //! context is locked with neither held. A home shard's write lock → a context's
-//! `flc_lock` (the idle check) and → `Returning`'s mutex (a give-back). Every other
-//! mutex is a leaf. No lock is held across an `.await`.
+//! `flc_lock` (the idle check) and → `Returning`'s mutex (a give-back, and a claim's
+//! insert). The identity's read lock → a home shard's write lock (a claim's insert).
+//! The `claims` mutex → a home shard's read lock (a call's second look before it
+//! claims). `InFlight`'s mutex → the directory's view (re-sends after missed events).
+//! Every other mutex is a leaf. No lock is held across an `.await`.
 //!
 //! # Known limits
 //!

@@ -40,16 +40,19 @@ fn lasting_edges(svc: &Service) -> Vec<WaitEdge> {
     v
 }
 
-/// The wait that closed a cycle: of the closing owner's waits for the closing blocker,
-/// the newest. Linux refuses the request that would close a cycle, not the owner's
-/// other waits (a process whose threads wait on other locks keeps those waits).
-fn closing_wait(svc: &Service, closing: WaitEdge) -> Option<PosixWaitId> {
-    svc.mgr
+/// The waits that may have closed a cycle: the closing owner's waits for the closing
+/// blocker, newest first; the newest one that is registered is answered. Linux refuses
+/// the request that would close a cycle, not the owner's other waits (a process whose
+/// threads wait on other locks keeps those waits).
+fn closing_waits(svc: &Service, closing: WaitEdge) -> Vec<PosixWaitId> {
+    let mut v: Vec<_> = svc
+        .mgr
         .posix_wait_edges()
         .into_iter()
         .filter(|e| e.waiter.0 == closing.waiter && e.blocker.0 == closing.blocker)
-        .max_by_key(|e| e.blocked_at)
-        .map(|e| e.wait)
+        .collect();
+    v.sort_by_key(|e| std::cmp::Reverse(e.blocked_at));
+    v.into_iter().map(|e| e.wait).collect()
 }
 
 /// Whether every edge of the cycle other than the closing one is still a wait.
@@ -110,10 +113,13 @@ pub(crate) async fn run(svc: Arc<Service>) {
                 let mut answered = Vec::new();
                 for c in &cycles {
                     if confirm(&svc, c).await {
-                        let n = match closing_wait(&svc, c.closing) {
-                            Some(id) => svc.waiting.interrupt_where(EDEADLK, |w| w.wait == Some(id)),
-                            None => 0,
-                        };
+                        // The newest wait that is registered (a wait's call registers it
+                        // just after it blocks).
+                        let n = closing_waits(&svc, c.closing)
+                            .into_iter()
+                            .map(|id| svc.waiting.interrupt_where(EDEADLK, |w| w.wait == Some(id)))
+                            .find(|&n| n > 0)
+                            .unwrap_or(0);
                         if n > 0 {
                             Counters::bump(&svc.counters.deadlocks_across);
                             tracing::info!(
@@ -121,8 +127,10 @@ pub(crate) async fn run(svc: Arc<Service>) {
                                 blocker = c.closing.blocker,
                                 "EDEADLK across members"
                             );
-                            answered.push(c.closing);
                         }
+                        // Left out of what is published either way: a wait not answered
+                        // (not registered yet) is new again next round, and checked.
+                        answered.push(c.closing);
                     } else {
                         Counters::bump(&svc.counters.cycles_unconfirmed);
                     }
