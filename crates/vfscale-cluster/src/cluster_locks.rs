@@ -201,7 +201,9 @@ impl ClusterLocks {
     /// outside the runtime's threads.
     pub fn posix_remove_owner(&self, ino: InodeId, who: ClusterProcess) {
         let svc = &self.svc;
-        svc.lost.clear(ino, LockOwner::Posix(who.owner));
+        // A lost owner's close goes to the home whatever the shadow holds: an unlock
+        // that never reached it left the shadow but maybe not the home.
+        let lost = svc.lost.clear(ino, LockOwner::Posix(who.owner));
         let seed = svc.seed();
         let here = svc.homes.with(ino, |hi| {
             hi.ctx.posix_remove_owner(Process {
@@ -209,7 +211,7 @@ impl ClusterLocks {
                 pid: Pid(who.pid),
             })
         });
-        if here.is_some() || !svc.shadow.posix_holds(ino, who.owner) {
+        if here.is_some() || !(lost || svc.shadow.posix_holds(ino, who.owner)) {
             return;
         }
         let what = Removal::Posix {
@@ -223,12 +225,12 @@ impl ClusterLocks {
     /// on `ino`, as [`ClusterLocks::posix_remove_owner`] does.
     pub fn file_remove(&self, ino: InodeId, file: ClusterFile) {
         let svc = &self.svc;
-        svc.lost.clear(ino, LockOwner::File(file.id));
+        let lost = svc.lost.clear(ino, LockOwner::File(file.id));
         let seed = svc.seed();
         let here = svc
             .homes
             .with(ino, |hi| hi.ctx.file_remove(FileId(seed.global(file.id).0)));
-        if here.is_some() || !svc.shadow.file_holds(ino, file.id) {
+        if here.is_some() || !(lost || svc.shadow.file_holds(ino, file.id)) {
             return;
         }
         svc.block_on(svc.clone().remove(ino, Removal::File { file: file.id }));

@@ -106,7 +106,10 @@
 //!   service does the same for every member its homes served that the directory no
 //!   longer lists, and re-resolves every shadow's home.
 //! * A lost lock (fenced home, or shadow at fencing) makes its (inode, owner) answer
-//!   `EIO` to every lock call until the owner closes the file.
+//!   `EIO` to every lock call until the owner closes the file. So does an unlock that
+//!   no home answered within the call's patience (it left the shadow, but a home alive
+//!   and out of reach may still hold the lock): that owner's close is then sent to the
+//!   home whatever the shadow holds.
 //! * `EDEADLK` across members is answered only after every other edge of the cycle was
 //!   confirmed current by the member that published it.
 //!

@@ -1,6 +1,8 @@
-//! Locks lost with a lease: the (inode, owner) pairs whose next lock calls answer
-//! `EIO`, as the Linux NFS client answers for a lost lock, until the owner lets go of
-//! the file (close for a POSIX owner, last close for an open file).
+//! Locks lost with a lease, or whose unlock never reached their home: the (inode,
+//! owner) pairs whose next lock calls answer `EIO`, as the Linux NFS client answers for
+//! a lost lock, until the owner lets go of the file (close for a POSIX owner, last
+//! close for an open file), whose close is then sent to the home whatever the shadow
+//! holds.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,16 +51,17 @@ impl LostSet {
         self.set.lock().contains(&(ino, who))
     }
 
-    /// The owner let go of the file: its calls are served again.
-    pub fn clear(&self, ino: InodeId, who: LockOwner) {
+    /// The owner let go of the file: its calls are served again. Whether it was lost.
+    pub fn clear(&self, ino: InodeId, who: LockOwner) -> bool {
         if !self.any.load(Ordering::Acquire) {
-            return;
+            return false;
         }
         let mut s = self.set.lock();
-        s.remove(&(ino, who));
+        let was = s.remove(&(ino, who));
         if s.is_empty() {
             self.any.store(false, Ordering::Release);
         }
+        was
     }
 
     pub fn len(&self) -> usize {

@@ -87,6 +87,22 @@ impl MemCluster {
         })
     }
 
+    /// Publishes `addr` as `node`'s peer address (its registration and the homes it
+    /// holds), as if it had moved, without telling the member: pointed at a closed port,
+    /// the member is alive and holds its lease but the others cannot reach it. Returns
+    /// the address it had.
+    pub fn set_peer_addr(&self, node: &str, addr: SocketAddr) -> Option<SocketAddr> {
+        let mut st = self.state.lock();
+        let old = st
+            .members
+            .get_mut(node)
+            .map(|m| std::mem::replace(&mut m.addr, addr))?;
+        for h in st.homes.values_mut().filter(|h| h.member.node == node) {
+            h.member.addr = addr;
+        }
+        Some(old)
+    }
+
     /// Ends `node`'s lease, as etcd does when it expires or is revoked: its
     /// registration, homes and published waits go, and every other member is told
     /// (`HomeGone` for each home, then `MemberGone`). The member itself is not told:

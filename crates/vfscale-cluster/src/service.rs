@@ -395,6 +395,12 @@ impl Service {
                     let now = Instant::now();
                     if now > *deadline.get_or_insert(now + patience) {
                         tracing::warn!(ino = req.ino.0, "no home answered in time");
+                        if req.is_unlock() {
+                            // Out of the shadow already, maybe still at a home that is
+                            // alive but out of reach: the owner is told until it closes
+                            // the file, and the close is sent there (`cluster_locks.rs`).
+                            self.lost.add(req.ino, req.lock_owner());
+                        }
                         return Err(EIO);
                     }
                     tokio::time::sleep(backoff).await;

@@ -7,6 +7,7 @@ mod service_support;
 use std::time::Duration;
 
 use service_support::*;
+use vfscale_cluster::memdir::MemCluster;
 use vfscale_cluster::{Directory as _, InodeId};
 use vfscale_locks::{Errno, FcntlCmd, FlockOp};
 
@@ -169,4 +170,32 @@ fn a_grant_made_as_the_fence_passes_is_refused() {
     eventually("B grants the range", || {
         setlk(b, 90, who(1, 200), wr(10, 1)).is_ok()
     });
+}
+
+#[test]
+fn an_unlock_that_never_reached_its_home_is_sent_again_at_close() {
+    let mem = MemCluster::new();
+    // The patience of a call whose home does not answer: twice the lease and 1 s.
+    mem.set_lease_ttl(Duration::from_secs(1));
+    let c = start_with(2, mem.clone());
+    let (a, b) = (&c.members[0], &c.members[1]);
+    let (pb, other) = (who(1, 200), who(2, 300));
+    setlk(a, 40, who(1, 100), rd(100, 1)).unwrap(); // home A
+    setlk(b, 40, pb, wr(0, 10)).unwrap();
+    // A stays alive and holds its lease, but B cannot reach it: a closed port.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let real = mem.set_peer_addr("m0", closed).unwrap();
+    assert_eq!(setlk(b, 40, pb, un(0, 10)), Err(EIO));
+    // The lock is still at A, and pb is told so on its next call.
+    assert_eq!(setlk(a, 40, other, wr(0, 1)), Err(Errno::EAGAIN));
+    assert_eq!(setlk(b, 40, pb, wr(20, 1)), Err(EIO));
+    // Reachable again, pb's close goes to A, though B's shadow holds nothing of it.
+    mem.set_peer_addr("m0", real);
+    b.posix_remove_owner(InodeId(40), pb);
+    setlk(a, 40, other, wr(0, 1)).unwrap();
+    // And pb's calls are served again.
+    assert_eq!(setlk(b, 40, pb, wr(20, 1)), Ok(()));
 }
