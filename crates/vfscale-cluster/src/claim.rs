@@ -35,10 +35,9 @@ impl Service {
     /// reclaim) when this member just became its home. Concurrent callers share one
     /// claim. `MOVED`: the inode was given back (or lost) meanwhile; resolve it again.
     pub async fn home_inode(self: &Arc<Self>, ino: InodeId, token: i64) -> Result<Pinned, Errno> {
-        if let Some(hi) = self.homes.pin(ino) {
-            if hi.token >= token {
-                return Ok(hi);
-            }
+        let current = || self.homes.pin(ino).filter(|hi| hi.token >= token);
+        if let Some(hi) = current() {
+            return Ok(hi);
         }
         #[cfg(all(test, not(vfscale_loom)))]
         tests::pause_before_claims().await;
@@ -48,17 +47,14 @@ impl Service {
             // put its home in the table before it left the map, and a second claim
             // under its token would make a second home state (its clients' locks not
             // in it: granted again).
-            if let Some(hi) = self.homes.pin(ino) {
-                if hi.token >= token {
-                    return Ok(hi);
-                }
+            if let Some(hi) = current() {
+                return Ok(hi);
             }
             c.entry(ino)
                 .or_insert_with(|| Arc::new((token, OnceCell::new())))
                 .clone()
         };
-        let r = self.drive_claim(ino, &claim).await;
-        let made = r?;
+        let made = self.drive_claim(ino, &claim).await?;
         // Pinned through the table: a home given back (or lost) since the claim made
         // it is not used.
         match self.homes.pin(ino) {

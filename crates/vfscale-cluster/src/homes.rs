@@ -91,6 +91,7 @@ impl HomeInode {
         let m = self.ctx.memory();
         m.posix_locks == 0 && m.flock_locks == 0 && m.requests == 0
     }
+
     /// Remembers that `node` (under `lease`) used owner `owner` and file `file` here.
     pub fn note_peer(&self, node: &str, lease: i64, owner: Option<u64>, file: Option<u64>) {
         let mut p = self.peers.lock();

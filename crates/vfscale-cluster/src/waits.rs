@@ -115,12 +115,10 @@ pub(crate) async fn run(svc: Arc<Service>) {
                     if confirm(&svc, c).await {
                         // The newest wait that is registered (a wait's call registers it
                         // just after it blocks).
-                        let n = closing_waits(&svc, c.closing)
+                        let refused = closing_waits(&svc, c.closing)
                             .into_iter()
-                            .map(|id| svc.waiting.interrupt_where(EDEADLK, |w| w.wait == Some(id)))
-                            .find(|&n| n > 0)
-                            .unwrap_or(0);
-                        if n > 0 {
+                            .any(|id| svc.waiting.interrupt_where(EDEADLK, |w| w.wait == Some(id)) > 0);
+                        if refused {
                             Counters::bump(&svc.counters.deadlocks_across);
                             tracing::info!(
                                 waiter = c.closing.waiter,

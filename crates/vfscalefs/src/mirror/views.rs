@@ -95,8 +95,7 @@ impl SourceViews {
         let same = v.inflight == 0 && v.seen.is_some_and(|p| p.vouches_for(st));
         if !same {
             v.seen = Some(cur);
-            v.inflight += 1;
-            self.inflight_any.fetch_add(1, Ordering::Release);
+            self.begin(v);
         }
         !same
     }
@@ -107,6 +106,11 @@ impl SourceViews {
         let mut seen = self.seen.lock();
         let v = Self::of(&mut seen, conn);
         v.seen = None;
+        self.begin(v);
+    }
+
+    /// Counts an invalidation under way for `v` (under the views' mutex).
+    fn begin(&self, v: &mut ConnView) {
         v.inflight += 1;
         self.inflight_any.fetch_add(1, Ordering::Release);
     }
