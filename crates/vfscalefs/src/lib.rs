@@ -29,6 +29,8 @@
 //! | [`handle_ino::HandleIno`] | `handle_ino.rs` | where the source's file handles carry the inode number, learned from checked handles, so a new inode's handle needs no second `stat` |
 //! | [`handles::Handles`] | `handles.rs` | open files: `fh` = a `vfscale-fdtable` descriptor |
 //! | [`locks::Locks`] | `locks.rs` | `GETLK`/`SETLK`/`SETLKW`/flock, parked waiters, `FLUSH`/`RELEASE`, `INTERRUPT` |
+//! | | `locks/driver.rs` | parked requests: polled and answered by the thread whose request woke them (an unlock, a close), else by the lock driver thread |
+//! | | `locks/task_slot.rs` | a parked request's slot: one poller at a time, no wake-up lost (loom model) |
 //! | [`mirror::Mirror`] | `mirror.rs` | per locked inode: the clients' locks held on the source file, host waits |
 //! | [`mirror::SourceViews`] | `mirror/views.rs` | per inode and connection: the source file as the client's kernel caches it at its last grant |
 //! | [`notify::GrantNotify`] | `notify.rs` | per connection, the thread that invalidates a client's caches of a file before a grant and then answers it |
@@ -677,7 +679,9 @@ fn check_mountpoint(p: &Path) -> Result<(), Error> {
 /// to stderr, followed by the lock counters of the live inodes, summed since they were
 /// loaded (`lock_grants= lock_blocks= lock_wakeups= lock_handoffs= lock_held=
 /// lock_wait_nodes=`, see `vfscale_locks::ContextStats`: `lock_wait_nodes` over
-/// `lock_blocks` is the wait-tree work per sleep), then the dispatch gates' counters over
+/// `lock_blocks` is the wait-tree work per sleep; `lock_driver_answers=`, the parked
+/// requests answered by the lock driver thread rather than by the thread whose request
+/// woke them, see [`locks::Locks::driver_answers`]), then the dispatch gates' counters over
 /// every connection (`dispatch_reads= dispatch_busy_reads= dispatch_parks= dispatch_wakes=
 /// dispatch_stall_wakes=`, see [`dispatch::GateStats`]) and, over io_uring, the queues'
 /// counters summed over every connection (`uring_requests= uring_entries= uring_parked=
@@ -703,9 +707,9 @@ fn write_stats(srv: &Server, gates: &[Arc<dispatch::ConnGate>], rings: &[fuser::
     let l = srv.locks.stats();
     let f = srv.fds.stats();
     let line = format!(
-        "inodes={} lookups={} handles={open} fds_cached={} fds_capacity={} fds_opened={} lock_grants={} lock_blocks={} lock_wakeups={} lock_handoffs={} lock_held={} lock_wait_nodes={} dispatch_reads={} dispatch_busy_reads={} dispatch_parks={} dispatch_wakes={} dispatch_stall_wakes={}\n",
+        "inodes={} lookups={} handles={open} fds_cached={} fds_capacity={} fds_opened={} lock_grants={} lock_blocks={} lock_wakeups={} lock_handoffs={} lock_held={} lock_wait_nodes={} lock_driver_answers={} dispatch_reads={} dispatch_busy_reads={} dispatch_parks={} dispatch_wakes={} dispatch_stall_wakes={}\n",
         s.inodes, s.lookups, f.cached, f.capacity, f.opened, l.grants, l.blocks, l.wakeups, l.handoffs, l.held, l.wait_nodes,
-        g.reads, g.busy_reads, g.parks, g.wakes, g.stall_wakes
+        srv.locks.driver_answers(), g.reads, g.busy_reads, g.parks, g.wakes, g.stall_wakes
     );
     let line = match srv.locks.cluster() {
         None => line,

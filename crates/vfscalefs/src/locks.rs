@@ -19,9 +19,10 @@
 //! # Waiting without a thread
 //!
 //! A `SETLKW` that has to wait is parked: its [`PendingLock`] (a `Future`) and its reply
-//! go to the [`Driver`], one thread that polls parked requests when the lock manager
-//! wakes them and answers each when it is granted or fails. No dispatch thread ever
-//! sleeps on a lock.
+//! become a task (`locks/driver.rs`), polled when the lock manager wakes it and answered
+//! when it is granted or fails: by the thread whose request woke it (an unlock, a close,
+//! an interrupt), once that request is done, else by the driver thread. No dispatch
+//! thread ever sleeps on a lock.
 //!
 //! `INTERRUPT` names a request by its `unique`: a parked one is interrupted (it answers
 //! `EINTR`; the kernel turns that into a restart or `EINTR` for the caller). With several
@@ -40,17 +41,15 @@
 //!   Each handle remembers the owners that set locks through it and each inode counts,
 //!   per owner, the open handles used; an owner's locks go when its count reaches zero.
 
-use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+mod driver;
+mod task_slot;
+
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use fuser::{Errno as FErrno, ReplyEmpty, ReplyLock};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use vfscale_locks::{
     ContextStats, Errno, FcntlCmd, FileId, FileLockContext, Flock, FlockOp, Interrupter, LockManager,
     LockType, OpenFile, OwnerId, PendingLock, Pid, Process, OFFSET_MAX,
@@ -59,6 +58,7 @@ use vfscale_locks::{
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::OnceLock;
 
+use self::driver::{Driver, InlineScope, Task, TaskDone};
 use crate::cluster::{Cluster, ClusterWait};
 use crate::handles::Handle;
 use crate::inodes::{Inode, InodeTable, Kind, Node};
@@ -133,6 +133,7 @@ struct IntrInner {
 impl Interrupts {
     /// `INTERRUPT` for request `unique`.
     pub fn interrupt(&self, unique: u64) {
+        let _inline = InlineScope::enter();
         let kick = {
             let mut g = self.inner.lock();
             match g.parked.get(&unique) {
@@ -194,6 +195,7 @@ impl Interrupts {
 
     /// Interrupts every parked request (the connection is ending).
     pub fn interrupt_all(&self) {
+        let _inline = InlineScope::enter();
         let kicks: Vec<Kick> = {
             let g = self.inner.lock();
             g.parked
@@ -222,70 +224,10 @@ impl Interrupts {
     }
 }
 
-/// What a parked request does once it is done, before it is answered (granted: true):
-/// take its lock on the source. It gives the reply back to be answered as the request
-/// ended, or keeps it (answered, or waiting on).
-type TaskDone = Box<dyn FnOnce(bool, ReplyEmpty) -> Option<ReplyEmpty> + Send>;
-
-struct Task {
-    pending: PendingLock,
-    reply: ReplyEmpty,
-    intr: Arc<Interrupts>,
-    unique: u64,
-    done: Option<TaskDone>,
-    /// Its result, when a direct hand-off ([`hand_off`]) finished it.
-    result: Option<Result<(), Errno>>,
-    /// An exclusive flock request.
-    flock_ex: bool,
-}
-
-struct DriverShared {
-    queue: Mutex<VecDeque<u64>>,
-    cv: Condvar,
-    tasks: Mutex<HashMap<u64, Task>>,
-    next: AtomicU64,
-}
-
-struct TaskWaker {
-    id: u64,
-    shared: Arc<DriverShared>,
-}
-
-impl Wake for TaskWaker {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        let held = HELD_WAKES.with(|h| match &mut *h.borrow_mut() {
-            Some(v) => {
-                v.push(self.clone());
-                true
-            }
-            None => false,
-        });
-        if !held {
-            self.send();
-        }
-    }
-}
-
-impl TaskWaker {
-    fn send(&self) {
-        self.shared.queue.lock().push_back(self.id);
-        self.shared.cv.notify_one();
-    }
-}
-
-thread_local! {
-    /// The wake-ups of parked requests held back while this thread holds a mirror's
-    /// mutex (see [`MirrorGuard`]).
-    static HELD_WAKES: RefCell<Option<Vec<Arc<TaskWaker>>>> = const { RefCell::new(None) };
-}
-
 /// A mirror's state, locked. The parked requests that `vfscale-locks` wakes meanwhile are
-/// sent to the driver once it is unlocked: what a woken request does first is take this
-/// mutex, so a wake-up sent under it makes the driver wait for it (and its thread
-/// spin), at every hand-off.
+/// sent on (`driver.rs`) once it is unlocked: what a woken request does first is take
+/// this mutex, so a wake-up sent under it would make its poller wait for it (and spin),
+/// at every hand-off.
 pub(crate) struct MirrorGuard<'a> {
     guard: Option<parking_lot::MutexGuard<'a, MirrorLocks>>,
     /// Whether this guard holds the wake-ups back (not one taken inside another).
@@ -294,18 +236,9 @@ pub(crate) struct MirrorGuard<'a> {
 
 impl<'a> MirrorGuard<'a> {
     pub(crate) fn lock(m: &'a Mirror) -> MirrorGuard<'a> {
-        let outer = HELD_WAKES.with(|h| {
-            let mut h = h.borrow_mut();
-            if h.is_none() {
-                *h = Some(Vec::new());
-                true
-            } else {
-                false
-            }
-        });
         MirrorGuard {
+            outer: driver::hold_wakes(),
             guard: Some(m.state.lock()),
-            outer,
         }
     }
 }
@@ -327,10 +260,7 @@ impl Drop for MirrorGuard<'_> {
     fn drop(&mut self) {
         self.guard.take();
         if self.outer {
-            let held = HELD_WAKES.with(|h| h.borrow_mut().take());
-            for w in held.into_iter().flatten() {
-                w.send();
-            }
+            driver::send_held_wakes();
         }
     }
 }
@@ -338,162 +268,18 @@ impl Drop for MirrorGuard<'_> {
 /// A direct hand-off: the parked requests that this critical section woke so far (held
 /// back by the [`MirrorGuard`]) try again in it, so that one granted holds its lock among
 /// clients before the section lowers the source, which then stays held for it with no
-/// call (see `mirror.rs`). A granted request is finished by the driver, which takes its
-/// lock on the source before answering it. Returns whether an exclusive flock request
+/// call (see `mirror.rs`). A granted request is answered once the mutex is unlocked,
+/// after it takes its lock on the source. Returns whether an exclusive flock request
 /// was granted (the flock lock let go in this section stays held for it).
 fn hand_off(m: &Mirror, st: &mut MirrorLocks) -> bool {
-    let woken: Vec<Arc<TaskWaker>> =
-        HELD_WAKES.with(|h| h.borrow_mut().as_mut().map(std::mem::take).unwrap_or_default());
-    if woken.is_empty() {
+    if !driver::wakes_held() || !m.may_hand_off(st) {
         return false;
     }
-    let mut send = Vec::with_capacity(woken.len());
-    let mut granted = false;
-    let mut flock_ex = false;
-    if m.may_hand_off(st) {
-        for w in woken {
-            // Absent: the driver is polling it (or it is done); it goes on there.
-            let Some(mut task) = w.shared.tasks.lock().remove(&w.id) else {
-                send.push(w);
-                continue;
-            };
-            if task.result.is_none() {
-                let waker = Waker::from(w.clone());
-                if let Poll::Ready(r) = Pin::new(&mut task.pending).poll(&mut Context::from_waker(&waker)) {
-                    granted |= r.is_ok();
-                    flock_ex |= r.is_ok() && task.flock_ex;
-                    task.result = Some(r);
-                }
-            }
-            let finished = task.result.is_some();
-            w.shared.tasks.lock().insert(w.id, task);
-            if finished {
-                send.push(w);
-            }
-        }
-    } else {
-        send = woken;
-    }
-    if granted {
+    let got = driver::poll_woken();
+    if got.granted {
         m.handed_off(st);
     }
-    HELD_WAKES.with(|h| {
-        if let Some(v) = h.borrow_mut().as_mut() {
-            v.extend(send);
-        }
-    });
-    flock_ex
-}
-
-/// The thread that finishes parked lock requests.
-#[derive(Clone)]
-pub struct Driver {
-    shared: Arc<DriverShared>,
-}
-
-impl Driver {
-    /// Starts the driver thread. It runs for the life of the process.
-    pub fn start() -> Driver {
-        let shared = Arc::new(DriverShared {
-            queue: Mutex::new(VecDeque::new()),
-            cv: Condvar::new(),
-            tasks: Mutex::new(HashMap::new()),
-            next: AtomicU64::new(0),
-        });
-        let s = shared.clone();
-        std::thread::Builder::new()
-            .name("vfscalefs-locks".into())
-            .spawn(move || Driver::run(&s))
-            .expect("spawn the lock driver thread");
-        Driver { shared }
-    }
-
-    fn submit(&self, task: Task) {
-        let id = self.shared.next.fetch_add(1, Ordering::Relaxed);
-        self.shared.tasks.lock().insert(id, task);
-        self.shared.queue.lock().push_back(id);
-        self.shared.cv.notify_one();
-    }
-
-    fn run(shared: &Arc<DriverShared>) {
-        loop {
-            let id = {
-                let mut q = shared.queue.lock();
-                loop {
-                    if let Some(id) = q.pop_front() {
-                        break id;
-                    }
-                    shared.cv.wait(&mut q);
-                }
-            };
-            let Some(mut task) = shared.tasks.lock().remove(&id) else {
-                continue; // finished already; a late wake-up
-            };
-            let waker = Waker::from(Arc::new(TaskWaker {
-                id,
-                shared: shared.clone(),
-            }));
-            let mut cx = Context::from_waker(&waker);
-            let polled = match task.result.take() {
-                Some(r) => Poll::Ready(r),
-                None => Pin::new(&mut task.pending).poll(&mut cx),
-            };
-            match polled {
-                Poll::Ready(r) => {
-                    task.intr.unpark(task.unique);
-                    let reply = match task.done.take() {
-                        Some(done) => done(r.is_ok(), task.reply),
-                        None => Some(task.reply),
-                    };
-                    match (r, reply) {
-                        (_, None) => {}
-                        (Ok(()), Some(reply)) => reply.ok(),
-                        (Err(e), Some(reply)) => reply.error(ferr(e)),
-                    }
-                }
-                Poll::Pending => {
-                    shared.tasks.lock().insert(id, task);
-                }
-            }
-        }
-    }
-
-    /// Requests parked now, all connections.
-    pub fn parked(&self) -> usize {
-        self.shared.tasks.lock().len()
-    }
-
-    /// A request that waited for the source in its own thread parks among clients now;
-    /// `EINTR` (its `done` run) if it was interrupted meanwhile.
-    fn after_host_wait(
-        &self,
-        intr: &Arc<Interrupts>,
-        hw: &HostWait,
-        unique: u64,
-        pending: PendingLock,
-        reply: ReplyEmpty,
-        done: TaskDone,
-        flock_ex: bool,
-    ) {
-        if !intr.repark(unique, hw, pending.interrupter()) {
-            drop(pending); // abandons the request
-            let reply = done(false, reply);
-            intr.unpark(unique);
-            if let Some(reply) = reply {
-                reply.error(FErrno::EINTR);
-            }
-            return;
-        }
-        self.submit(Task {
-            pending,
-            reply,
-            intr: intr.clone(),
-            unique,
-            done: Some(done),
-            result: None,
-            flock_ex,
-        });
-    }
+    got.flock_ex
 }
 
 /// Invalidates what a client's kernel caches of an inode (connection, node id), then
@@ -729,9 +515,12 @@ impl Locks {
         let _ = self.hooks.open.set(open);
     }
 
-    /// Requests parked now, all connections.
-    pub fn parked(&self) -> usize {
-        self.driver.parked()
+    /// Parked requests answered by the driver thread, all connections: those whose
+    /// wake-up came from no lock request of this server (a host wait's thread, say), or
+    /// past the inline bound. The rest were answered by the thread whose request woke
+    /// them (see `locks/driver.rs`).
+    pub fn driver_answers(&self) -> u64 {
+        self.driver.answered()
     }
 
     fn ctx<'a>(&self, inode: &'a Inode) -> &'a Arc<FileLockContext> {
@@ -858,6 +647,7 @@ impl Locks {
         intr: &Arc<Interrupts>,
         reply: ReplyEmpty,
     ) {
+        let _inline = InlineScope::enter();
         let fl = match r.flock() {
             Ok(fl) => fl,
             Err(e) => return reply.error(ferr(e)),
@@ -1089,6 +879,7 @@ impl Locks {
         intr: &Arc<Interrupts>,
         reply: ReplyEmpty,
     ) {
+        let _inline = InlineScope::enter();
         let nb = op & libc::LOCK_NB != 0;
         let fop = match op & !libc::LOCK_NB {
             libc::LOCK_SH => FlockOp::Shared,
@@ -1297,6 +1088,7 @@ impl Locks {
     /// `FLUSH`: the flushing process closed a descriptor; its POSIX locks on the inode go
     /// (on the source too).
     pub fn flush(&self, inode: &Inode, conn: usize, lock_owner: u64) {
+        let _inline = InlineScope::enter();
         if let Some(c) = &self.cluster {
             return c.flush(inode, conn, lock_owner);
         }
@@ -1321,6 +1113,7 @@ impl Locks {
     /// `RELEASE` of handle `fh`: its flock lock goes, and the locks of owners that used
     /// only released handles of the inode (see the module docs); on the source too.
     pub fn release(&self, h: &Handle, fh: u64) {
+        let _inline = InlineScope::enter();
         if let Some(c) = &self.cluster {
             return c.release(h, fh);
         }

@@ -242,3 +242,68 @@ fn waiters_hold_no_thread_and_can_be_killed() {
         }
     }
 }
+
+/// A parked request granted by an unlock (or a close) is answered by the thread that
+/// served that unlock, not handed to the lock driver thread: with contenders of every
+/// kind taking turns, the server's `lock_driver_answers` stays 0 while its waiters
+/// sleep and are granted thousands of times.
+#[test]
+fn grants_are_answered_by_the_unlocking_request() {
+    if let Some(why) = cannot_mount() {
+        return say(&format!("SKIP: {why}"));
+    }
+    let t = common::TempDir::new("inline-grants");
+    let sf = t.0.join("stats");
+    let m = Mounted::start_env(1, "", &[("VFSCALEFS_STATS", &sf)]).expect("mount");
+    let f = m.mounts[0].join("herd");
+    std::fs::write(&f, b"x").unwrap();
+    let field = m.stats_line(&sf);
+    let (blocks0, driver0) = (field("lock_blocks"), field("lock_driver_answers"));
+    let until = Instant::now() + Duration::from_millis(1500);
+    // Threads of one process share a POSIX owner, so they contend with flock and OFD
+    // locks (one open file each; an OFD lock is a POSIX request to the server), beside
+    // flock(1) processes whose locks go at their close (the kernel's RELEASE).
+    let threads: Vec<_> = (0..6)
+        .map(|i| {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                let file = OpenOptions::new().read(true).write(true).open(&f).unwrap();
+                let fd = file.as_raw_fd();
+                let mut n = 0u64;
+                while Instant::now() < until {
+                    if i % 2 == 0 {
+                        // SAFETY: flock on a descriptor this thread owns.
+                        assert_eq!(unsafe { libc::flock(fd, libc::LOCK_EX) }, 0);
+                        // SAFETY: as above.
+                        assert_eq!(unsafe { libc::flock(fd, libc::LOCK_UN) }, 0);
+                    } else {
+                        setlk(fd, libc::F_OFD_SETLKW, libc::F_WRLCK, 0, 0).unwrap();
+                        setlk(fd, libc::F_OFD_SETLK, libc::F_UNLCK, 0, 0).unwrap();
+                    }
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let closers = Command::new("sh")
+        .arg("-c")
+        .arg("end=$(($(date +%s) + 2)); while [ $(date +%s) -lt $end ]; do flock -x \"$1\" true; done")
+        .arg("sh")
+        .arg(&f)
+        .status();
+    let pairs: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    let field = m.stats_line(&sf);
+    let (blocks, driver) = (
+        field("lock_blocks") - blocks0,
+        field("lock_driver_answers") - driver0,
+    );
+    say(&format!(
+        "{pairs} lock/unlock pairs in threads: {blocks} requests slept, {driver} answered by the driver thread"
+    ));
+    if let Ok(st) = closers {
+        assert!(st.success(), "the flock(1) loop failed");
+    }
+    assert!(blocks >= 100, "too few waits to tell: {blocks}");
+    assert_eq!(driver, 0, "grants went through the driver thread");
+}
