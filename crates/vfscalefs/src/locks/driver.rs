@@ -89,7 +89,8 @@ fn answer(task: Task, r: Result<(), Errno>) {
 
 /// A parked request and its waker: only the thread that claimed it polls it.
 pub(crate) struct TaskWaker {
-    slot: TaskSlot<Task>,
+    /// Boxed: a claim moves the task out of its slot and back.
+    slot: TaskSlot<Box<Task>>,
     driver: Arc<DriverShared>,
 }
 
@@ -98,14 +99,7 @@ impl Wake for TaskWaker {
         self.wake_by_ref();
     }
     fn wake_by_ref(self: &Arc<Self>) {
-        let held = HELD_WAKES.with(|h| match &mut *h.borrow_mut() {
-            Some(v) => {
-                v.push(self.clone());
-                true
-            }
-            None => false,
-        });
-        if !held {
+        if !HELD_WAKES.with(|h| h.borrow_mut().add(self)) {
             self.send();
         }
     }
@@ -114,14 +108,7 @@ impl Wake for TaskWaker {
 impl TaskWaker {
     /// To this thread's inline scope if it has one, else to the driver thread.
     pub(crate) fn send(self: &Arc<Self>) {
-        let inline = INLINE.with(|q| match &mut *q.borrow_mut() {
-            Some(q) => {
-                q.push_back(self.clone());
-                true
-            }
-            None => false,
-        });
-        if !inline {
+        if !INLINE.with(|q| q.borrow_mut().add(self)) {
             self.driver.queue.lock().push_back(self.clone());
             self.driver.cv.notify_one();
         }
@@ -141,7 +128,7 @@ impl TaskWaker {
             };
             if let Poll::Ready(r) = polled {
                 self.slot.finish();
-                answer(task, r);
+                answer(*task, r);
                 return true;
             }
             if !self.slot.unclaim(task) {
@@ -155,39 +142,65 @@ impl TaskWaker {
     }
 }
 
+/// A thread's list of tasks to send on, kept allocated from one use to the next.
+struct TaskList {
+    /// In use: [`TaskList::add`] keeps tasks.
+    on: bool,
+    list: VecDeque<Arc<TaskWaker>>,
+}
+
+impl TaskList {
+    const fn new() -> TaskList {
+        TaskList {
+            on: false,
+            list: VecDeque::new(),
+        }
+    }
+
+    /// Keeps `w` if the list is in use.
+    fn add(&mut self, w: &Arc<TaskWaker>) -> bool {
+        if self.on {
+            self.list.push_back(w.clone());
+        }
+        self.on
+    }
+
+    /// Starts using the list; false if it is in use already (by an outer caller).
+    fn start(&mut self) -> bool {
+        !std::mem::replace(&mut self.on, true)
+    }
+}
+
+/// Stops using `list` and sends on, in order, what it kept.
+fn send_all(list: &'static std::thread::LocalKey<RefCell<TaskList>>) {
+    list.with(|l| l.borrow_mut().on = false);
+    while let Some(w) = list.with(|l| l.borrow_mut().list.pop_front()) {
+        w.send();
+    }
+}
+
 thread_local! {
     /// The wake-ups of parked requests held back while this thread holds a mirror's
     /// mutex (see `MirrorGuard`).
-    static HELD_WAKES: RefCell<Option<Vec<Arc<TaskWaker>>>> = const { RefCell::new(None) };
+    static HELD_WAKES: RefCell<TaskList> = const { RefCell::new(TaskList::new()) };
     /// The tasks this thread finishes as its [`InlineScope`] ends.
-    static INLINE: RefCell<Option<VecDeque<Arc<TaskWaker>>>> = const { RefCell::new(None) };
+    static INLINE: RefCell<TaskList> = const { RefCell::new(TaskList::new()) };
 }
 
 /// Holds back this thread's wake-ups until [`send_held_wakes`]; false if they are held
 /// already (by an outer caller, who sends them).
 pub(crate) fn hold_wakes() -> bool {
-    HELD_WAKES.with(|h| {
-        let mut h = h.borrow_mut();
-        if h.is_none() {
-            *h = Some(Vec::new());
-            true
-        } else {
-            false
-        }
-    })
+    HELD_WAKES.with(|h| h.borrow_mut().start())
 }
 
 /// Whether this thread holds back wake-ups it made.
 pub(crate) fn wakes_held() -> bool {
-    HELD_WAKES.with(|h| h.borrow().as_ref().is_some_and(|v| !v.is_empty()))
+    HELD_WAKES.with(|h| !h.borrow().list.is_empty())
 }
 
 /// Stops holding wake-ups back and sends those held.
 pub(crate) fn send_held_wakes() {
-    let held = HELD_WAKES.with(|h| h.borrow_mut().take());
-    for w in held.into_iter().flatten() {
-        w.send();
-    }
+    send_all(&HELD_WAKES);
 }
 
 /// What [`poll_woken`] found.
@@ -203,14 +216,12 @@ pub(crate) struct HandOff {
 /// while wake-ups are held, recording each one's result for whoever answers it; they
 /// stay held, to be sent as the mutex is unlocked.
 pub(crate) fn poll_woken() -> HandOff {
-    let woken: Vec<Arc<TaskWaker>> =
-        HELD_WAKES.with(|h| h.borrow_mut().as_mut().map(std::mem::take).unwrap_or_default());
+    let mut woken = HELD_WAKES.with(|h| std::mem::take(&mut h.borrow_mut().list));
     let mut out = HandOff::default();
-    let mut send = Vec::with_capacity(woken.len());
-    for w in woken {
+    woken.retain(|w| {
         // Another thread has it: told to poll again, it goes on there.
         let Some(mut task) = w.slot.claim() else {
-            continue;
+            return false;
         };
         if task.result.is_none() {
             let waker = Waker::from(w.clone());
@@ -221,14 +232,13 @@ pub(crate) fn poll_woken() -> HandOff {
             }
         }
         let finished = task.result.is_some();
-        if w.slot.unclaim(task) || finished {
-            send.push(w);
-        }
-    }
+        w.slot.unclaim(task) || finished
+    });
+    // Back in place (its allocation kept), after any wake-up made meanwhile.
     HELD_WAKES.with(|h| {
-        if let Some(v) = h.borrow_mut().as_mut() {
-            v.extend(send);
-        }
+        let mut h = h.borrow_mut();
+        let meanwhile = std::mem::replace(&mut h.list, woken);
+        h.list.extend(meanwhile);
     });
     out
 }
@@ -243,16 +253,9 @@ pub(crate) struct InlineScope {
 
 impl InlineScope {
     pub(crate) fn enter() -> InlineScope {
-        let outer = INLINE.with(|q| {
-            let mut q = q.borrow_mut();
-            if q.is_none() {
-                *q = Some(VecDeque::new());
-                true
-            } else {
-                false
-            }
-        });
-        InlineScope { outer }
+        InlineScope {
+            outer: INLINE.with(|q| q.borrow_mut().start()),
+        }
     }
 }
 
@@ -265,10 +268,7 @@ impl Drop for InlineScope {
         struct Rest;
         impl Drop for Rest {
             fn drop(&mut self) {
-                let rest = INLINE.with(|q| q.borrow_mut().take());
-                for w in rest.into_iter().flatten() {
-                    w.send();
-                }
+                send_all(&INLINE);
             }
         }
         let _rest = Rest;
@@ -277,8 +277,7 @@ impl Drop for InlineScope {
             if std::thread::panicking() {
                 break;
             }
-            let next = INLINE.with(|q| q.borrow_mut().as_mut().and_then(VecDeque::pop_front));
-            let Some(w) = next else {
+            let Some(w) = INLINE.with(|q| q.borrow_mut().list.pop_front()) else {
                 break;
             };
             w.step();
@@ -312,7 +311,7 @@ impl Driver {
     /// inline scope, else the driver's.
     pub(crate) fn submit(&self, task: Task) {
         Arc::new(TaskWaker {
-            slot: TaskSlot::new(task),
+            slot: TaskSlot::new(Box::new(task)),
             driver: self.shared.clone(),
         })
         .send();
