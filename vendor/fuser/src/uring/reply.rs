@@ -131,7 +131,10 @@ impl RingReply {
                 // lock: no dispatch holds the request and no other reply may write.
                 unsafe { self.entry.write_reply(data) };
                 self.queue.commits.lock().push(self.entry.clone());
+                let c = &self.queue.counters;
+                c.late_replies.fetch_add(1, Ordering::Relaxed);
                 if !SERVING.with(|s| std::ptr::eq(s.get(), Arc::as_ptr(&self.queue))) {
+                    c.late_wakes.fetch_add(1, Ordering::Relaxed);
                     self.queue.wake();
                 }
             }

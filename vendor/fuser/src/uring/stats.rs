@@ -13,6 +13,8 @@ pub(crate) struct QueueCounters {
     pub(crate) parked: AtomicU64,
     pub(crate) max_parked: AtomicU64,
     pub(crate) requests: AtomicU64,
+    pub(crate) late_replies: AtomicU64,
+    pub(crate) late_wakes: AtomicU64,
 }
 
 impl QueueCounters {
@@ -35,6 +37,10 @@ pub struct QueueStats {
     pub max_parked: u64,
     /// Requests that came over this queue.
     pub requests: u64,
+    /// Replies to parked requests (made after their dispatch returned).
+    pub late_replies: u64,
+    /// Those of them made on another thread than the queue's, which had to wake it.
+    pub late_wakes: u64,
 }
 
 /// A handle on a session's io_uring queues, for their [`QueueStats`].
@@ -54,6 +60,8 @@ impl IoUringStats {
                 parked_now: q.counters.parked.load(Relaxed),
                 max_parked: q.counters.max_parked.load(Relaxed),
                 requests: q.counters.requests.load(Relaxed),
+                late_replies: q.counters.late_replies.load(Relaxed),
+                late_wakes: q.counters.late_wakes.load(Relaxed),
             })
             .collect()
     }
