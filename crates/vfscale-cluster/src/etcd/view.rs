@@ -104,19 +104,24 @@ impl View {
 
     /// Replaces the view with a fresh listing; returns the events for what went missing
     /// between the two (members gone, homes gone or replaced).
-    fn replace(&mut self, fresh: View) -> Vec<DirectoryEvent> {
+    ///
+    /// A home created after the listing's revision (a claim recorded while the listing
+    /// was read) is not missing: the listing could not show it, and the watch, which
+    /// resumes after that revision, brings its put or delete. It is kept.
+    fn replace(&mut self, mut fresh: View) -> Vec<DirectoryEvent> {
         let mut events = Vec::new();
         for (node, m) in &self.members {
             if fresh.members.get(node).is_none_or(|n| n.lease != m.lease) {
                 events.push(DirectoryEvent::MemberGone(m.clone()));
             }
         }
-        for (ino, h) in &self.homes {
-            if fresh.homes.get(ino).is_none_or(|n| n.token != h.token) {
-                events.push(DirectoryEvent::HomeGone {
-                    ino: *ino,
-                    token: h.token,
-                });
+        for (ino, h) in self.homes.drain() {
+            if h.token > fresh.rev {
+                if fresh.homes.get(&ino).is_none_or(|n| n.token < h.token) {
+                    fresh.homes.insert(ino, h);
+                }
+            } else if fresh.homes.get(&ino).is_none_or(|n| n.token != h.token) {
+                events.push(DirectoryEvent::HomeGone { ino, token: h.token });
             }
         }
         *self = fresh;
@@ -243,5 +248,53 @@ fn apply_response(shared: &Shared, resp: &WatchResponse) {
     }
     for e in out {
         let _ = shared.events.send(e);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{HomeEntry, View};
+    use crate::{DirectoryEvent, InodeId};
+
+    fn home(token: i64) -> HomeEntry {
+        HomeEntry {
+            node: "a".into(),
+            lease: 7,
+            token,
+        }
+    }
+
+    /// A re-list read at revision 100 while this member claimed inode 3 at revision 120:
+    /// the claim stays (no `HomeGone`, which would make the member drop a live home and
+    /// report its clients' locks lost); inode 1, gone before 100, is reported; inode 2,
+    /// claimed again before 100, is reported under its old token and replaced.
+    #[test]
+    fn a_relist_keeps_a_claim_newer_than_its_listing() {
+        let mut view = View {
+            rev: 80,
+            ..View::default()
+        };
+        view.homes.insert(InodeId(1), home(50));
+        view.homes.insert(InodeId(2), home(60));
+        view.note_claim(InodeId(3), home(120), 120);
+        let mut fresh = View {
+            rev: 100,
+            ..View::default()
+        };
+        fresh.homes.insert(InodeId(2), home(90));
+        let mut events: Vec<(u64, i64)> = view
+            .replace(fresh)
+            .into_iter()
+            .map(|e| match e {
+                DirectoryEvent::HomeGone { ino, token } => (ino.0, token),
+                e => panic!("unexpected {e:?}"),
+            })
+            .collect();
+        events.sort();
+        assert_eq!(events, vec![(1, 50), (2, 60)]);
+        assert_eq!(view.homes.get(&InodeId(3)), Some(&home(120)));
+        assert_eq!(view.homes.get(&InodeId(2)), Some(&home(90)));
+        assert!(!view.homes.contains_key(&InodeId(1)));
+        assert_eq!(view.rev, 100);
     }
 }
