@@ -305,7 +305,7 @@ pub(crate) fn apply_held(ctx: &Arc<FileLockContext>, l: &FileLock) {
 }
 
 #[cfg(all(test, not(vfscale_loom)))]
-mod tests {
+pub(crate) mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::{mpsc, Arc};
     use std::time::Duration;
@@ -326,7 +326,8 @@ mod tests {
         }
     }
 
-    fn member(mem: &Arc<MemCluster>, name: &str) -> Arc<ClusterLocks> {
+    /// Member `name` of `mem`, started.
+    pub(crate) fn member(mem: &Arc<MemCluster>, name: &str) -> Arc<ClusterLocks> {
         let (c, name) = (mem.clone(), name.to_string());
         ClusterLocks::with_directory("127.0.0.1:0".parse().unwrap(), move |addr| async move {
             Ok(c.join(&name, addr) as Arc<dyn Directory>)
@@ -334,7 +335,8 @@ mod tests {
         .expect("a member starts")
     }
 
-    fn setlk(m: &ClusterLocks, owner: u64, fl: Flock) -> Result<(), Errno> {
+    /// `F_SETLK` of `fl` on inode 9 by process and file `owner` through `m`.
+    pub(crate) fn setlk(m: &ClusterLocks, owner: u64, fl: Flock) -> Result<(), Errno> {
         let (tx, rx) = mpsc::channel();
         let who = ClusterProcess {
             owner,

@@ -34,6 +34,19 @@ pub(crate) async fn run(svc: Arc<Service>, mut rx: broadcast::Receiver<Directory
                     fence(&svc);
                 }
                 drop_unlisted_members(&svc);
+                // A missed `HomeGone` of an inode homed here: the directory no longer
+                // shows the claim (a claim is shown from the moment it is made).
+                for hi in svc.homes.all() {
+                    if !svc.dir.claim_shown(hi.ino, hi.token) {
+                        handle(
+                            &svc,
+                            DirectoryEvent::HomeGone {
+                                ino: hi.ino,
+                                token: hi.token,
+                            },
+                        );
+                    }
+                }
                 for ino in svc.shadow.homed_at(None) {
                     re_home(&svc, ino);
                 }
@@ -185,3 +198,45 @@ fn fence(svc: &Service) {
 
 /// `EDEADLK` without the noise of a full import at call sites.
 pub(crate) const EDEADLK: Errno = Errno::EDEADLK;
+
+#[cfg(all(test, not(vfscale_loom)))]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use vfscale_locks::{Flock, LockType};
+
+    use crate::claim::tests::{member, setlk};
+    use crate::memdir::MemCluster;
+    use crate::service::EIO;
+    use crate::InodeId;
+
+    /// A home whose ownership key went while its member's event loop lagged (it missed
+    /// the `HomeGone`) is dropped when the loop learns it lagged: its clients' locks are
+    /// lost (`EIO`), not kept beside the home the next claim makes elsewhere, where the
+    /// same range would be granted a second time.
+    #[test]
+    fn a_lagging_member_drops_a_home_whose_key_went() {
+        let mem = MemCluster::new();
+        let (a, b) = (member(&mem, "m0"), member(&mem, "m1"));
+        let wr = Flock::new(LockType::Write, 0, 1);
+        assert_eq!(setlk(&a, 1, wr), Ok(()));
+        assert_eq!(a.stats().homes_now, 1);
+        mem.drop_home_unheard(InodeId(9)).expect("m0 is the home");
+        // Bursts of events until the loop falls behind one of them.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while a.stats().homes_now != 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the lagging member still serves the home"
+            );
+            mem.flood("m0", 20_000);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(
+            setlk(&b, 2, wr),
+            Ok(()),
+            "the next claim is granted at the new home"
+        );
+        assert_eq!(setlk(&a, 1, wr), Err(EIO), "the lost owner is told");
+    }
+}

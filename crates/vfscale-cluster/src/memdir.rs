@@ -165,6 +165,38 @@ impl MemCluster {
         me.clone()
     }
 
+    /// Deletes `ino`'s ownership key and tells every member but its home, as if the
+    /// home had missed the news (see [`MemCluster::flood`]). Returns the home dropped.
+    pub fn drop_home_unheard(&self, ino: InodeId) -> Option<Home> {
+        let mut st = self.state.lock();
+        let home = st.homes.remove(&ino)?;
+        st.rev += 1;
+        for (n, tx) in &st.subscribers {
+            if *n != home.member.node {
+                let _ = tx.send(DirectoryEvent::HomeGone {
+                    ino,
+                    token: home.token,
+                });
+            }
+        }
+        Some(home)
+    }
+
+    /// Sends `node` `n` harmless events at once, more than its channel holds: a member
+    /// whose event loop falls behind them misses events (`Lagged`) and must find out
+    /// for itself what they said.
+    pub fn flood(&self, node: &str, n: usize) {
+        let st = self.state.lock();
+        if let Some(tx) = st.subscribers.get(node) {
+            for _ in 0..n {
+                let _ = tx.send(DirectoryEvent::HomeGone {
+                    ino: InodeId(u64::MAX),
+                    token: 0,
+                });
+            }
+        }
+    }
+
     /// The current home of `ino`, if any.
     pub fn home_of(&self, ino: InodeId) -> Option<Home> {
         self.state.lock().homes.get(&ino).cloned()
