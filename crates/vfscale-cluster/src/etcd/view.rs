@@ -54,9 +54,10 @@ impl View {
 
     /// Records a home that a claim read or wrote at revision `mod_rev`, unless the watch
     /// already applied that revision (then the view already says what became of it, and
-    /// re-inserting could resurrect a key deleted since).
+    /// re-inserting could resurrect a key deleted since), or the view shows a newer claim
+    /// (a claim that read an older key and was slow to record it: that key is gone).
     pub(crate) fn note_claim(&mut self, ino: InodeId, entry: HomeEntry, mod_rev: i64) {
-        if self.rev < mod_rev {
+        if self.rev < mod_rev && self.homes.get(&ino).is_none_or(|e| e.token <= entry.token) {
             self.homes.insert(ino, entry);
         }
     }
@@ -266,8 +267,9 @@ mod tests {
 
     /// A re-list read at revision 100 while this member claimed inode 3 at revision 120:
     /// the claim stays (no `HomeGone`, which would make the member drop a live home and
-    /// report its clients' locks lost); inode 1, gone before 100, is reported; inode 2,
-    /// claimed again before 100, is reported under its old token and replaced.
+    /// report its clients' locks lost), also after another claim records, late, the
+    /// older key it read; inode 1, gone before 100, is reported; inode 2, claimed again
+    /// before 100, is reported under its old token and replaced.
     #[test]
     fn a_relist_keeps_a_claim_newer_than_its_listing() {
         let mut view = View {
@@ -277,6 +279,8 @@ mod tests {
         view.homes.insert(InodeId(1), home(50));
         view.homes.insert(InodeId(2), home(60));
         view.note_claim(InodeId(3), home(120), 120);
+        // A claim that read inode 3's older key (gone since) records it late: ignored.
+        view.note_claim(InodeId(3), home(85), 85);
         let mut fresh = View {
             rev: 100,
             ..View::default()
