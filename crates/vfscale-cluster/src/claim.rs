@@ -40,7 +40,7 @@ impl Service {
             return Ok(hi);
         }
         #[cfg(all(test, not(vfscale_loom)))]
-        tests::pause_before_claims().await;
+        tests::pause_before_claims(ino).await;
         let claim = {
             let mut c = self.claims.lock();
             // Again under the map's mutex: a claim that finished since the look above
@@ -315,11 +315,17 @@ pub(crate) mod tests {
     use crate::memdir::MemCluster;
     use crate::{ClusterFile, ClusterLocks, ClusterProcess, Directory, InodeId};
 
-    /// The next call of `home_inode` that finds no home pauses this long (ms) before it
-    /// takes the claims' mutex: a thread preempted there.
+    /// The next call of `home_inode` for [`PAUSED`] that finds no home pauses this long
+    /// (ms) before it takes the claims' mutex: a thread preempted there.
     static PAUSE_MS: AtomicU64 = AtomicU64::new(0);
+    /// The inode whose calls [`PAUSE_MS`] holds up (the tests of this module use it; a
+    /// test elsewhere, run at the same time, uses another).
+    const PAUSED: InodeId = InodeId(9);
 
-    pub(super) async fn pause_before_claims() {
+    pub(super) async fn pause_before_claims(ino: InodeId) {
+        if ino != PAUSED {
+            return;
+        }
         let ms = PAUSE_MS.swap(0, Ordering::SeqCst);
         if ms > 0 {
             tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -336,7 +342,12 @@ pub(crate) mod tests {
     }
 
     /// `F_SETLK` of `fl` on inode 9 by process and file `owner` through `m`.
-    pub(crate) fn setlk(m: &ClusterLocks, owner: u64, fl: Flock) -> Result<(), Errno> {
+    fn setlk(m: &ClusterLocks, owner: u64, fl: Flock) -> Result<(), Errno> {
+        setlk_on(m, PAUSED, owner, fl)
+    }
+
+    /// `F_SETLK` of `fl` on `ino` by process and file `owner` through `m`.
+    pub(crate) fn setlk_on(m: &ClusterLocks, ino: InodeId, owner: u64, fl: Flock) -> Result<(), Errno> {
         let (tx, rx) = mpsc::channel();
         let who = ClusterProcess {
             owner,
@@ -349,7 +360,7 @@ pub(crate) mod tests {
         let done = Box::new(move |r: Result<Flock, Errno>| {
             let _ = tx.send(r);
         });
-        let _call = m.fcntl(InodeId(9), who, file, FcntlCmd::SetLk, fl, done);
+        let _call = m.fcntl(ino, who, file, FcntlCmd::SetLk, fl, done);
         rx.recv_timeout(Duration::from_secs(10))
             .expect("an answer")
             .map(|_| ())
