@@ -86,7 +86,7 @@ awk '{ k = $3 " " $4 " " $5; v[$1 " " $2 " " k] = $6; ks[$1 " " k] = 1 }
     u = v[a[1] " ur " k]; d = v[a[1] " df " k];
     if (u > 0 && d > 0) printf "run %s %-6s %-7s %4s io_uring %10.0f/s  /dev/fuse %10.0f/s  ratio %.3f\n", a[1], a[2], a[3], a[4], u, d, u / d } }' \
   "$OUT/rates.txt" | sort -k3,3 -k4,4 -k5,5n -k2,2n | tee "$OUT/ratios.txt"
-sort -k3,3 -k4,4 -k5,5n -k12,12g "$OUT/ratios.txt" | awk '
+sort -k3,3 -k4,4 -k5,5n -k11,11g "$OUT/ratios.txt" | awk '
   { k = $3 " " $4 " " $5; n[k]++; l[k] += log($NF); x[k, n[k]] = $NF }
   END { for (k in n) { m = n[k] % 2 ? x[k, (n[k] + 1) / 2] : (x[k, n[k] / 2] + x[k, n[k] / 2 + 1]) / 2;
     printf "%-22s io_uring ÷ /dev/fuse: geometric mean %.3f, median %.3f (%d runs)\n", k, exp(l[k] / n[k]), m, n[k] } }' | sort
