@@ -73,6 +73,19 @@ struct DriverShared {
     answered: AtomicU64,
 }
 
+impl Task {
+    /// Its result, once it has one: the one a hand-off recorded, else a poll's.
+    fn poll_result(&mut self, waker: &Waker) -> Option<Result<(), Errno>> {
+        if let Some(r) = self.result.take() {
+            return Some(r);
+        }
+        match Pin::new(&mut self.pending).poll(&mut Context::from_waker(waker)) {
+            Poll::Ready(r) => Some(r),
+            Poll::Pending => None,
+        }
+    }
+}
+
 /// Answers a done task (granted: `Ok`), after its `done` step.
 fn answer(task: Task, r: Result<(), Errno>) {
     task.intr.unpark(task.unique);
@@ -122,11 +135,7 @@ impl TaskWaker {
         };
         let waker = Waker::from(self.clone());
         loop {
-            let polled = match task.result.take() {
-                Some(r) => Poll::Ready(r),
-                None => Pin::new(&mut task.pending).poll(&mut Context::from_waker(&waker)),
-            };
-            if let Poll::Ready(r) = polled {
+            if let Some(r) = task.poll_result(&waker) {
                 self.slot.finish();
                 answer(*task, r);
                 return true;
@@ -224,12 +233,10 @@ pub(crate) fn poll_woken() -> HandOff {
             return false;
         };
         if task.result.is_none() {
-            let waker = Waker::from(w.clone());
-            if let Poll::Ready(r) = Pin::new(&mut task.pending).poll(&mut Context::from_waker(&waker)) {
-                out.granted |= r.is_ok();
-                out.flock_ex |= r.is_ok() && task.flock_ex;
-                task.result = Some(r);
-            }
+            task.result = task.poll_result(&Waker::from(w.clone()));
+            let granted = task.result.as_ref().is_some_and(Result::is_ok);
+            out.granted |= granted;
+            out.flock_ex |= granted && task.flock_ex;
         }
         let finished = task.result.is_some();
         w.slot.unclaim(task) || finished
