@@ -685,10 +685,11 @@ fn check_mountpoint(p: &Path) -> Result<(), Error> {
 /// every connection (`dispatch_reads= dispatch_busy_reads= dispatch_parks= dispatch_wakes=
 /// dispatch_stall_wakes=`, see [`dispatch::GateStats`]) and, over io_uring, the queues'
 /// counters summed over every connection (`uring_requests= uring_entries= uring_parked=
-/// uring_max_parked= uring_late_replies= uring_late_wakes=`: requests carried, ring
-/// entries registered, requests parked now, the most parked at once on one queue,
-/// replies to parked requests, and those of them made on another thread than their
-/// queue's, which had to wake it). Under `--cluster`, the cluster's counters
+/// uring_max_parked= uring_late_replies= uring_late_wakes= uring_lost_interrupts=`:
+/// requests carried, ring entries registered, requests parked now, the most parked at
+/// once on one queue, replies to parked requests, those of them made on another thread
+/// than their queue's, which had to wake it, and parked requests interrupted for a
+/// caller the kernel sent no `INTERRUPT` for). Under `--cluster`, the cluster's counters
 /// follow (`cluster_local_calls= cluster_remote_calls= cluster_served_for_peers=
 /// cluster_reclaimed= cluster_deadlocks_across= cluster_lost_eio= cluster_homes_claimed=
 /// cluster_homes_now= cluster_homes_given_back= cluster_dead_owners_dropped=
@@ -741,14 +742,15 @@ fn write_stats(srv: &Server, gates: &[Arc<dispatch::ConnGate>], rings: &[fuser::
     } else {
         let sum = |f: fn(&fuser::QueueStats) -> u64| queues.iter().map(f).sum::<u64>();
         format!(
-            "{} uring_requests={} uring_entries={} uring_parked={} uring_max_parked={} uring_late_replies={} uring_late_wakes={}\n",
+            "{} uring_requests={} uring_entries={} uring_parked={} uring_max_parked={} uring_late_replies={} uring_late_wakes={} uring_lost_interrupts={}\n",
             line.trim_end(),
             sum(|q| q.requests),
             sum(|q| q.registered),
             sum(|q| q.parked_now),
             queues.iter().map(|q| q.max_parked).max().unwrap_or(0),
             sum(|q| q.late_replies),
-            sum(|q| q.late_wakes)
+            sum(|q| q.late_wakes),
+            sum(|q| q.lost_interrupts)
         )
     };
     let wrote = std::env::var_os("VFSCALEFS_STATS").is_some_and(|p| {

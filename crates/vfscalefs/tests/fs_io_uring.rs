@@ -265,6 +265,112 @@ fn parked_wait_granted_later_and_interrupted() {
     ofd(&other, libc::F_OFD_SETLK, libc::F_WRLCK).unwrap();
 }
 
+/// An `INTERRUPT` the kernel did not send (Linux 6.18 loses the one of a request signalled
+/// between its assignment to a ring entry and its copy-out; here the server drops every
+/// one it is sent, `FUSER_TEST_LOSE_INTERRUPTS`): the server sees the waiting caller's
+/// pending signal and ends the parked wait itself. A killed `flock(1)` dies, and a thread
+/// whose handler has no `SA_RESTART` gets `EINTR`; without the sweep both wait for the
+/// holder.
+#[test]
+fn a_wait_whose_interrupt_was_lost_ends() {
+    let Some(_p) = param("Y") else {
+        return;
+    };
+    if let Some(why) = common::missing_tool("flock") {
+        return say(&format!("SKIP: {why}"));
+    }
+    let t = common::TempDir::new("lost-interrupt");
+    let sf = t.0.join("stats");
+    let one = Path::new("1");
+    let m = Mounted::start_env(
+        1,
+        "io_uring",
+        &[("FUSER_TEST_LOSE_INTERRUPTS", one), ("VFSCALEFS_STATS", &sf)],
+    )
+    .unwrap();
+    assert!(m.serves_io_uring(), "the server does not serve io_uring");
+    let path = m.mounts[0].join("lk");
+    let holder = File::create(&path).unwrap();
+    ofd(&holder, libc::F_OFD_SETLK, libc::F_WRLCK).unwrap();
+    // SAFETY: flock(2) on a descriptor this test owns.
+    assert_eq!(
+        unsafe { libc::flock(holder.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
+
+    // A process killed in its wait.
+    let mut child = std::process::Command::new("flock")
+        .arg(&path)
+        .arg("true")
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "flock(1) did not wait for the holder"
+    );
+    child.kill().unwrap();
+    let killed = Instant::now();
+    let died = loop {
+        if child.try_wait().unwrap().is_some() {
+            break true;
+        }
+        if killed.elapsed() > Duration::from_secs(5) {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let took = killed.elapsed();
+
+    // A thread interrupted by a handler without SA_RESTART.
+    extern "C" fn nothing(_: libc::c_int) {}
+    // SAFETY: a handler that does nothing, installed without SA_RESTART.
+    unsafe {
+        nix::sys::signal::sigaction(
+            nix::sys::signal::Signal::SIGUSR2,
+            &nix::sys::signal::SigAction::new(
+                nix::sys::signal::SigHandler::Handler(nothing),
+                nix::sys::signal::SaFlags::empty(),
+                nix::sys::signal::SigSet::empty(),
+            ),
+        )
+        .unwrap();
+    }
+    let (tx, rx) = mpsc::channel();
+    let (tid_tx, tid_rx) = mpsc::channel();
+    let p = path.clone();
+    let waiter = std::thread::spawn(move || {
+        let f = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        // SAFETY: pthread_self has no preconditions.
+        tid_tx.send(unsafe { libc::pthread_self() }).unwrap();
+        tx.send(ofd(&f, libc::F_OFD_SETLKW, libc::F_WRLCK)).unwrap();
+    });
+    let tid = tid_rx.recv().unwrap();
+    assert!(
+        rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "the wait ended while the lock was held"
+    );
+    // SAFETY: the waiter thread is alive (it has not sent its result).
+    unsafe { libc::pthread_kill(tid, libc::SIGUSR2) };
+    let got = rx.recv_timeout(Duration::from_secs(5));
+    let lost = m.stats_line(&sf)("uring_lost_interrupts");
+    // Let anything still waiting go before judging.
+    drop(holder);
+    let _ = child.wait();
+    waiter.join().unwrap();
+    assert!(died, "the killed flock(1) still waited {took:?} after SIGKILL");
+    assert!(
+        took < Duration::from_secs(2),
+        "the killed flock(1) took {took:?} to die"
+    );
+    assert_eq!(
+        got,
+        Ok(Err(libc::EINTR)),
+        "the signalled wait did not end with EINTR"
+    );
+    assert_eq!(lost, 2, "uring_lost_interrupts");
+}
+
 /// 1,000 waiters parked at once, each on an entry of its own: the mount still answers,
 /// and the unlock grants them all.
 #[test]

@@ -102,25 +102,19 @@ fn flock_tool_interrupt_and_second_mountpoint() {
 
 /// stress-ng's lock stressors with `--verify` through the mount.
 ///
-/// Over io_uring only `--flock` runs. The others fork a child that waits for locks its
-/// parent holds while the parent, at the timeout, kills the child and waits for it. On
-/// Linux 6.18 a request over io_uring that is signalled after the kernel took it off the
-/// queue and before the ring's thread copied it out (`fuse_uring_prepare_send` sets
-/// `FR_SENT` without looking at `FR_INTERRUPTED` again, as `/dev/fuse`'s read does) never
-/// gets its `INTERRUPT`: the child then waits for ever in the server for its parent's
-/// lock, and the parent for the child (seen once in CI's io_uring pass).
+/// The `--lockf`, `--lockofd` and `--fcntl` stressors fork a child that waits for locks
+/// its parent holds, while the parent, at the timeout, kills the child and waits for
+/// it. Over io_uring that needs the server's sweep for lost interrupts (see fuser's
+/// `uring/sweep.rs`): Linux 6.18 sends no `INTERRUPT` for a request signalled between
+/// its assignment to a ring entry and its copy-out, and without the sweep the child
+/// would wait for ever for its parent's lock, and the parent for the child.
 #[test]
 fn stress_ng_lock_stressors_verify() {
     if let Some(why) = cannot_mount().or_else(|| missing_tool("stress-ng")) {
         return say(&format!("SKIP: {why}"));
     }
     let m = Mounted::start(1, "").expect("mount");
-    let stressors: &[&str] = if common::transport_is_io_uring() {
-        say("SKIP (part): --lockf, --lockofd and --fcntl over io_uring (a lost INTERRUPT, see the test's docs)");
-        &["--flock", "2"]
-    } else {
-        &["--flock", "2", "--lockf", "2", "--lockofd", "2", "--fcntl", "2"]
-    };
+    let stressors: &[&str] = &["--flock", "2", "--lockf", "2", "--lockofd", "2", "--fcntl", "2"];
     let out = run(Command::new("stress-ng")
         .args(stressors)
         .args(["--verify", "--timeout", "5s", "--metrics-brief", "--temp-path"])

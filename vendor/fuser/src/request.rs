@@ -145,6 +145,8 @@ impl<'a> RequestWithSender<'a> {
                 return Err(Errno::EIO);
             }
 
+            #[cfg(target_os = "linux")]
+            ll::Operation::Interrupt(_) if crate::uring::lose_interrupts() => {}
             ll::Operation::Interrupt(x) => {
                 // An INTERRUPT gets no reply unless the filesystem returns an error:
                 // ENOSYS (the default) tells the kernel to stop sending interrupts,

@@ -333,21 +333,22 @@ impl<FS: Filesystem> Session<FS> {
         // Started after the /dev/fuse threads: until every queue has an entry registered
         // the kernel holds all requests, and this is what registers them.
         #[cfg(target_os = "linux")]
-        let (ring_threads, ring_queues) = match rings {
+        let (ring_threads, ring_queues, sweeper) = match rings {
             Some(rings) => {
                 let queues = rings.shared.clone();
-                let threads = crate::uring::spawn(rings, &ring_ch, |qid| SessionEventLoop {
-                    thread_name: format!("fuser-uring-{qid}"),
-                    thread: n_threads + qid,
-                    gate: None,
-                    filesystem: filesystem.clone(),
-                    ch: ring_ch.clone(),
-                    allowed,
-                    session_owner,
-                })?;
-                (threads, queues)
+                let (threads, sweeper) =
+                    crate::uring::spawn(rings, &ring_ch, |qid| SessionEventLoop {
+                        thread_name: format!("fuser-uring-{qid}"),
+                        thread: n_threads + qid,
+                        gate: None,
+                        filesystem: filesystem.clone(),
+                        ch: ring_ch.clone(),
+                        allowed,
+                        session_owner,
+                    })?;
+                (threads, queues, Some(sweeper))
             }
-            None => (Vec::new(), Vec::new()),
+            None => (Vec::new(), Vec::new(), None),
         };
 
         let mut reply: io::Result<()> = Ok(());
@@ -376,6 +377,9 @@ impl<FS: Filesystem> Session<FS> {
                 if t.join().is_err() && reply.is_ok() {
                     reply = Err(io::Error::other("io_uring queue thread panicked"));
                 }
+            }
+            if let Some(s) = sweeper {
+                s.stop();
             }
             drop(ring_ch);
         }

@@ -11,6 +11,7 @@
 
 use std::io;
 use std::ptr::NonNull;
+use std::sync::atomic::AtomicU32;
 use std::sync::atomic::AtomicU64;
 
 use parking_lot::Mutex;
@@ -76,6 +77,8 @@ pub(crate) struct RingEntry {
     pub(crate) slot: Mutex<Slot>,
     /// `unique` of the request in the entry (0: none yet).
     pub(crate) unique: AtomicU64,
+    /// `pid` of that request's caller (0: not visible to the server).
+    pub(crate) pid: AtomicU32,
 }
 
 // SAFETY: the raw pointers refer to the entry's own mapping, whose accesses follow the
@@ -113,6 +116,7 @@ impl RingEntry {
                 pending: Vec::new(),
             }),
             unique: AtomicU64::new(0),
+            pid: AtomicU32::new(0),
         })
     }
 

@@ -21,6 +21,8 @@
 //!   replies through the commit list and wake it with an eventfd.
 //! * Forgets, interrupts and notifications stay on `/dev/fuse` (the kernel sends them
 //!   there), and so do the passthrough backing-file ioctls.
+//! * An interrupt the kernel failed to send for a parked request is made up by the
+//!   sweep ([`sweep`]), from its caller's state in `/proc`.
 //!
 //! Lock order: an entry's slot, then its queue's commit list.
 
@@ -30,6 +32,7 @@ mod kick;
 mod queue;
 mod reply;
 mod stats;
+mod sweep;
 
 use std::fmt;
 use std::io;
@@ -46,6 +49,8 @@ pub(crate) use reply::QueueShared;
 pub(crate) use reply::RingReply;
 pub use stats::IoUringStats;
 pub use stats::QueueStats;
+pub(crate) use sweep::Sweeper;
+pub(crate) use sweep::lose_interrupts;
 
 use crate::Filesystem;
 use crate::KernelConfig;
@@ -205,14 +210,15 @@ pub(crate) fn prepare(
 }
 
 /// Starts one thread per queue, named `fuser-uring-<cpu>` and pinned to that CPU, each
-/// dispatching through an event loop from `event_loop`. `ch` is the connection's
-/// `/dev/fuse` channel the commands go to.
+/// dispatching through an event loop from `event_loop`, and the sweep of their parked
+/// requests. `ch` is the connection's `/dev/fuse` channel the commands go to.
 pub(crate) fn spawn<FS: Filesystem>(
     rings: Rings,
     ch: &Channel,
     event_loop: impl Fn(usize) -> SessionEventLoop<FS>,
-) -> io::Result<Vec<JoinHandle<()>>> {
+) -> io::Result<(Vec<JoinHandle<()>>, Sweeper)> {
     let dev = ch.as_fd().as_raw_fd();
+    let sweeper = Sweeper::spawn(rings.shared.clone(), event_loop(0).filesystem)?;
     let mut threads = Vec::with_capacity(rings.rings.len());
     for (ring, shared) in rings.rings.into_iter().zip(rings.shared) {
         let qid = usize::from(shared.qid);
@@ -252,7 +258,7 @@ pub(crate) fn spawn<FS: Filesystem>(
                 })?,
         );
     }
-    Ok(threads)
+    Ok((threads, sweeper))
 }
 
 /// Pins the calling thread to `cpu`; if that fails (an offline CPU) it runs unpinned

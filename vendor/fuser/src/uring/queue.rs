@@ -245,6 +245,7 @@ impl<FS: Filesystem> QueueThread<FS> {
             let mut slot = entry.slot.lock();
             slot.phase = Phase::Dispatching;
             entry.unique.store(unique, Ordering::Release);
+            entry.pid.store(pid, Ordering::Release);
         }
         let reply = RingReply {
             entry: entry.clone(),
@@ -396,6 +397,7 @@ impl<FS: Filesystem> QueueThread<FS> {
                 entry.iov(),
                 u64::from(index),
             );
+            self.shared.entries.lock().push(entry.clone());
             self.entries.push(entry);
             self.push(&sqe);
             self.fetching += 1;

@@ -47,6 +47,8 @@ pub(crate) struct QueueShared {
     pub(crate) qid: u16,
     /// Replied parked entries, to commit.
     pub(crate) commits: Mutex<Vec<Arc<RingEntry>>>,
+    /// Every entry registered on the queue (pushed by its thread, read by the sweep).
+    pub(crate) entries: Mutex<Vec<Arc<RingEntry>>>,
     /// An eventfd the queue thread keeps a read posted on: written to wake it.
     pub(crate) wake: OwnedFd,
     /// Set when the session ends: the thread stops.
@@ -66,6 +68,7 @@ impl QueueShared {
         Ok(QueueShared {
             qid,
             commits: Mutex::new(Vec::new()),
+            entries: Mutex::new(Vec::new()),
             wake,
             closed: AtomicBool::new(false),
             counters: QueueCounters::default(),

@@ -15,6 +15,7 @@ pub(crate) struct QueueCounters {
     pub(crate) requests: AtomicU64,
     pub(crate) late_replies: AtomicU64,
     pub(crate) late_wakes: AtomicU64,
+    pub(crate) lost_interrupts: AtomicU64,
 }
 
 impl QueueCounters {
@@ -41,6 +42,9 @@ pub struct QueueStats {
     pub late_replies: u64,
     /// Those of them made on another thread than the queue's, which had to wake it.
     pub late_wakes: u64,
+    /// Parked requests whose caller was interrupted with no `INTERRUPT` sent, which the
+    /// sweep interrupted (see the transport's module documentation).
+    pub lost_interrupts: u64,
 }
 
 /// A handle on a session's io_uring queues, for their [`QueueStats`].
@@ -62,6 +66,7 @@ impl IoUringStats {
                 requests: q.counters.requests.load(Relaxed),
                 late_replies: q.counters.late_replies.load(Relaxed),
                 late_wakes: q.counters.late_wakes.load(Relaxed),
+                lost_interrupts: q.counters.lost_interrupts.load(Relaxed),
             })
             .collect()
     }
