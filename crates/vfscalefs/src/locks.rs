@@ -1072,15 +1072,8 @@ impl Locks {
                     }
                     return;
                 }
-                self.driver.submit(Task {
-                    pending,
-                    reply,
-                    intr: intr.clone(),
-                    unique,
-                    done,
-                    result: None,
-                    flock_ex,
-                });
+                self.driver
+                    .submit(Task::new(pending, reply, intr, unique, done, flock_ex));
             }
         }
     }

@@ -54,15 +54,15 @@ pub(crate) type TaskDone = Box<dyn FnOnce(bool, ReplyEmpty) -> Option<ReplyEmpty
 
 /// A parked request.
 pub(crate) struct Task {
-    pub(crate) pending: PendingLock,
-    pub(crate) reply: ReplyEmpty,
-    pub(crate) intr: Arc<Interrupts>,
-    pub(crate) unique: u64,
-    pub(crate) done: Option<TaskDone>,
+    pending: PendingLock,
+    reply: ReplyEmpty,
+    intr: Arc<Interrupts>,
+    unique: u64,
+    done: Option<TaskDone>,
     /// Its result, when a direct hand-off ([`poll_woken`]) finished it.
-    pub(crate) result: Option<Result<(), Errno>>,
+    result: Option<Result<(), Errno>>,
     /// An exclusive flock request.
-    pub(crate) flock_ex: bool,
+    flock_ex: bool,
 }
 
 struct DriverShared {
@@ -74,6 +74,26 @@ struct DriverShared {
 }
 
 impl Task {
+    /// A parked request's task, not polled yet.
+    pub(crate) fn new(
+        pending: PendingLock,
+        reply: ReplyEmpty,
+        intr: &Arc<Interrupts>,
+        unique: u64,
+        done: Option<TaskDone>,
+        flock_ex: bool,
+    ) -> Task {
+        Task {
+            pending,
+            reply,
+            intr: intr.clone(),
+            unique,
+            done,
+            result: None,
+            flock_ex,
+        }
+    }
+
     /// Its result, once it has one: the one a hand-off recorded, else a poll's.
     fn poll_result(&mut self, waker: &Waker) -> Option<Result<(), Errno>> {
         if let Some(r) = self.result.take() {
@@ -368,14 +388,6 @@ impl Driver {
             }
             return;
         }
-        self.submit(Task {
-            pending,
-            reply,
-            intr: intr.clone(),
-            unique,
-            done: Some(done),
-            result: None,
-            flock_ex,
-        });
+        self.submit(Task::new(pending, reply, intr, unique, Some(done), flock_ex));
     }
 }
