@@ -69,6 +69,12 @@ fn workers() -> usize {
 }
 
 impl ClusterLocks {
+    /// The service behind this handle (tests of the event handlers).
+    #[cfg(test)]
+    pub(crate) fn service(&self) -> &Arc<Service> {
+        &self.svc
+    }
+
     /// Starts a runtime of its own, the peer service on `cfg.peer_listen`, and joins
     /// the cluster through etcd. Blocking; call it outside any tokio runtime.
     pub fn join(cfg: ClusterConfig) -> Result<Arc<ClusterLocks>, ClusterError> {

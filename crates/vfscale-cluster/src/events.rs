@@ -104,8 +104,22 @@ fn handle(svc: &Arc<Service>, ev: DirectoryEvent) {
                 re_home(svc, ino);
             }
         }
-        DirectoryEvent::Fenced => fence(svc),
+        DirectoryEvent::Fenced => {
+            // After a `Lagged`, the broadcast still hands over the oldest events it kept:
+            // a `Fenced` whose fence and rejoin the lagged branch did already. The
+            // current lease, adopted and not fenced, is not the one it ended.
+            if svc.is_me(&svc.dir.me()) && !svc.dir.fenced() {
+                return;
+            }
+            fence(svc)
+        }
         DirectoryEvent::Rejoined(m) => {
+            // Likewise a rejoin done already, or one under a lease since replaced
+            // (adopting it would go back to an ended lease).
+            let now = svc.dir.me();
+            if svc.is_me(&m) || now.node != m.node || now.lease != m.lease {
+                return;
+            }
             tracing::info!(node = %m.node, lease = m.lease, "rejoined the cluster");
             for hi in svc.set_me(m) {
                 // Claimed under the old lease after the fencing emptied the table.
@@ -205,10 +219,15 @@ mod tests {
 
     use vfscale_locks::{Flock, LockType};
 
+    use std::sync::{Arc, Mutex};
+
+    use vfscale_locks::Errno;
+
+    use super::handle;
     use crate::claim::tests::{member, setlk_on};
     use crate::memdir::MemCluster;
     use crate::service::EIO;
-    use crate::InodeId;
+    use crate::{ClusterLocks, Directory, DirectoryEvent, InodeId};
 
     /// A home whose ownership key went while its member's event loop lagged (it missed
     /// the `HomeGone`) is dropped when the loop learns it lagged: its clients' locks are
@@ -240,5 +259,48 @@ mod tests {
             "the next claim is granted at the new home"
         );
         assert_eq!(setlk_on(&a, ino, 1, wr), Err(EIO), "the lost owner is told");
+    }
+
+    /// After a `Lagged`, the broadcast still hands over the oldest events it kept: a
+    /// `Fenced` and a `Rejoined` whose work the lagged branch did already. Handled again,
+    /// they would drop the homes claimed under the new lease while their keys live on
+    /// (peers told "moved" until their patience ran out, the clients' locks reported
+    /// lost). They change nothing.
+    #[test]
+    fn a_stale_fence_or_rejoin_keeps_the_new_leases_homes() {
+        let mem = MemCluster::new();
+        let slot = Arc::new(Mutex::new(None));
+        let (c, s) = (mem.clone(), slot.clone());
+        let a = ClusterLocks::with_directory("127.0.0.1:0".parse().unwrap(), move |addr| async move {
+            let d = c.join("m0", addr);
+            *s.lock().unwrap() = Some(d.clone());
+            Ok(d as Arc<dyn Directory>)
+        })
+        .expect("a member starts");
+        let dir = slot.lock().unwrap().clone().expect("joined");
+        let before = a.service().me();
+        mem.fence(&dir);
+        let now = mem.rejoin(&dir);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !a.service().is_me(&now) {
+            assert!(Instant::now() < deadline, "the rejoin was not handled");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let wr = Flock::new(LockType::Write, 0, 1);
+        // Not inode 9, which the claim tests hold up while they run beside this one.
+        let ino = InodeId(11);
+        assert_eq!(setlk_on(&a, ino, 1, wr), Ok(()));
+        assert_eq!(a.stats().homes_now, 1);
+        handle(a.service(), DirectoryEvent::Fenced);
+        handle(a.service(), DirectoryEvent::Rejoined(now.clone()));
+        handle(a.service(), DirectoryEvent::Rejoined(before));
+        assert!(a.service().is_me(&now), "a stale rejoin went back to an ended lease");
+        assert_eq!(a.stats().homes_now, 1, "a stale event dropped a live home");
+        assert_eq!(
+            setlk_on(&a, ino, 1, wr),
+            Ok(()),
+            "the owner's lock was reported lost"
+        );
+        assert_eq!(setlk_on(&a, ino, 2, wr), Err(Errno::EAGAIN), "the lock went");
     }
 }
