@@ -294,7 +294,10 @@ mod tests {
         handle(a.service(), DirectoryEvent::Fenced);
         handle(a.service(), DirectoryEvent::Rejoined(now.clone()));
         handle(a.service(), DirectoryEvent::Rejoined(before));
-        assert!(a.service().is_me(&now), "a stale rejoin went back to an ended lease");
+        assert!(
+            a.service().is_me(&now),
+            "a stale rejoin went back to an ended lease"
+        );
         assert_eq!(a.stats().homes_now, 1, "a stale event dropped a live home");
         assert_eq!(
             setlk_on(&a, ino, 1, wr),

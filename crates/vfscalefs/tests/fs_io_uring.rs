@@ -270,7 +270,7 @@ fn parked_wait_granted_later_and_interrupted() {
 /// one it is sent, `FUSER_TEST_LOSE_INTERRUPTS`): the server sees the waiting caller's
 /// pending signal and ends the parked wait itself. A killed `flock(1)` dies, and a thread
 /// whose handler has no `SA_RESTART` gets `EINTR`; without the sweep both wait for the
-/// holder.
+/// holder. A waiter that blocks the signal sent to it waits on and is granted.
 #[test]
 fn a_wait_whose_interrupt_was_lost_ends() {
     let Some(_p) = param("Y") else {
@@ -353,11 +353,33 @@ fn a_wait_whose_interrupt_was_lost_ends() {
     // SAFETY: the waiter thread is alive (it has not sent its result).
     unsafe { libc::pthread_kill(tid, libc::SIGUSR2) };
     let got = rx.recv_timeout(Duration::from_secs(5));
+    // A signal the waiter blocks interrupts nothing: the wait goes on until the grant.
+    let (tx, rx) = mpsc::channel();
+    let (tid_tx, tid_rx) = mpsc::channel();
+    let p = path.clone();
+    let blocking = std::thread::spawn(move || {
+        let mut set = nix::sys::signal::SigSet::empty();
+        set.add(nix::sys::signal::Signal::SIGUSR2);
+        set.thread_block().unwrap();
+        let f = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        // SAFETY: pthread_self has no preconditions.
+        tid_tx.send(unsafe { libc::pthread_self() }).unwrap();
+        // The signal stays pending and blocked; it goes with the thread.
+        tx.send(ofd(&f, libc::F_OFD_SETLKW, libc::F_WRLCK)).unwrap();
+    });
+    let tid = tid_rx.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: the thread is alive (it has not sent its result).
+    unsafe { libc::pthread_kill(tid, libc::SIGUSR2) };
+    let blocked_early = rx.recv_timeout(Duration::from_millis(1000)).ok();
     let lost = m.stats_line(&sf)("uring_lost_interrupts");
     // Let anything still waiting go before judging.
+    ofd(&holder, libc::F_OFD_SETLK, libc::F_UNLCK).unwrap();
+    let blocked_late = rx.recv_timeout(Duration::from_secs(5));
     drop(holder);
     let _ = child.wait();
     waiter.join().unwrap();
+    blocking.join().unwrap();
     assert!(died, "the killed flock(1) still waited {took:?} after SIGKILL");
     assert!(
         took < Duration::from_secs(2),
@@ -368,6 +390,8 @@ fn a_wait_whose_interrupt_was_lost_ends() {
         Ok(Err(libc::EINTR)),
         "the signalled wait did not end with EINTR"
     );
+    assert_eq!(blocked_early, None, "a blocked signal ended the wait");
+    assert_eq!(blocked_late, Ok(Ok(())), "the blocking waiter was not granted");
     assert_eq!(lost, 2, "uring_lost_interrupts");
 }
 

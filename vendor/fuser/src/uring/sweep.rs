@@ -12,7 +12,9 @@
 //! wait) with a signal pending that it neither blocks nor ignores (`/proc/<pid>/status`)
 //! was interrupted. Seen so on two sweeps in a row (a sent `INTERRUPT` is served within
 //! one), its request gets the `INTERRUPT` the kernel would have sent, once, through
-//! [`Filesystem::interrupt`].
+//! [`Filesystem::interrupt`]. Both checks matter: a lock request answered `EINTR` while
+//! no signal is delivered returns `ERESTARTSYS` (512) to its caller (`fuse_setlk`
+//! restarts locks). A caller outside the server's pid namespace (pid 0) is not seen.
 //!
 //! Test knob: a session whose environment has `FUSER_TEST_LOSE_INTERRUPTS` drops every
 //! `INTERRUPT` the kernel sends, so that tests can make the lost ones happen at will.
