@@ -534,6 +534,9 @@ impl Filesystem for Conn {
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        if let Some(d) = slow_fsync_for_tests() {
+            std::thread::sleep(d);
+        }
         reply_empty(reply, self.fsync_op(fh, datasync));
     }
 
@@ -758,4 +761,16 @@ impl Filesystem for Conn {
         let copied = self.copy_file_range_op(fh_in, offset_in, fh_out, offset_out, len);
         answer(reply, copied, |reply, n| reply.written(n));
     }
+}
+
+/// Test knob: `VFSCALEFS_TEST_SLOW_FSYNC_MS=N` makes every `FSYNC` take N ms more, as
+/// on a slow source (the tests of requests that may block).
+fn slow_fsync_for_tests() -> Option<Duration> {
+    static SLOW: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    *SLOW.get_or_init(|| {
+        std::env::var("VFSCALEFS_TEST_SLOW_FSYNC_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_millis)
+    })
 }

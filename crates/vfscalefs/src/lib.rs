@@ -23,7 +23,7 @@
 //! | | `fs/reply.rs` | errors to errnos (`EMFILE` → `ENFILE`) and the replies several operations share |
 //! | | `fs/attr.rs` | FUSE attributes from the source's `stat`, and the times the kernel sets |
 //! | [`dispatch::ConnGate`] | `dispatch.rs` | which dispatch threads read `/dev/fuse`: one serves a serial stream, spares park until requests queue up or may block |
-//! | (transport) | `vendor/fuser/src/uring/` | with `-o io_uring`: one ring per CPU, served by a pinned thread beside the `/dev/fuse` threads (forgets, interrupts, notifications); see `vendor/fuser/VFSCALE-PATCH.md` |
+//! | (transport) | `vendor/fuser/src/uring/` | with `-o io_uring`: one ring per CPU, served by a pinned thread beside the `/dev/fuse` threads (forgets, interrupts, notifications), with workers for the requests that may block; see `vendor/fuser/VFSCALE-PATCH.md` |
 //! | [`inodes::InodeTable`] | `inodes.rs` | the `vfscale-icache` inode cache: node id ↔ `(st_dev, st_ino)`, each inode's file handle, `I_NEW`-coalesced lookups, lookup counts per connection, eviction when forgotten |
 //! | [`fdcache::FdCache`] | `fdcache.rs` | the bounded cache of source descriptors (inodes' `O_PATH` descriptors, open files without passthrough), CLOCK per shard, reopened on a miss |
 //! | [`handle_ino::HandleIno`] | `handle_ino.rs` | where the source's file handles carry the inode number, learned from checked handles, so a new inode's handle needs no second `stat` |
@@ -685,11 +685,12 @@ fn check_mountpoint(p: &Path) -> Result<(), Error> {
 /// every connection (`dispatch_reads= dispatch_busy_reads= dispatch_parks= dispatch_wakes=
 /// dispatch_stall_wakes=`, see [`dispatch::GateStats`]) and, over io_uring, the queues'
 /// counters summed over every connection (`uring_requests= uring_entries= uring_parked=
-/// uring_max_parked= uring_late_replies= uring_late_wakes= uring_lost_interrupts=`:
-/// requests carried, ring entries registered, requests parked now, the most parked at
-/// once on one queue, replies to parked requests, those of them made on another thread
-/// than their queue's, which had to wake it, and parked requests interrupted for a
-/// caller the kernel sent no `INTERRUPT` for). Under `--cluster`, the cluster's counters
+/// uring_max_parked= uring_late_replies= uring_late_wakes= uring_lost_interrupts=
+/// uring_offloaded=`: requests carried, ring entries registered, requests parked now,
+/// the most parked at once on one queue, replies to parked requests, those of them made
+/// on another thread than their queue's, which had to wake it, parked requests
+/// interrupted for a caller the kernel sent no `INTERRUPT` for, and requests that may
+/// block served by a worker thread). Under `--cluster`, the cluster's counters
 /// follow (`cluster_local_calls= cluster_remote_calls= cluster_served_for_peers=
 /// cluster_reclaimed= cluster_deadlocks_across= cluster_lost_eio= cluster_homes_claimed=
 /// cluster_homes_now= cluster_homes_given_back= cluster_dead_owners_dropped=
@@ -742,7 +743,7 @@ fn write_stats(srv: &Server, gates: &[Arc<dispatch::ConnGate>], rings: &[fuser::
     } else {
         let sum = |f: fn(&fuser::QueueStats) -> u64| queues.iter().map(f).sum::<u64>();
         format!(
-            "{} uring_requests={} uring_entries={} uring_parked={} uring_max_parked={} uring_late_replies={} uring_late_wakes={} uring_lost_interrupts={}\n",
+            "{} uring_requests={} uring_entries={} uring_parked={} uring_max_parked={} uring_late_replies={} uring_late_wakes={} uring_lost_interrupts={} uring_offloaded={}\n",
             line.trim_end(),
             sum(|q| q.requests),
             sum(|q| q.registered),
@@ -750,7 +751,8 @@ fn write_stats(srv: &Server, gates: &[Arc<dispatch::ConnGate>], rings: &[fuser::
             queues.iter().map(|q| q.max_parked).max().unwrap_or(0),
             sum(|q| q.late_replies),
             sum(|q| q.late_wakes),
-            sum(|q| q.lost_interrupts)
+            sum(|q| q.lost_interrupts),
+            sum(|q| q.offloaded)
         )
     };
     let wrote = std::env::var_os("VFSCALEFS_STATS").is_some_and(|p| {
@@ -839,7 +841,12 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
     };
     config.n_threads = Some(opts.threads.max(1));
     config.clone_fd = true;
-    config.io_uring = opts.io_uring;
+    // Over io_uring, as over /dev/fuse, a request that may wait long does not hold the
+    // ones behind it: a worker serves it instead of its CPU's queue thread.
+    config.io_uring = opts.io_uring.map(|c| fuser::IoUringConfig {
+        offload: Some(fuser::MayBlock(dispatch::may_block)),
+        ..c
+    });
 
     let mut sessions = Vec::new();
     let mut unmounters = Vec::new();

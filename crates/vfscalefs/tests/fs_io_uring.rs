@@ -395,6 +395,84 @@ fn a_wait_whose_interrupt_was_lost_ends() {
     assert_eq!(lost, 2, "uring_lost_interrupts");
 }
 
+/// Pins the calling thread (and the threads it starts) to `cpus`; gives back the mask
+/// it had.
+fn pin_to(cpus: &[usize]) -> libc::cpu_set_t {
+    // SAFETY: cpu_set_t is plain data; zero is an empty set.
+    let mut old: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is the calling thread; `old` is a live set of the size given.
+    assert_eq!(
+        unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut old) },
+        0
+    );
+    // SAFETY: as above.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus {
+        // SAFETY: CPU_SET writes within `set` for c < CPU_SETSIZE.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) },
+        0
+    );
+    old
+}
+
+/// A request that may wait long (an `FSYNC` on a slow source, made to take 2 s here by
+/// `VFSCALEFS_TEST_SLOW_FSYNC_MS`) is served by a worker thread: the requests that
+/// its CPU makes meanwhile, which go to the same queue, are answered at once, as over
+/// `/dev/fuse`. Served by the queue's thread, they would wait for the fsync.
+#[test]
+fn a_slow_request_does_not_hold_its_queue() {
+    let Some(_p) = param("Y") else {
+        return;
+    };
+    let t = common::TempDir::new("slow-fsync");
+    let sf = t.0.join("stats");
+    let m = Mounted::start_env(
+        1,
+        "io_uring",
+        &[
+            ("VFSCALEFS_TEST_SLOW_FSYNC_MS", Path::new("2000")),
+            ("VFSCALEFS_STATS", &sf),
+        ],
+    )
+    .unwrap();
+    assert!(m.serves_io_uring(), "the server does not serve io_uring");
+    let dir = m.mounts[0].clone();
+    std::fs::write(dir.join("f"), b"x").unwrap();
+    // Both on CPU 0, so that both requests go to queue 0.
+    let old = pin_to(&[0]);
+    let d = dir.clone();
+    let syncer = std::thread::spawn(move || {
+        let f = OpenOptions::new().write(true).open(d.join("f")).unwrap();
+        let t = Instant::now();
+        f.sync_all().unwrap();
+        t.elapsed()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    // Fresh names: each is a LOOKUP.
+    let started = Instant::now();
+    for i in 0..20 {
+        assert!(std::fs::metadata(dir.join(format!("none-{i}"))).is_err());
+    }
+    let took = started.elapsed();
+    let synced = syncer.join().unwrap();
+    // SAFETY: pid 0 is the calling thread; `old` is the mask it had.
+    unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &old) };
+    let offloaded = m.stats_line(&sf)("uring_offloaded");
+    assert!(
+        synced >= Duration::from_millis(1900),
+        "the fsync took only {synced:?}"
+    );
+    assert!(
+        took < Duration::from_millis(1000),
+        "20 lookups beside the slow fsync took {took:?}"
+    );
+    assert!(offloaded >= 1, "uring_offloaded={offloaded}");
+}
+
 /// 1,000 waiters parked at once, each on an entry of its own: the mount still answers,
 /// and the unlock grants them all.
 #[test]

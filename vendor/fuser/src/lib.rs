@@ -83,6 +83,7 @@ pub use crate::session::SessionACL;
 pub use crate::session::SessionUnmounter;
 pub use crate::uring::IoUringConfig;
 pub use crate::uring::IoUringStats;
+pub use crate::uring::MayBlock;
 pub use crate::uring::QueueStats;
 pub use crate::uring::Transport;
 

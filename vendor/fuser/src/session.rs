@@ -333,22 +333,22 @@ impl<FS: Filesystem> Session<FS> {
         // Started after the /dev/fuse threads: until every queue has an entry registered
         // the kernel holds all requests, and this is what registers them.
         #[cfg(target_os = "linux")]
-        let (ring_threads, ring_queues, sweeper) = match rings {
+        let (ring_threads, ring_queues) = match rings {
             Some(rings) => {
                 let queues = rings.shared.clone();
-                let (threads, sweeper) =
-                    crate::uring::spawn(rings, &ring_ch, |qid| SessionEventLoop {
-                        thread_name: format!("fuser-uring-{qid}"),
-                        thread: n_threads + qid,
+                let threads =
+                    crate::uring::spawn(rings, &ring_ch, n_threads, |i| SessionEventLoop {
+                        thread_name: format!("fuser-uring-{i}"),
+                        thread: n_threads + i,
                         gate: None,
                         filesystem: filesystem.clone(),
                         ch: ring_ch.clone(),
                         allowed,
                         session_owner,
                     })?;
-                (threads, queues, Some(sweeper))
+                (Some(threads), queues)
             }
-            None => (Vec::new(), Vec::new(), None),
+            None => (None, Vec::new()),
         };
 
         let mut reply: io::Result<()> = Ok(());
@@ -373,13 +373,13 @@ impl<FS: Filesystem> Session<FS> {
             for q in &ring_queues {
                 q.close();
             }
-            for t in ring_threads {
-                if t.join().is_err() && reply.is_ok() {
-                    reply = Err(io::Error::other("io_uring queue thread panicked"));
+            if let Some(rt) = ring_threads {
+                for t in rt.queues.into_iter().chain(rt.workers) {
+                    if t.join().is_err() && reply.is_ok() {
+                        reply = Err(io::Error::other("io_uring thread panicked"));
+                    }
                 }
-            }
-            if let Some(s) = sweeper {
-                s.stop();
+                rt.sweeper.stop();
             }
             drop(ring_ch);
         }

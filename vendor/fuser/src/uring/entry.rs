@@ -61,7 +61,8 @@ impl Drop for Mapping {
 /// One ring entry of a queue.
 ///
 /// Who touches the memory, by [`Phase`]: the kernel while `Fetching`; the queue thread
-/// while `Dispatching` (a reply then is kept in the slot) and when it commits; the one
+/// while `Dispatching` (a reply then is kept in the slot) and when it commits, or the
+/// worker it handed a `Parked` entry to, which makes it `Dispatching` in turn; the one
 /// reply that moves a `Parked` entry to `Replied`, until it hands the entry over.
 #[derive(Debug)]
 pub(crate) struct RingEntry {
@@ -234,6 +235,16 @@ impl RingEntry {
         // SAFETY: the caller has the entry; the header is in the mapping.
         let h = unsafe { &*self.header() };
         u32::from_ne_bytes(h.in_out[32..36].try_into().unwrap_or([0; 4]))
+    }
+
+    /// `opcode` of the request the kernel put in the entry.
+    ///
+    /// # Safety
+    /// As for [`RingEntry::request`].
+    pub(crate) unsafe fn header_opcode(&self) -> u32 {
+        // SAFETY: the caller has the entry; the header is in the mapping.
+        let h = unsafe { &*self.header() };
+        u32::from_ne_bytes(h.in_out[4..8].try_into().unwrap_or([0; 4]))
     }
 
     /// `unique` of the request the kernel put in the entry.

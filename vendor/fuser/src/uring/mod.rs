@@ -16,7 +16,8 @@
 //!   pool is the most requests ever parked on the queue plus `depth`.
 //! * An entry's memory is touched by one party at a time, by phase (see
 //!   [`entry::RingEntry`]): the kernel while fetching, the queue thread while
-//!   dispatching, one reply after that. The slot's lock orders the hand-overs.
+//!   dispatching (or a worker, for a request that may block: see [`offload`]), one
+//!   reply after that. The slot's lock orders the hand-overs.
 //! * Only the queue thread pushes SQEs and reaps CQEs of its ring; other threads hand it
 //!   replies through the commit list and wake it with an eventfd.
 //! * Forgets, interrupts and notifications stay on `/dev/fuse` (the kernel sends them
@@ -29,6 +30,7 @@
 mod abi;
 mod entry;
 mod kick;
+mod offload;
 mod queue;
 mod reply;
 mod stats;
@@ -45,6 +47,7 @@ use io_uring::IoUring;
 use io_uring::squeue::Entry128;
 use log::warn;
 
+pub use offload::MayBlock;
 pub(crate) use reply::QueueShared;
 pub(crate) use reply::RingReply;
 pub use stats::IoUringStats;
@@ -70,11 +73,18 @@ pub struct IoUringConfig {
     /// Entries each queue keeps fetching (registered at start; more are registered as
     /// requests park).
     pub depth: usize,
+    /// Which requests, by opcode, may wait long and are served by worker threads (as
+    /// many as the session's `n_threads`) instead of their queue's thread, which would
+    /// hold its CPU's other requests meanwhile (see [`offload`]). `None`: all inline.
+    pub offload: Option<MayBlock>,
 }
 
 impl Default for IoUringConfig {
     fn default() -> Self {
-        IoUringConfig { depth: 8 }
+        IoUringConfig {
+            depth: 8,
+            offload: None,
+        }
     }
 }
 
@@ -125,6 +135,7 @@ pub(crate) struct Rings {
     pub(crate) shared: Vec<Arc<QueueShared>>,
     depth: usize,
     payload_size: usize,
+    offload: Option<MayBlock>,
     /// The mountpoint, for the kickers (none without one: see [`kick`]).
     pub(crate) kick_path: Option<std::path::PathBuf>,
 }
@@ -205,21 +216,40 @@ pub(crate) fn prepare(
         shared,
         depth: asked.depth.max(1),
         payload_size,
+        offload: asked.offload,
         kick_path: None,
     })
 }
 
+/// The threads [`spawn`] started: joined queue threads first (the workers end once
+/// the queues are gone), then the workers, then the sweep.
+pub(crate) struct RingThreads {
+    pub(crate) queues: Vec<JoinHandle<()>>,
+    pub(crate) workers: Vec<JoinHandle<()>>,
+    pub(crate) sweeper: Sweeper,
+}
+
 /// Starts one thread per queue, named `fuser-uring-<cpu>` and pinned to that CPU, each
-/// dispatching through an event loop from `event_loop`, and the sweep of their parked
+/// dispatching through an event loop from `event_loop`, `workers` threads for the
+/// requests that may block (with an offload predicate), and the sweep of parked
 /// requests. `ch` is the connection's `/dev/fuse` channel the commands go to.
 pub(crate) fn spawn<FS: Filesystem>(
     rings: Rings,
     ch: &Channel,
+    workers: usize,
     event_loop: impl Fn(usize) -> SessionEventLoop<FS>,
-) -> io::Result<(Vec<JoinHandle<()>>, Sweeper)> {
+) -> io::Result<RingThreads> {
     let dev = ch.as_fd().as_raw_fd();
+    let queues = rings.rings.len();
     let sweeper = Sweeper::spawn(rings.shared.clone(), event_loop(0).filesystem)?;
-    let mut threads = Vec::with_capacity(rings.rings.len());
+    let (offload, worker_threads) = match rings.offload {
+        Some(wants) => {
+            let (o, t) = offload::spawn(wants.0, workers, |i| event_loop(queues + i))?;
+            (Some(o), t)
+        }
+        None => (None, Vec::new()),
+    };
+    let mut threads = Vec::with_capacity(queues);
     for (ring, shared) in rings.rings.into_iter().zip(rings.shared) {
         let qid = usize::from(shared.qid);
         let kicker = match &rings.kick_path {
@@ -248,6 +278,7 @@ pub(crate) fn spawn<FS: Filesystem>(
             deferred: Vec::new(),
             probe: std::time::Duration::from_millis(1),
             probing_round: false,
+            offload: offload.clone(),
         };
         threads.push(
             std::thread::Builder::new()
@@ -258,7 +289,11 @@ pub(crate) fn spawn<FS: Filesystem>(
                 })?,
         );
     }
-    Ok((threads, sweeper))
+    Ok(RingThreads {
+        queues: threads,
+        workers: worker_threads,
+        sweeper,
+    })
 }
 
 /// Pins the calling thread to `cpu`; if that fails (an offline CPU) it runs unpinned

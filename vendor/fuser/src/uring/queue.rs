@@ -33,6 +33,8 @@ use crate::uring::abi;
 use crate::uring::entry::RingEntry;
 use crate::uring::kick::KICKERS;
 use crate::uring::kick::Kicker;
+use crate::uring::offload::Job;
+use crate::uring::offload::Offload;
 use crate::uring::reply::Phase;
 use crate::uring::reply::QueueShared;
 use crate::uring::reply::RingReply;
@@ -94,6 +96,8 @@ pub(crate) struct QueueThread<FS: Filesystem> {
     pub(crate) probe: Duration,
     /// The kick round in progress is a probe (one kick), not a drain.
     pub(crate) probing_round: bool,
+    /// Where requests that may block go (see [`offload`](super::offload)).
+    pub(crate) offload: Option<Offload>,
 }
 
 impl<FS: Filesystem> QueueThread<FS> {
@@ -241,6 +245,34 @@ impl<FS: Filesystem> QueueThread<FS> {
         // SAFETY: as above.
         let pid = unsafe { entry.header_pid() };
         let kick = self.kicker.as_ref().is_some_and(|k| k.is_kick(pid));
+        // SAFETY: as above.
+        let opcode = unsafe { entry.header_opcode() };
+        if !kick && self.offload.as_ref().is_some_and(|o| o.wants(opcode)) {
+            {
+                let mut slot = entry.slot.lock();
+                slot.phase = Phase::Parked;
+                entry.unique.store(unique, Ordering::Release);
+                entry.pid.store(pid, Ordering::Release);
+            }
+            let job = Job {
+                entry: entry.clone(),
+                queue: self.shared.clone(),
+                unique,
+            };
+            match self.offload.as_ref().map(|o| o.send(job)) {
+                Some(Ok(())) => {
+                    self.parked += 1;
+                    self.shared.counters.set_parked(self.parked as u64);
+                    self.shared
+                        .counters
+                        .offloaded
+                        .fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                // The pool is gone (the session ends): served here.
+                _ => self.offload = None,
+            }
+        }
         {
             let mut slot = entry.slot.lock();
             slot.phase = Phase::Dispatching;
@@ -451,7 +483,7 @@ impl<FS: Filesystem> QueueThread<FS> {
 }
 
 /// Answers a request that could not be read with `EIO`.
-fn answer_eio(reply: &RingReply, ch: ChannelSender, unique: u64) {
+pub(crate) fn answer_eio(reply: &RingReply, ch: ChannelSender, unique: u64) {
     <ReplyRaw as Reply>::new(ll::RequestId(unique), ReplySender::Ring(reply.clone(), ch))
         .send_ll(&ResponseErrno(ll::Errno::EIO));
 }

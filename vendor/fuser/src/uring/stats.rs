@@ -16,6 +16,7 @@ pub(crate) struct QueueCounters {
     pub(crate) late_replies: AtomicU64,
     pub(crate) late_wakes: AtomicU64,
     pub(crate) lost_interrupts: AtomicU64,
+    pub(crate) offloaded: AtomicU64,
 }
 
 impl QueueCounters {
@@ -45,6 +46,8 @@ pub struct QueueStats {
     /// Parked requests whose caller was interrupted with no `INTERRUPT` sent, which the
     /// sweep interrupted (see the transport's module documentation).
     pub lost_interrupts: u64,
+    /// Requests served by a worker thread, as ones that may block.
+    pub offloaded: u64,
 }
 
 /// A handle on a session's io_uring queues, for their [`QueueStats`].
@@ -67,6 +70,7 @@ impl IoUringStats {
                 late_replies: q.counters.late_replies.load(Relaxed),
                 late_wakes: q.counters.late_wakes.load(Relaxed),
                 lost_interrupts: q.counters.lost_interrupts.load(Relaxed),
+                offloaded: q.counters.offloaded.load(Relaxed),
             })
             .collect()
     }

@@ -1,0 +1,164 @@
+//! Requests that may wait long, served off the queue threads.
+//!
+//! A queue's thread serves its CPU's requests one at a time: one that waits on a slow
+//! source (a `READ` without kernel passthrough, an `FSYNC` on a busy disk) would hold
+//! every later request of that CPU behind it, where the `/dev/fuse` threads go on
+//! serving. So a request whose opcode the filesystem names as one that may block
+//! ([`IoUringConfig::offload`](super::IoUringConfig::offload)) is handed, in its entry,
+//! to a pool of worker threads. For its queue the entry is parked (another is registered
+//! in its place); the worker dispatches it as the queue thread would, and hands the reply
+//! back through the queue's commit list, as a reply to a parked request.
+//!
+//! Entry phases on a worker: `Parked` (queued for a worker) → `Dispatching` (the worker
+//! has the entry; a reply made now is kept in the slot) → `Replied`, written by the
+//! worker and queued for commit, or `Parked` again when the filesystem answers later.
+
+use std::io;
+use std::io::IoSlice;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use log::error;
+
+use crate::Filesystem;
+use crate::request::RequestWithSender;
+use crate::session::SessionEventLoop;
+use crate::uring::entry::RingEntry;
+use crate::uring::queue::answer_eio;
+use crate::uring::reply::Phase;
+use crate::uring::reply::QueueShared;
+use crate::uring::reply::RingReply;
+
+/// Which requests may wait long, by opcode (`true`: served by a worker). Compared by
+/// the function's address.
+#[derive(Debug, Clone, Copy)]
+pub struct MayBlock(pub fn(u32) -> bool);
+
+impl PartialEq for MayBlock {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::fn_addr_eq(self.0, other.0)
+    }
+}
+
+impl Eq for MayBlock {}
+
+impl std::hash::Hash for MayBlock {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (self.0 as usize).hash(state);
+    }
+}
+
+/// A request handed to a worker: the entry it came in, parked for its queue.
+pub(crate) struct Job {
+    pub(crate) entry: Arc<RingEntry>,
+    pub(crate) queue: Arc<QueueShared>,
+    pub(crate) unique: u64,
+}
+
+/// The queue threads' side of the pool.
+#[derive(Debug, Clone)]
+pub(crate) struct Offload {
+    wants: fn(u32) -> bool,
+    jobs: mpsc::Sender<Job>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job").field("unique", &self.unique).finish()
+    }
+}
+
+impl Offload {
+    /// Whether a request with `opcode` goes to a worker.
+    pub(crate) fn wants(&self, opcode: u32) -> bool {
+        (self.wants)(opcode)
+    }
+
+    /// Hands `job` to a worker; gives it back if the pool is gone.
+    pub(crate) fn send(&self, job: Job) -> Result<(), Job> {
+        self.jobs.send(job).map_err(|e| e.0)
+    }
+}
+
+/// Starts `workers` threads, named `fuser-uring-w<i>`, each dispatching through an event
+/// loop from `event_loop`; they end once every [`Offload`] made from the answer is gone.
+pub(crate) fn spawn<FS: Filesystem>(
+    wants: fn(u32) -> bool,
+    workers: usize,
+    event_loop: impl Fn(usize) -> SessionEventLoop<FS>,
+) -> io::Result<(Offload, Vec<JoinHandle<()>>)> {
+    let (jobs, queued) = mpsc::channel::<Job>();
+    let queued = Arc::new(Mutex::new(queued));
+    let mut threads = Vec::with_capacity(workers);
+    for i in 0..workers.max(1) {
+        let se = event_loop(i);
+        let queued = queued.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("fuser-uring-w{i}"))
+                .spawn(move || {
+                    loop {
+                        let next = queued.lock().map(|rx| rx.recv());
+                        match next {
+                            Ok(Ok(job)) => serve(job, &se),
+                            _ => return,
+                        }
+                    }
+                })?,
+        );
+    }
+    Ok((Offload { wants, jobs }, threads))
+}
+
+/// Dispatches a job's request, then queues its reply for commit if it was made meanwhile.
+fn serve<FS: Filesystem>(job: Job, se: &SessionEventLoop<FS>) {
+    let Job {
+        entry,
+        queue,
+        unique,
+    } = job;
+    {
+        let mut slot = entry.slot.lock();
+        if entry.unique.load(Ordering::Acquire) != unique || slot.phase != Phase::Parked {
+            // Only this job answers the entry until it is dispatched: not reached.
+            return;
+        }
+        slot.phase = Phase::Dispatching;
+    }
+    let reply = RingReply {
+        entry: entry.clone(),
+        queue: queue.clone(),
+        unique,
+    };
+    // SAFETY: the entry is this worker's: its queue parked it and handed it here, and it
+    // is `Dispatching`, so a reply is kept in the slot until the request slice, dropped
+    // at the end of this block, is gone.
+    match unsafe { entry.request() } {
+        Ok((data, _)) => match RequestWithSender::new_ring(se.ch.sender(), reply.clone(), data) {
+            Some(req) => req.dispatch(se),
+            None => answer_eio(&reply, se.ch.sender(), unique),
+        },
+        Err(why) => {
+            error!("io_uring queue {}: unreadable request: {why}", queue.qid);
+            answer_eio(&reply, se.ch.sender(), unique);
+        }
+    }
+    let mut slot = entry.slot.lock();
+    match slot.phase {
+        Phase::Replied => {
+            let pending = std::mem::take(&mut slot.pending);
+            // SAFETY: the reply was made during this dispatch, which has ended: no
+            // request slice is alive and no other party may write the entry.
+            unsafe { entry.write_reply(&[IoSlice::new(&pending)]) };
+            slot.pending = pending;
+            drop(slot);
+            queue.commits.lock().push(entry.clone());
+            queue.wake();
+        }
+        Phase::Dispatching => slot.phase = Phase::Parked,
+        Phase::Fetching | Phase::Parked => {}
+    }
+}
