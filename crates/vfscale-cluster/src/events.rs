@@ -25,11 +25,14 @@ pub(crate) async fn run(svc: Arc<Service>, mut rx: broadcast::Receiver<Directory
                 tracing::warn!(missed = n, "directory events lagged; resolving homes again");
                 // A missed `Fenced` or `Rejoined`: this member's lease changed, so what
                 // was homed here under the old one is gone (a fence's work, then a rejoin's).
+                // `fenced()` first: a rejoin sets the new lease before it clears the
+                // fence, so a false read comes with the lease it cleared it for.
+                let fenced = svc.dir.fenced();
                 let now = svc.dir.me();
                 if !svc.is_me(&now) {
                     fence(&svc);
                     handle(&svc, DirectoryEvent::Rejoined(now));
-                } else if svc.dir.fenced() {
+                } else if fenced {
                     // A missed `Fenced` under a lease not renewed yet: its work now.
                     fence(&svc);
                 }
@@ -107,8 +110,9 @@ fn handle(svc: &Arc<Service>, ev: DirectoryEvent) {
         DirectoryEvent::Fenced => {
             // After a `Lagged`, the broadcast still hands over the oldest events it kept:
             // a `Fenced` whose fence and rejoin the lagged branch did already. The
-            // current lease, adopted and not fenced, is not the one it ended.
-            if svc.is_me(&svc.dir.me()) && !svc.dir.fenced() {
+            // current lease, adopted and not fenced, is not the one it ended. `fenced()`
+            // is read first, as above.
+            if !svc.dir.fenced() && svc.is_me(&svc.dir.me()) {
                 return;
             }
             fence(svc)
