@@ -25,7 +25,7 @@
 //! * An interrupt the kernel failed to send for a parked request is made up by the
 //!   sweep ([`sweep`]), from its caller's state in `/proc`.
 //!
-//! Lock order: an entry's slot, then its queue's commit list.
+//! Lock order: a queue's entry list, then an entry's slot, then the queue's commit list.
 
 mod abi;
 mod entry;

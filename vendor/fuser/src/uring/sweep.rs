@@ -8,13 +8,15 @@
 //! parked lock wait then holds a killed process until the lock is granted, maybe never.
 //!
 //! So while requests are parked, the sweep looks at their callers every [`SWEEP`]. A
-//! caller asleep uninterruptibly (`D` in `/proc/<pid>/stat`: past the interruptible
-//! wait) with a signal pending that it neither blocks nor ignores (`/proc/<pid>/status`)
-//! was interrupted. Seen so on two sweeps in a row (a sent `INTERRUPT` is served within
+//! caller asleep uninterruptibly (`State: D` in `/proc/<tid>/status`: past the
+//! interruptible wait) with a signal pending that it neither blocks nor ignores (the
+//! same file) was interrupted. Seen so on two sweeps in a row (a sent `INTERRUPT` is served within
 //! one), its request gets the `INTERRUPT` the kernel would have sent, once, through
 //! [`Filesystem::interrupt`]. Both checks matter: a lock request answered `EINTR` while
 //! no signal is delivered returns `ERESTARTSYS` (512) to its caller (`fuse_setlk`
-//! restarts locks). A caller outside the server's pid namespace (pid 0) is not seen.
+//! restarts locks). A caller outside the server's pid namespace (pid 0) is not seen, and
+//! a server whose `/proc` is not of its own pid namespace does not sweep (the pids
+//! there would name other tasks).
 //!
 //! Test knob: a session whose environment has `FUSER_TEST_LOSE_INTERRUPTS` drops every
 //! `INTERRUPT` the kernel sends, so that tests can make the lost ones happen at will.
@@ -67,6 +69,13 @@ impl Sweeper {
         let thread = std::thread::Builder::new()
             .name("fuser-uring-sweep".to_string())
             .spawn(move || {
+                if !proc_is_ours() {
+                    warn!(
+                        "io_uring: /proc is not of this process's pid namespace; \
+                         interrupts the kernel loses are not made up"
+                    );
+                    return;
+                }
                 let mut sweep = Sweep::default();
                 while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(SWEEP) {
                     if !sweep.round(&queues, |unique, pid| match &fs.fs {
@@ -178,16 +187,10 @@ impl Sweep {
     }
 
     /// Whether task `pid` sleeps uninterruptibly with a deliverable signal pending.
+    /// (`status` is per thread; `stat` of a thread id walks its whole process.)
     fn caller_interrupted(&mut self, pid: u32) -> bool {
-        let state = match self.read(&format!("/proc/{pid}/stat")) {
-            Some(stat) => stat_state(stat),
-            None => return false,
-        };
-        if state != Some(b'D') {
-            return false;
-        }
         self.read(&format!("/proc/{pid}/status"))
-            .is_some_and(signal_deliverable)
+            .is_some_and(|st| status_state(st) == Some(b'D') && signal_deliverable(st))
     }
 
     fn read(&mut self, path: &str) -> Option<&[u8]> {
@@ -199,10 +202,19 @@ impl Sweep {
     }
 }
 
-/// The state letter of a `/proc/<pid>/stat` line (after the command's last `)`).
-fn stat_state(stat: &[u8]) -> Option<u8> {
-    let close = stat.iter().rposition(|&b| b == b')')?;
-    stat.get(close + 2).copied()
+/// Whether `/proc/self` names this process: `/proc` is of its pid namespace.
+fn proc_is_ours() -> bool {
+    std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|p| p.to_str()?.parse::<u32>().ok())
+        == Some(std::process::id())
+}
+
+/// The state letter of a `/proc/<pid>/status` text (`State:\tD (disk sleep)`).
+fn status_state(status: &[u8]) -> Option<u8> {
+    let text = std::str::from_utf8(status).ok()?;
+    let line = text.lines().find(|l| l.starts_with("State:"))?;
+    line["State:".len()..].trim_start().bytes().next()
 }
 
 /// Whether a `/proc/<pid>/status` text shows a signal pending (to the thread or its
@@ -226,14 +238,28 @@ fn signal_deliverable(status: &[u8]) -> bool {
 
 #[cfg(test)]
 mod test {
+    use super::proc_is_ours;
     use super::signal_deliverable;
-    use super::stat_state;
+    use super::status_state;
 
     #[test]
-    fn stat_state_is_after_the_command() {
-        assert_eq!(stat_state(b"42 (a) b) c) D 1 42 42"), Some(b'D'));
-        assert_eq!(stat_state(b"7 (cat) S 1 7"), Some(b'S'));
-        assert_eq!(stat_state(b"7 (cat"), None);
+    fn the_state_letter() {
+        assert_eq!(
+            status_state(b"Name:\tx\nState:\tD (disk sleep)\n"),
+            Some(b'D')
+        );
+        assert_eq!(
+            status_state(b"Name:\tx\nState:\tS (sleeping)\n"),
+            Some(b'S')
+        );
+        assert_eq!(status_state(b"Name:\tx\n"), None);
+        let own = std::fs::read("/proc/thread-self/status").unwrap();
+        assert_eq!(status_state(&own), Some(b'R'));
+    }
+
+    #[test]
+    fn proc_here_is_of_this_namespace() {
+        assert!(proc_is_ours());
     }
 
     fn status(pnd: u64, shd: u64, blk: u64, ign: u64) -> String {
