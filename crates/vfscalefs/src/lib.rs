@@ -913,12 +913,20 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
 
     // Every mount is made: what the server holds now is its base, and each connection's
     // dispatch threads but the first will open a /dev/fuse descriptor of their own.
+    // Over io_uring, the queue threads and the workers serve requests too.
     let threads = opts.threads.max(1) as u64;
     let conns = mountpoints.len() as u64;
+    let ring_threads: u64 = sessions
+        .iter()
+        .map(|(_, s)| match s.transport() {
+            fuser::Transport::IoUring { queues, .. } => *queues as u64 + threads,
+            _ => 0,
+        })
+        .sum();
     let held = std::fs::read_dir("/proc/self/fd")
         .map(|d| d.count() as u64)
         .unwrap_or(0);
-    srv.size_fd_cache(held + (threads - 1) * conns, threads * conns);
+    srv.size_fd_cache(held + (threads - 1) * conns, threads * conns + ring_threads);
     eprintln!("vfscalefs: {}", srv.mode_line());
 
     let threads: Vec<_> = sessions

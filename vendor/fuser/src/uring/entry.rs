@@ -115,6 +115,7 @@ impl RingEntry {
             slot: Mutex::new(Slot {
                 phase: Phase::Fetching,
                 pending: Vec::new(),
+                offloaded: false,
             }),
             unique: AtomicU64::new(0),
             pid: AtomicU32::new(0),

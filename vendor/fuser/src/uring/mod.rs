@@ -279,6 +279,7 @@ pub(crate) fn spawn<FS: Filesystem>(
             probe: std::time::Duration::from_millis(1),
             probing_round: false,
             offload: offload.clone(),
+            in_workers: 0,
         };
         threads.push(
             std::thread::Builder::new()

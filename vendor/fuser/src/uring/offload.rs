@@ -9,12 +9,17 @@
 //! in its place); the worker dispatches it as the queue thread would, and hands the reply
 //! back through the queue's commit list, as a reply to a parked request.
 //!
-//! Entry phases on a worker: `Parked` (queued for a worker) → `Dispatching` (the worker
-//! has the entry; a reply made now is kept in the slot) → `Replied`, written by the
-//! worker and queued for commit, or `Parked` again when the filesystem answers later.
+//! Entry phases on a worker: `Queued` (handed over, not taken yet) → `Dispatching` (the
+//! worker has the entry; a reply made now is kept in the slot) → `Replied`, written by
+//! the worker and queued for commit, or `Parked` when the filesystem answers later.
+//! Each queue hands at most as many requests to workers as there are workers, and
+//! serves the others itself: a slow source then holds that queue as it did before, not
+//! an entry per request. A worker that panics answers its request `EIO` (the reply's
+//! drop) and goes on.
 
 use std::io;
 use std::io::IoSlice;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
@@ -62,6 +67,7 @@ pub(crate) struct Job {
 #[derive(Debug, Clone)]
 pub(crate) struct Offload {
     wants: fn(u32) -> bool,
+    workers: usize,
     jobs: mpsc::Sender<Job>,
 }
 
@@ -75,6 +81,11 @@ impl Offload {
     /// Whether a request with `opcode` goes to a worker.
     pub(crate) fn wants(&self, opcode: u32) -> bool {
         (self.wants)(opcode)
+    }
+
+    /// Workers in the pool.
+    pub(crate) fn workers(&self) -> usize {
+        self.workers
     }
 
     /// Hands `job` to a worker; gives it back if the pool is gone.
@@ -92,8 +103,9 @@ pub(crate) fn spawn<FS: Filesystem>(
 ) -> io::Result<(Offload, Vec<JoinHandle<()>>)> {
     let (jobs, queued) = mpsc::channel::<Job>();
     let queued = Arc::new(Mutex::new(queued));
+    let workers = workers.max(1);
     let mut threads = Vec::with_capacity(workers);
-    for i in 0..workers.max(1) {
+    for i in 0..workers {
         let se = event_loop(i);
         let queued = queued.clone();
         threads.push(
@@ -110,7 +122,14 @@ pub(crate) fn spawn<FS: Filesystem>(
                 })?,
         );
     }
-    Ok((Offload { wants, jobs }, threads))
+    Ok((
+        Offload {
+            wants,
+            workers,
+            jobs,
+        },
+        threads,
+    ))
 }
 
 /// Dispatches a job's request, then queues its reply for commit if it was made meanwhile.
@@ -122,8 +141,12 @@ fn serve<FS: Filesystem>(job: Job, se: &SessionEventLoop<FS>) {
     } = job;
     {
         let mut slot = entry.slot.lock();
-        if entry.unique.load(Ordering::Acquire) != unique || slot.phase != Phase::Parked {
-            // Only this job answers the entry until it is dispatched: not reached.
+        debug_assert!(
+            entry.unique.load(Ordering::Acquire) == unique && slot.phase == Phase::Queued,
+            "a queued entry changed before its worker took it"
+        );
+        if queue.closed.load(Ordering::Acquire) {
+            // The session ends: no commit would carry the answer.
             return;
         }
         slot.phase = Phase::Dispatching;
@@ -133,18 +156,24 @@ fn serve<FS: Filesystem>(job: Job, se: &SessionEventLoop<FS>) {
         queue: queue.clone(),
         unique,
     };
-    // SAFETY: the entry is this worker's: its queue parked it and handed it here, and it
-    // is `Dispatching`, so a reply is kept in the slot until the request slice, dropped
-    // at the end of this block, is gone.
-    match unsafe { entry.request() } {
-        Ok((data, _)) => match RequestWithSender::new_ring(se.ch.sender(), reply.clone(), data) {
-            Some(req) => req.dispatch(se),
-            None => answer_eio(&reply, se.ch.sender(), unique),
-        },
-        Err(why) => {
-            error!("io_uring queue {}: unreadable request: {why}", queue.qid);
-            answer_eio(&reply, se.ch.sender(), unique);
+    let dispatched = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: the entry is this worker's: its queue handed it here, and it is
+        // `Dispatching`, so a reply is kept in the slot until the request slice,
+        // dropped at the end of this closure (or by unwinding), is gone.
+        match unsafe { entry.request() } {
+            Ok((data, _)) => match RequestWithSender::new_ring(se.ch.sender(), reply.clone(), data)
+            {
+                Some(req) => req.dispatch(se),
+                None => answer_eio(&reply, se.ch.sender(), unique),
+            },
+            Err(why) => {
+                error!("io_uring queue {}: unreadable request: {why}", queue.qid);
+                answer_eio(&reply, se.ch.sender(), unique);
+            }
         }
+    }));
+    if dispatched.is_err() {
+        error!("io_uring worker: request {unique} panicked; answered EIO");
     }
     let mut slot = entry.slot.lock();
     match slot.phase {
@@ -159,6 +188,6 @@ fn serve<FS: Filesystem>(job: Job, se: &SessionEventLoop<FS>) {
             queue.wake();
         }
         Phase::Dispatching => slot.phase = Phase::Parked,
-        Phase::Fetching | Phase::Parked => {}
+        Phase::Fetching | Phase::Queued | Phase::Parked => {}
     }
 }

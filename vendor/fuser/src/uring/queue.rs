@@ -98,6 +98,8 @@ pub(crate) struct QueueThread<FS: Filesystem> {
     pub(crate) probing_round: bool,
     /// Where requests that may block go (see [`offload`](super::offload)).
     pub(crate) offload: Option<Offload>,
+    /// Requests of this queue handed to a worker and not committed yet.
+    pub(crate) in_workers: usize,
 }
 
 impl<FS: Filesystem> QueueThread<FS> {
@@ -247,10 +249,18 @@ impl<FS: Filesystem> QueueThread<FS> {
         let kick = self.kicker.as_ref().is_some_and(|k| k.is_kick(pid));
         // SAFETY: as above.
         let opcode = unsafe { entry.header_opcode() };
-        if !kick && self.offload.as_ref().is_some_and(|o| o.wants(opcode)) {
+        // Up to `workers` at once per queue; past that the queue serves them itself,
+        // which holds its other requests back, as before, but no more entries.
+        if !kick
+            && self
+                .offload
+                .as_ref()
+                .is_some_and(|o| o.wants(opcode) && self.in_workers < o.workers())
+        {
             {
                 let mut slot = entry.slot.lock();
-                slot.phase = Phase::Parked;
+                slot.phase = Phase::Queued;
+                slot.offloaded = true;
                 entry.unique.store(unique, Ordering::Release);
                 entry.pid.store(pid, Ordering::Release);
             }
@@ -261,8 +271,7 @@ impl<FS: Filesystem> QueueThread<FS> {
             };
             match self.offload.as_ref().map(|o| o.send(job)) {
                 Some(Ok(())) => {
-                    self.parked += 1;
-                    self.shared.counters.set_parked(self.parked as u64);
+                    self.in_workers += 1;
                     self.shared
                         .counters
                         .offloaded
@@ -270,7 +279,10 @@ impl<FS: Filesystem> QueueThread<FS> {
                     return;
                 }
                 // The pool is gone (the session ends): served here.
-                _ => self.offload = None,
+                _ => {
+                    entry.slot.lock().offloaded = false;
+                    self.offload = None;
+                }
             }
         }
         {
@@ -327,7 +339,7 @@ impl<FS: Filesystem> QueueThread<FS> {
                 self.parked += 1;
                 self.shared.counters.set_parked(self.parked as u64);
             }
-            Phase::Fetching | Phase::Parked => {}
+            Phase::Fetching | Phase::Queued | Phase::Parked => {}
         }
     }
 
@@ -335,12 +347,21 @@ impl<FS: Filesystem> QueueThread<FS> {
     fn drain_commits(&mut self) {
         let ready = std::mem::take(&mut *self.shared.commits.lock());
         for entry in ready {
-            entry.slot.lock().phase = Phase::Fetching;
-            self.parked -= 1;
-            if self.parked == 0 {
-                self.probe = PROBE_MIN;
+            let offloaded = {
+                let mut slot = entry.slot.lock();
+                slot.phase = Phase::Fetching;
+                std::mem::take(&mut slot.offloaded)
+            };
+            if offloaded {
+                // A worker's commit pulls queued requests as any does: no probing for it.
+                self.in_workers -= 1;
+            } else {
+                self.parked -= 1;
+                if self.parked == 0 {
+                    self.probe = PROBE_MIN;
+                }
+                self.shared.counters.set_parked(self.parked as u64);
             }
-            self.shared.counters.set_parked(self.parked as u64);
             self.commit(&entry);
         }
     }

@@ -24,7 +24,9 @@ use crate::uring::stats::QueueCounters;
 pub(crate) enum Phase {
     /// The kernel has the entry (registered, or committed and fetching).
     Fetching,
-    /// The queue thread dispatches the request in it.
+    /// Handed to a worker, which has not taken it yet (see [`offload`](super::offload)).
+    Queued,
+    /// The queue thread (or a worker) dispatches the request in it.
     Dispatching,
     /// Dispatched, not answered yet.
     Parked,
@@ -39,6 +41,8 @@ pub(crate) struct Slot {
     /// `fuse_out_header` and payload of a reply made while dispatching; its capacity is
     /// kept from one request to the next.
     pub(crate) pending: Vec<u8>,
+    /// The request went to a worker: its commit ends an offload, not a park.
+    pub(crate) offloaded: bool,
 }
 
 /// What a queue's thread shares with the replies to its entries.
@@ -141,7 +145,7 @@ impl RingReply {
                     self.queue.wake();
                 }
             }
-            Phase::Fetching | Phase::Replied => {}
+            Phase::Fetching | Phase::Queued | Phase::Replied => {}
         }
         Ok(())
     }
