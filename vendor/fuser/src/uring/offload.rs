@@ -5,9 +5,13 @@
 //! every later request of that CPU behind it, where the `/dev/fuse` threads go on
 //! serving. So a request whose opcode the filesystem names as one that may block
 //! ([`IoUringConfig::offload`](super::IoUringConfig::offload)) is handed, in its entry,
-//! to a pool of worker threads. For its queue the entry is parked (another is registered
-//! in its place); the worker dispatches it as the queue thread would, and hands the reply
-//! back through the queue's commit list, as a reply to a parked request.
+//! to a pool of worker threads while its queue finds the source slow: one such request
+//! ran longer than [`SLOW`] within the last [`HOLD`]. On a fast source the hop costs
+//! more than it saves (4 KiB reads from tmpfs ran at 0.4× through a worker), so until a
+//! request finds the source slow they are served by the queue thread, and that first
+//! one holds the queue. For its queue an offloaded entry is parked (another is
+//! registered in its place); the worker dispatches it as the queue thread would, and
+//! hands the reply back through the queue's commit list, as a reply to a parked request.
 //!
 //! Entry phases on a worker: `Queued` (handed over, not taken yet) → `Dispatching` (the
 //! worker has the entry; a reply made now is kept in the slot) → `Replied`, written by
@@ -22,9 +26,13 @@ use std::io::IoSlice;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::Mutex;
+use std::sync::OnceLock;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
+use std::time::Duration;
+use std::time::Instant;
 
 use log::error;
 
@@ -36,6 +44,39 @@ use crate::uring::queue::answer_eio;
 use crate::uring::reply::Phase;
 use crate::uring::reply::QueueShared;
 use crate::uring::reply::RingReply;
+
+/// A request that may block and runs longer than this finds its source slow.
+pub(crate) const SLOW: Duration = Duration::from_millis(2);
+/// Offloading lasts this long after the last slow request.
+pub(crate) const HOLD: Duration = Duration::from_secs(1);
+
+/// When a queue's requests that may block last found the source slow.
+#[derive(Debug, Default)]
+pub(crate) struct SlowSource {
+    /// Milliseconds since [`since_epoch_ms`]'s epoch, plus one; 0: never.
+    at: AtomicU64,
+}
+
+impl SlowSource {
+    /// A request that may block took `took`.
+    pub(crate) fn note(&self, took: Duration) {
+        if took > SLOW {
+            self.at.store(since_epoch_ms() + 1, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether one was slow within [`HOLD`].
+    pub(crate) fn recently(&self) -> bool {
+        let at = self.at.load(Ordering::Relaxed);
+        at != 0 && (since_epoch_ms() + 1).saturating_sub(at) < HOLD.as_millis() as u64
+    }
+}
+
+/// Milliseconds since the first call.
+fn since_epoch_ms() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
 
 /// Which requests may wait long, by opcode (`true`: served by a worker). Compared by
 /// the function's address.
@@ -156,6 +197,7 @@ fn serve<FS: Filesystem>(job: Job, se: &SessionEventLoop<FS>) {
         queue: queue.clone(),
         unique,
     };
+    let started = Instant::now();
     let dispatched = std::panic::catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: the entry is this worker's: its queue handed it here, and it is
         // `Dispatching`, so a reply is kept in the slot until the request slice,
@@ -175,6 +217,7 @@ fn serve<FS: Filesystem>(job: Job, se: &SessionEventLoop<FS>) {
     if dispatched.is_err() {
         error!("io_uring worker: request {unique} panicked; answered EIO");
     }
+    queue.slow.note(started.elapsed());
     let mut slot = entry.slot.lock();
     match slot.phase {
         Phase::Replied => {

@@ -249,13 +249,16 @@ impl<FS: Filesystem> QueueThread<FS> {
         let kick = self.kicker.as_ref().is_some_and(|k| k.is_kick(pid));
         // SAFETY: as above.
         let opcode = unsafe { entry.header_opcode() };
-        // Up to `workers` at once per queue; past that the queue serves them itself,
-        // which holds its other requests back, as before, but no more entries.
-        if !kick
+        let may_block = !kick && self.offload.as_ref().is_some_and(|o| o.wants(opcode));
+        // Only while the source is slow, and up to `workers` at once per queue; past that
+        // the queue serves them itself, which holds its other requests back, as before,
+        // but no more entries.
+        if may_block
+            && self.shared.slow.recently()
             && self
                 .offload
                 .as_ref()
-                .is_some_and(|o| o.wants(opcode) && self.in_workers < o.workers())
+                .is_some_and(|o| self.in_workers < o.workers())
         {
             {
                 let mut slot = entry.slot.lock();
@@ -297,6 +300,7 @@ impl<FS: Filesystem> QueueThread<FS> {
             unique,
         };
         let sender = self.se.ch.sender();
+        let started = may_block.then(Instant::now);
         // SAFETY: as above; the request slice is dropped at the end of this block, before
         // the reply kept in the slot is written into the entry.
         match unsafe { entry.request() } {
@@ -311,6 +315,9 @@ impl<FS: Filesystem> QueueThread<FS> {
                 );
                 answer_eio(&reply, self.se.ch.sender(), unique);
             }
+        }
+        if let Some(t) = started {
+            self.shared.slow.note(t.elapsed());
         }
         let mut slot = entry.slot.lock();
         match slot.phase {

@@ -58,6 +58,8 @@ pub(crate) struct QueueShared {
     /// Set when the session ends: the thread stops.
     pub(crate) closed: AtomicBool,
     pub(crate) counters: QueueCounters,
+    /// When a request that may block last ran long (see [`offload`](super::offload)).
+    pub(crate) slow: crate::uring::offload::SlowSource,
 }
 
 impl QueueShared {
@@ -76,6 +78,7 @@ impl QueueShared {
             wake,
             closed: AtomicBool::new(false),
             counters: QueueCounters::default(),
+            slow: Default::default(),
         })
     }
 
