@@ -6,10 +6,10 @@
 //! serving. So a request whose opcode the filesystem names as one that may block
 //! ([`IoUringConfig::offload`](super::IoUringConfig::offload)) is handed, in its entry,
 //! to a pool of worker threads while its queue finds the source slow: one such request
-//! ran longer than [`SLOW`] within the last [`HOLD`]. On a fast source the hop costs
-//! more than it saves (4 KiB reads from tmpfs ran at 0.4× through a worker), so until a
-//! request finds the source slow they are served by the queue thread, and that first
-//! one holds the queue. For its queue an offloaded entry is parked (another is
+//! ran longer than [`SLOW`] within the last [`HOLD`]. On a fast source the hop (the
+//! hand-over, then the commit list and a wake-up of the queue thread) costs more than
+//! the request itself, so until a request finds the source slow they are served by the
+//! queue thread, and that first one holds the queue. For its queue an offloaded entry is parked (another is
 //! registered in its place); the worker dispatches it as the queue thread would, and
 //! hands the reply back through the queue's commit list, as a reply to a parked request.
 //!
@@ -97,7 +97,7 @@ impl std::hash::Hash for MayBlock {
     }
 }
 
-/// A request handed to a worker: the entry it came in, parked for its queue.
+/// A request handed to a worker: the entry it came in, `Queued`.
 pub(crate) struct Job {
     pub(crate) entry: Arc<RingEntry>,
     pub(crate) queue: Arc<QueueShared>,
@@ -119,7 +119,8 @@ impl std::fmt::Debug for Job {
 }
 
 impl Offload {
-    /// Whether a request with `opcode` goes to a worker.
+    /// Whether a request with `opcode` may block (goes to a worker while the source is
+    /// slow).
     pub(crate) fn wants(&self, opcode: u32) -> bool {
         (self.wants)(opcode)
     }
