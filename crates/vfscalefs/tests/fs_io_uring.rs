@@ -425,7 +425,7 @@ fn pin_to_one_cpu() -> libc::cpu_set_t {
 /// `VFSCALEFS_TEST_SLOW_FSYNC_MS`), once its queue found the source slow, is served by a
 /// worker thread: the requests that its CPU makes meanwhile, which go to the same queue,
 /// are answered at once, as over `/dev/fuse`. Served by the queue's thread, they would
-/// wait for the fsync. The first slow fsync is served by the queue's thread.
+/// wait for the fsync.
 #[test]
 fn a_slow_request_does_not_hold_its_queue() {
     let Some(_p) = param("Y") else {
@@ -447,19 +447,15 @@ fn a_slow_request_does_not_hold_its_queue() {
     std::fs::write(dir.join("f"), b"x").unwrap();
     // Both on one CPU, so that both requests go to its queue.
     let old = pin_to_one_cpu();
-    // The first finds the source slow; it is not offloaded.
-    let before = m.stats_line(&sf)("uring_offloaded");
+    // The first finds the source slow (served by the queue thread, unless a slow
+    // request came before it).
     File::options()
         .write(true)
         .open(dir.join("f"))
         .unwrap()
         .sync_all()
         .unwrap();
-    assert_eq!(
-        m.stats_line(&sf)("uring_offloaded"),
-        before,
-        "the first fsync was offloaded"
-    );
+    let before = m.stats_line(&sf)("uring_offloaded");
     let d = dir.clone();
     let syncer = std::thread::spawn(move || {
         let f = OpenOptions::new().write(true).open(d.join("f")).unwrap();

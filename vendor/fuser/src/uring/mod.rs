@@ -186,6 +186,7 @@ pub(crate) fn prepare(
     let queues = possible_cpus().map_err(|e| format!("cannot count the possible CPUs: {e}"))?;
     let mut rings = Vec::with_capacity(queues);
     let mut shared = Vec::with_capacity(queues);
+    let slow = Arc::new(offload::SlowSource::default());
     for qid in 0..queues {
         let ring = IoUring::<Entry128>::builder()
             .setup_coop_taskrun()
@@ -194,7 +195,8 @@ pub(crate) fn prepare(
         rings.push(ring);
         let q = u16::try_from(qid).map_err(|_| format!("{queues} possible CPUs"))?;
         shared.push(Arc::new(
-            QueueShared::new(q).map_err(|e| format!("cannot make an eventfd: {e}"))?,
+            QueueShared::new(q, slow.clone())
+                .map_err(|e| format!("cannot make an eventfd: {e}"))?,
         ));
     }
     // The kernel wants each payload buffer >= max(8192, max_write, max_pages * PAGE_SIZE)

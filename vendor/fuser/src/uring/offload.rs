@@ -5,8 +5,8 @@
 //! every later request of that CPU behind it, where the `/dev/fuse` threads go on
 //! serving. So a request whose opcode the filesystem names as one that may block
 //! ([`IoUringConfig::offload`](super::IoUringConfig::offload)) is handed, in its entry,
-//! to a pool of worker threads while its queue finds the source slow: one such request
-//! ran longer than [`SLOW`] within the last [`HOLD`]. On a fast source the hop (the
+//! to a pool of worker threads while the source is slow: one such request ran longer
+//! than [`SLOW`] within the last [`HOLD`], or one is still with a worker. On a fast source the hop (the
 //! hand-over, then the commit list and a wake-up of the queue thread) costs more than
 //! the request itself, so until a request finds the source slow they are served by the
 //! queue thread, and that first one holds the queue. For its queue an offloaded entry is parked (another is
@@ -18,8 +18,10 @@
 //! the worker and queued for commit, or `Parked` when the filesystem answers later.
 //! Each queue hands at most as many requests to workers as there are workers, and
 //! serves the others itself: a slow source then holds that queue as it did before, not
-//! an entry per request. A worker that panics answers its request `EIO` (the reply's
-//! drop) and goes on.
+//! an entry per request (the pool is shared, so one queue's jobs may wait behind
+//! another's). A worker that panics answers its request `EIO` (the reply's drop) and
+//! goes on. A request a worker leaves unanswered is not seen by the sweep of lost
+//! interrupts unless another request is parked (vfscalefs parks none of these).
 
 use std::io;
 use std::io::IoSlice;
@@ -45,12 +47,15 @@ use crate::uring::reply::Phase;
 use crate::uring::reply::QueueShared;
 use crate::uring::reply::RingReply;
 
-/// A request that may block and runs longer than this finds its source slow.
-pub(crate) const SLOW: Duration = Duration::from_millis(2);
-/// Offloading lasts this long after the last slow request.
-pub(crate) const HOLD: Duration = Duration::from_secs(1);
+/// A request that may block and runs longer than this finds its source slow (well above
+/// what a preempted queue thread adds to a fast one).
+pub(crate) const SLOW: Duration = Duration::from_millis(10);
+/// Offloading lasts this long after the last slow request: a source slow now and then
+/// (a database's fsync every few seconds) stays "slow" between two.
+pub(crate) const HOLD: Duration = Duration::from_secs(10);
 
-/// When a queue's requests that may block last found the source slow.
+/// When a connection's requests that may block last found the source slow (one for all
+/// its queues: they serve one source).
 #[derive(Debug, Default)]
 pub(crate) struct SlowSource {
     /// Milliseconds since [`since_epoch_ms`]'s epoch, plus one; 0: never.

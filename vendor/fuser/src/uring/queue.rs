@@ -250,11 +250,11 @@ impl<FS: Filesystem> QueueThread<FS> {
         // SAFETY: as above.
         let opcode = unsafe { entry.header_opcode() };
         let may_block = !kick && self.offload.as_ref().is_some_and(|o| o.wants(opcode));
-        // Only while the source is slow, and up to `workers` at once per queue; past that
-        // the queue serves them itself, which holds its other requests back, as before,
-        // but no more entries.
+        // Only while the source is slow (a worker still busy counts), and up to `workers`
+        // at once per queue; past that the queue serves them itself, which holds its
+        // other requests back, as before, but no more entries.
         if may_block
-            && self.shared.slow.recently()
+            && (self.in_workers > 0 || self.shared.slow.recently())
             && self
                 .offload
                 .as_ref()

@@ -58,12 +58,16 @@ pub(crate) struct QueueShared {
     /// Set when the session ends: the thread stops.
     pub(crate) closed: AtomicBool,
     pub(crate) counters: QueueCounters,
-    /// When a request that may block last ran long (see [`offload`](super::offload)).
-    pub(crate) slow: crate::uring::offload::SlowSource,
+    /// When a request that may block last ran long, on any queue of the connection
+    /// (see [`offload`](super::offload)).
+    pub(crate) slow: Arc<crate::uring::offload::SlowSource>,
 }
 
 impl QueueShared {
-    pub(crate) fn new(qid: u16) -> io::Result<QueueShared> {
+    pub(crate) fn new(
+        qid: u16,
+        slow: Arc<crate::uring::offload::SlowSource>,
+    ) -> io::Result<QueueShared> {
         // SAFETY: eventfd(2) takes no pointers; a descriptor it returns is ours to own.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if fd < 0 {
@@ -78,7 +82,7 @@ impl QueueShared {
             wake,
             closed: AtomicBool::new(false),
             counters: QueueCounters::default(),
-            slow: Default::default(),
+            slow,
         })
     }
 
