@@ -123,6 +123,60 @@ fn ofd(f: &File, cmd: libc::c_int, typ: libc::c_int) -> Result<(), i32> {
     }
 }
 
+/// A thread waiting in `F_OFD_SETLKW` for a write lock on a file, which a `SIGUSR2`
+/// (handled by a handler that does nothing, without `SA_RESTART`) interrupts unless the
+/// thread blocks it.
+struct OfdWaiter {
+    tid: libc::pthread_t,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl OfdWaiter {
+    /// Starts the wait on `path` (with `SIGUSR2` blocked in the thread if `block`); the
+    /// receiver gets its result.
+    fn start(path: &Path, block: bool) -> (OfdWaiter, mpsc::Receiver<Result<(), i32>>) {
+        extern "C" fn nothing(_: libc::c_int) {}
+        // SAFETY: a handler that does nothing, installed without SA_RESTART.
+        unsafe {
+            nix::sys::signal::sigaction(
+                nix::sys::signal::Signal::SIGUSR2,
+                &nix::sys::signal::SigAction::new(
+                    nix::sys::signal::SigHandler::Handler(nothing),
+                    nix::sys::signal::SaFlags::empty(),
+                    nix::sys::signal::SigSet::empty(),
+                ),
+            )
+            .unwrap();
+        }
+        let (tx, rx) = mpsc::channel();
+        let (tid_tx, tid_rx) = mpsc::channel();
+        let p = path.to_path_buf();
+        let thread = std::thread::spawn(move || {
+            if block {
+                let mut set = nix::sys::signal::SigSet::empty();
+                set.add(nix::sys::signal::Signal::SIGUSR2);
+                set.thread_block().unwrap();
+            }
+            let f = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+            // SAFETY: pthread_self has no preconditions.
+            tid_tx.send(unsafe { libc::pthread_self() }).unwrap();
+            tx.send(ofd(&f, libc::F_OFD_SETLKW, libc::F_WRLCK)).unwrap();
+        });
+        let tid = tid_rx.recv().unwrap();
+        (OfdWaiter { tid, thread }, rx)
+    }
+
+    /// Sends the thread `SIGUSR2`.
+    fn signal(&self) {
+        // SAFETY: the thread is alive until joined (it ends only after its wait).
+        unsafe { libc::pthread_kill(self.tid, libc::SIGUSR2) };
+    }
+
+    fn join(self) {
+        self.thread.join().unwrap();
+    }
+}
+
 /// Files through the mount: create, write, read, rename, readdir, chmod, unlink.
 fn exercise_files(dir: &Path) {
     let a = dir.join("a");
@@ -225,40 +279,17 @@ fn parked_wait_granted_later_and_interrupted() {
 
     // A wait interrupted by a signal: EINTR.
     ofd(&holder, libc::F_OFD_SETLK, libc::F_WRLCK).unwrap();
-    extern "C" fn nothing(_: libc::c_int) {}
-    // SAFETY: a handler that does nothing, installed without SA_RESTART.
-    unsafe {
-        nix::sys::signal::sigaction(
-            nix::sys::signal::Signal::SIGUSR2,
-            &nix::sys::signal::SigAction::new(
-                nix::sys::signal::SigHandler::Handler(nothing),
-                nix::sys::signal::SaFlags::empty(),
-                nix::sys::signal::SigSet::empty(),
-            ),
-        )
-        .unwrap();
-    }
-    let (tx, rx) = mpsc::channel();
-    let (tid_tx, tid_rx) = mpsc::channel();
-    let p = path.clone();
-    let waiter = std::thread::spawn(move || {
-        let f = OpenOptions::new().read(true).write(true).open(&p).unwrap();
-        // SAFETY: pthread_self has no preconditions.
-        tid_tx.send(unsafe { libc::pthread_self() }).unwrap();
-        tx.send(ofd(&f, libc::F_OFD_SETLKW, libc::F_WRLCK)).unwrap();
-    });
-    let tid = tid_rx.recv().unwrap();
+    let (waiter, rx) = OfdWaiter::start(&path, false);
     assert!(
         rx.recv_timeout(Duration::from_millis(300)).is_err(),
         "the wait ended while the lock was held"
     );
-    // SAFETY: the waiter thread is alive (it has not sent its result).
-    unsafe { libc::pthread_kill(tid, libc::SIGUSR2) };
+    waiter.signal();
     let got = rx
         .recv_timeout(Duration::from_secs(10))
         .expect("the interrupted wait did not end");
     assert_eq!(got, Err(libc::EINTR));
-    waiter.join().unwrap();
+    waiter.join();
     // Nothing left behind: the holder's lock goes and another takes it at once.
     ofd(&holder, libc::F_OFD_SETLK, libc::F_UNLCK).unwrap();
     let other = OpenOptions::new().write(true).open(&path).unwrap();
@@ -323,54 +354,18 @@ fn a_wait_whose_interrupt_was_lost_ends() {
     let took = killed.elapsed();
 
     // A thread interrupted by a handler without SA_RESTART.
-    extern "C" fn nothing(_: libc::c_int) {}
-    // SAFETY: a handler that does nothing, installed without SA_RESTART.
-    unsafe {
-        nix::sys::signal::sigaction(
-            nix::sys::signal::Signal::SIGUSR2,
-            &nix::sys::signal::SigAction::new(
-                nix::sys::signal::SigHandler::Handler(nothing),
-                nix::sys::signal::SaFlags::empty(),
-                nix::sys::signal::SigSet::empty(),
-            ),
-        )
-        .unwrap();
-    }
-    let (tx, rx) = mpsc::channel();
-    let (tid_tx, tid_rx) = mpsc::channel();
-    let p = path.clone();
-    let waiter = std::thread::spawn(move || {
-        let f = OpenOptions::new().read(true).write(true).open(&p).unwrap();
-        // SAFETY: pthread_self has no preconditions.
-        tid_tx.send(unsafe { libc::pthread_self() }).unwrap();
-        tx.send(ofd(&f, libc::F_OFD_SETLKW, libc::F_WRLCK)).unwrap();
-    });
-    let tid = tid_rx.recv().unwrap();
+    let (waiter, rx) = OfdWaiter::start(&path, false);
     assert!(
         rx.recv_timeout(Duration::from_millis(300)).is_err(),
         "the wait ended while the lock was held"
     );
-    // SAFETY: the waiter thread is alive (it has not sent its result).
-    unsafe { libc::pthread_kill(tid, libc::SIGUSR2) };
+    waiter.signal();
     let got = rx.recv_timeout(Duration::from_secs(5));
     // A signal the waiter blocks interrupts nothing: the wait goes on until the grant.
-    let (tx, rx) = mpsc::channel();
-    let (tid_tx, tid_rx) = mpsc::channel();
-    let p = path.clone();
-    let blocking = std::thread::spawn(move || {
-        let mut set = nix::sys::signal::SigSet::empty();
-        set.add(nix::sys::signal::Signal::SIGUSR2);
-        set.thread_block().unwrap();
-        let f = OpenOptions::new().read(true).write(true).open(&p).unwrap();
-        // SAFETY: pthread_self has no preconditions.
-        tid_tx.send(unsafe { libc::pthread_self() }).unwrap();
-        // The signal stays pending and blocked; it goes with the thread.
-        tx.send(ofd(&f, libc::F_OFD_SETLKW, libc::F_WRLCK)).unwrap();
-    });
-    let tid = tid_rx.recv().unwrap();
+    // The signal stays pending and blocked; it goes with the thread.
+    let (blocking, rx) = OfdWaiter::start(&path, true);
     std::thread::sleep(Duration::from_millis(300));
-    // SAFETY: the thread is alive (it has not sent its result).
-    unsafe { libc::pthread_kill(tid, libc::SIGUSR2) };
+    blocking.signal();
     let blocked_early = rx.recv_timeout(Duration::from_millis(1000)).ok();
     let lost = m.stats_line(&sf)("uring_lost_interrupts");
     // Let anything still waiting go before judging.
@@ -378,8 +373,8 @@ fn a_wait_whose_interrupt_was_lost_ends() {
     let blocked_late = rx.recv_timeout(Duration::from_secs(5));
     drop(holder);
     let _ = child.wait();
-    waiter.join().unwrap();
-    blocking.join().unwrap();
+    waiter.join();
+    blocking.join();
     assert!(died, "the killed flock(1) still waited {took:?} after SIGKILL");
     assert!(
         took < Duration::from_secs(2),
