@@ -219,13 +219,10 @@ pub(crate) const EDEADLK: Errno = Errno::EDEADLK;
 
 #[cfg(all(test, not(vfscale_loom)))]
 mod tests {
+    use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
 
-    use vfscale_locks::{Flock, LockType};
-
-    use std::sync::{Arc, Mutex};
-
-    use vfscale_locks::Errno;
+    use vfscale_locks::{Errno, Flock, LockType};
 
     use super::handle;
     use crate::claim::tests::{member, setlk_on};

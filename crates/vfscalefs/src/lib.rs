@@ -842,7 +842,8 @@ pub fn serve(source: &Path, mountpoints: &[PathBuf], opts: Options) -> Result<()
     config.n_threads = Some(opts.threads.max(1));
     config.clone_fd = true;
     // Over io_uring, as over /dev/fuse, a request that may wait long does not hold the
-    // ones behind it: a worker serves it instead of its CPU's queue thread.
+    // ones behind it: while the source is slow, a worker serves it instead of its CPU's
+    // queue thread.
     config.io_uring = opts.io_uring.map(|c| fuser::IoUringConfig {
         offload: Some(fuser::MayBlock(dispatch::may_block)),
         ..c
