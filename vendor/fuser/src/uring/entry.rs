@@ -228,6 +228,18 @@ impl RingEntry {
         }
     }
 
+    /// Writes the reply kept in `slot` (made during dispatch) into the entry, keeping the
+    /// slot's buffer for the next one.
+    ///
+    /// # Safety
+    /// As for [`RingEntry::write_reply`]; `slot` is this entry's, locked.
+    pub(crate) unsafe fn write_pending(&self, slot: &mut Slot) {
+        let pending = std::mem::take(&mut slot.pending);
+        // SAFETY: as the caller promises.
+        unsafe { self.write_reply(&[std::io::IoSlice::new(&pending)]) };
+        slot.pending = pending;
+    }
+
     /// `pid` of the caller of the request the kernel put in the entry.
     ///
     /// # Safety

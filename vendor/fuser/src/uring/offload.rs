@@ -24,7 +24,6 @@
 //! interrupts unless another request is parked (vfscalefs parks none of these).
 
 use std::io;
-use std::io::IoSlice;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -39,10 +38,9 @@ use std::time::Instant;
 use log::error;
 
 use crate::Filesystem;
-use crate::request::RequestWithSender;
 use crate::session::SessionEventLoop;
 use crate::uring::entry::RingEntry;
-use crate::uring::queue::answer_eio;
+use crate::uring::queue::dispatch_in_entry;
 use crate::uring::reply::Phase;
 use crate::uring::reply::QueueShared;
 use crate::uring::reply::RingReply;
@@ -115,12 +113,6 @@ pub(crate) struct Offload {
     wants: fn(u32) -> bool,
     workers: usize,
     jobs: mpsc::Sender<Job>,
-}
-
-impl std::fmt::Debug for Job {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Job").field("unique", &self.unique).finish()
-    }
 }
 
 impl Offload {
@@ -206,19 +198,8 @@ fn serve<FS: Filesystem>(job: Job, se: &SessionEventLoop<FS>) {
     let started = Instant::now();
     let dispatched = std::panic::catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: the entry is this worker's: its queue handed it here, and it is
-        // `Dispatching`, so a reply is kept in the slot until the request slice,
-        // dropped at the end of this closure (or by unwinding), is gone.
-        match unsafe { entry.request() } {
-            Ok((data, _)) => match RequestWithSender::new_ring(se.ch.sender(), reply.clone(), data)
-            {
-                Some(req) => req.dispatch(se),
-                None => answer_eio(&reply, se.ch.sender(), unique),
-            },
-            Err(why) => {
-                error!("io_uring queue {}: unreadable request: {why}", queue.qid);
-                answer_eio(&reply, se.ch.sender(), unique);
-            }
-        }
+        // `Dispatching` until this returns (or unwinds).
+        unsafe { dispatch_in_entry(&reply, se) }
     }));
     if dispatched.is_err() {
         error!("io_uring worker: request {unique} panicked; answered EIO");
@@ -227,11 +208,9 @@ fn serve<FS: Filesystem>(job: Job, se: &SessionEventLoop<FS>) {
     let mut slot = entry.slot.lock();
     match slot.phase {
         Phase::Replied => {
-            let pending = std::mem::take(&mut slot.pending);
             // SAFETY: the reply was made during this dispatch, which has ended: no
             // request slice is alive and no other party may write the entry.
-            unsafe { entry.write_reply(&[IoSlice::new(&pending)]) };
-            slot.pending = pending;
+            unsafe { entry.write_pending(&mut slot) };
             drop(slot);
             queue.commits.lock().push(entry.clone());
             queue.wake();

@@ -127,7 +127,10 @@ impl<FS: Filesystem> QueueThread<FS> {
                 && self.deferred.is_empty()
                 && self.parked > 0
                 && !self.kick_mode
-                && self.kicker.as_ref().is_some_and(|k| k.ready() && k.in_flight() == 0);
+                && self
+                    .kicker
+                    .as_ref()
+                    .is_some_and(|k| k.ready() && k.in_flight() == 0);
             let waited = match closing {
                 None if !self.deferred.is_empty() => self.ring.submit(),
                 None if probing => {
@@ -253,20 +256,24 @@ impl<FS: Filesystem> QueueThread<FS> {
         // Only while the source is slow (a worker still busy counts), and up to `workers`
         // at once per queue; past that the queue serves them itself, which holds its
         // other requests back, as before, but no more entries.
-        if may_block
+        let to_worker = may_block
             && (self.in_workers > 0 || self.shared.slow.recently())
             && self
                 .offload
                 .as_ref()
-                .is_some_and(|o| self.in_workers < o.workers())
+                .is_some_and(|o| self.in_workers < o.workers());
         {
-            {
-                let mut slot = entry.slot.lock();
-                slot.phase = Phase::Queued;
-                slot.offloaded = true;
-                entry.unique.store(unique, Ordering::Release);
-                entry.pid.store(pid, Ordering::Release);
-            }
+            let mut slot = entry.slot.lock();
+            slot.phase = if to_worker {
+                Phase::Queued
+            } else {
+                Phase::Dispatching
+            };
+            slot.offloaded = to_worker;
+            entry.unique.store(unique, Ordering::Release);
+            entry.pid.store(pid, Ordering::Release);
+        }
+        if to_worker {
             let job = Job {
                 entry: entry.clone(),
                 queue: self.shared.clone(),
@@ -283,50 +290,30 @@ impl<FS: Filesystem> QueueThread<FS> {
                 }
                 // The pool is gone (the session ends): served here.
                 _ => {
-                    entry.slot.lock().offloaded = false;
+                    let mut slot = entry.slot.lock();
+                    slot.phase = Phase::Dispatching;
+                    slot.offloaded = false;
                     self.offload = None;
                 }
             }
-        }
-        {
-            let mut slot = entry.slot.lock();
-            slot.phase = Phase::Dispatching;
-            entry.unique.store(unique, Ordering::Release);
-            entry.pid.store(pid, Ordering::Release);
         }
         let reply = RingReply {
             entry: entry.clone(),
             queue: self.shared.clone(),
             unique,
         };
-        let sender = self.se.ch.sender();
         let started = may_block.then(Instant::now);
-        // SAFETY: as above; the request slice is dropped at the end of this block, before
-        // the reply kept in the slot is written into the entry.
-        match unsafe { entry.request() } {
-            Ok((data, _)) => match RequestWithSender::new_ring(sender, reply.clone(), data) {
-                Some(req) => req.dispatch(&self.se),
-                None => answer_eio(&reply, self.se.ch.sender(), unique),
-            },
-            Err(why) => {
-                error!(
-                    "io_uring queue {}: unreadable request: {why}",
-                    self.shared.qid
-                );
-                answer_eio(&reply, self.se.ch.sender(), unique);
-            }
-        }
+        // SAFETY: the queue thread has the entry, `Dispatching`, until dispatch ends.
+        unsafe { dispatch_in_entry(&reply, &self.se) };
         if let Some(t) = started {
             self.shared.slow.note(t.elapsed());
         }
         let mut slot = entry.slot.lock();
         match slot.phase {
             Phase::Replied => {
-                let pending = std::mem::take(&mut slot.pending);
                 // SAFETY: the reply was made during dispatch, which has ended: the queue
                 // thread has the entry and no request slice is alive.
-                unsafe { entry.write_reply(&[io::IoSlice::new(&pending)]) };
-                slot.pending = pending;
+                unsafe { entry.write_pending(&mut slot) };
                 slot.phase = Phase::Fetching;
                 drop(slot);
                 self.commit(entry);
@@ -510,8 +497,36 @@ impl<FS: Filesystem> QueueThread<FS> {
     }
 }
 
+/// Dispatches the request in `reply`'s entry through `se`, answering `EIO` if it
+/// cannot be read; a reply made meanwhile is kept in the entry's slot.
+///
+/// # Safety
+/// The caller has the entry, `Dispatching` (the queue thread after the fetch, or the
+/// worker it was handed to), until this returns.
+pub(crate) unsafe fn dispatch_in_entry<FS: Filesystem>(
+    reply: &RingReply,
+    se: &SessionEventLoop<FS>,
+) {
+    let (entry, unique) = (&reply.entry, reply.unique);
+    // SAFETY: the caller has the entry; the request slice is dropped at the end of this
+    // function, before the reply kept in the slot is written into the entry.
+    match unsafe { entry.request() } {
+        Ok((data, _)) => match RequestWithSender::new_ring(se.ch.sender(), reply.clone(), data) {
+            Some(req) => req.dispatch(se),
+            None => answer_eio(reply, se.ch.sender(), unique),
+        },
+        Err(why) => {
+            error!(
+                "io_uring queue {}: unreadable request: {why}",
+                reply.queue.qid
+            );
+            answer_eio(reply, se.ch.sender(), unique);
+        }
+    }
+}
+
 /// Answers a request that could not be read with `EIO`.
-pub(crate) fn answer_eio(reply: &RingReply, ch: ChannelSender, unique: u64) {
+fn answer_eio(reply: &RingReply, ch: ChannelSender, unique: u64) {
     <ReplyRaw as Reply>::new(ll::RequestId(unique), ReplySender::Ring(reply.clone(), ch))
         .send_ll(&ResponseErrno(ll::Errno::EIO));
 }

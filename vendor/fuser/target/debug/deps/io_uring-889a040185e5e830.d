@@ -1,0 +1,15 @@
+/work/main/vendor/fuser/target/debug/deps/io_uring-889a040185e5e830.d: /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/lib.rs /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/util.rs /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/cqueue.rs /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/opcode.rs /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/register.rs /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/squeue.rs /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/submit.rs /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/sys/mod.rs /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/types.rs /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/sys/sys.rs /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/sys/sys_x86_64.rs
+
+/work/main/vendor/fuser/target/debug/deps/libio_uring-889a040185e5e830.rmeta: /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/lib.rs /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/util.rs /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/cqueue.rs /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/opcode.rs /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/register.rs /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/squeue.rs /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/submit.rs /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/sys/mod.rs /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/types.rs /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/sys/sys.rs /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/sys/sys_x86_64.rs
+
+/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/lib.rs:
+/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/util.rs:
+/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/cqueue.rs:
+/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/opcode.rs:
+/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/register.rs:
+/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/squeue.rs:
+/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/submit.rs:
+/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/sys/mod.rs:
+/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/types.rs:
+/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/sys/sys.rs:
+/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/io-uring-0.7.16/src/sys/sys_x86_64.rs:
