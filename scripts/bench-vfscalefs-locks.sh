@@ -52,6 +52,7 @@ for t in "${SERVERS[@]}"; do
   cat "$BASE/$t.log"
 done
 echo "$(nproc) CPUs, Linux $(uname -r), commit $(git rev-parse --short HEAD), $(date -u +%FT%TZ), $(uptime)"
+wakeup_control
 : >"$OUT/rates.txt"
 N=${#SERVERS[@]}
 for r in $(seq "$RUNS"); do

@@ -40,6 +40,7 @@ mount_vfscalefs() {
 mount_vfscalefs
 bindfs "$BASE/src" "$BASE/bf"
 echo "vfscalefs and bindfs on $BASE/src; $(nproc) CPUs, Linux $(uname -r), commit $(git rev-parse --short HEAD), $(date -u +%FT%TZ)"
+wakeup_control
 
 rate() { jq -r --arg m "$2" '.results[] | select(.mode == $m) | .ops_per_sec.mean' "$1"; }
 for r in $(seq "$RUNS"); do

@@ -10,7 +10,8 @@
 # Each measurement is `stress-ng --STRESSOR WORKERS --timeout SECONDS --temp-path DIR`;
 # its rate is stress-ng's bogo-ops per second of real time. Prints, per run and
 # stressor, the three rates and mirror ÷ off, then per stressor the mean of the paired
-# ratios. Results: vfscale-report/vfscalefs-stress-ng/.
+# ratios with what an exact mirror can reach (the serial model below). Results:
+# vfscale-report/vfscalefs-stress-ng/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${1:-5}
@@ -22,7 +23,7 @@ if [ "$(id -u)" != 0 ]; then echo "SKIP: needs root (mounts)"; exit 0; fi
 command -v stress-ng >/dev/null || { echo "SKIP: stress-ng is not installed"; exit 0; }
 # BIN: where the binaries are (default: build them into target/release).
 . scripts/lib-vfscalefs.sh
-use_binaries vfscalefs
+use_binaries vfscalefs vfscale-lab
 mkdir -p "$OUT"
 : >"$OUT/ratios.txt"
 BASE=$(mktemp -d /dev/shm/vfscalefs-stress-ng.XXXXXX)
@@ -43,6 +44,7 @@ for m in mirror off; do
 done
 echo "vfscalefs source_locks=mirror and =off on $BASE/src; $(nproc) CPUs, Linux $(uname -r)," \
   "commit $(git rev-parse --short HEAD), $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
+wakeup_control
 echo "stress-ng --STRESSOR $WORKERS --timeout $SECONDS_EACH --temp-path DIR; $RUNS runs"
 
 # The bogo-ops per second (real time) of one stress-ng run on directory $2.
@@ -65,6 +67,11 @@ for r in $(seq "$RUNS"); do
       | tee -a "$OUT/ratios.txt"
   done
 done
-awk '{ k = $3; sum[k] += $9; n[k]++; v[k] = v[k] (n[k] > 1 ? ", " : "") $9 }
-     END { for (k in sum) printf "mean of paired ratios, %-8s %.3f (%s)\n", k, sum[k] / n[k], v[k] }' \
+# The serial model of an exact mirror: it makes the source's own lock calls (one per
+# lock change, as the source alone does); if they add to the mount's time per
+# operation, mirror ÷ off is 1 / (1 + off ÷ source). Linux walks a file's lock list on each
+# call, so a stressor that holds many locks (lockf) makes them dear.
+awk '{ k = $3; sum[k] += $9; n[k]++; v[k] = v[k] (n[k] > 1 ? ", " : "") $9; off[k] += $7; src[k] += $12 }
+     END { for (k in sum) printf "mean of paired ratios, %-8s %.3f (%s); serial model 1/(1 + off/source) %.3f\n",
+             k, sum[k] / n[k], v[k], 1 / (1 + off[k] / src[k]) }' \
   "$OUT/ratios.txt" | sort

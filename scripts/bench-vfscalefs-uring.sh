@@ -51,6 +51,7 @@ if ! grep -q '^fuser-uring' /proc/"$UR_PID"/task/*/comm; then
   exit 1
 fi
 echo "$(nproc) CPUs, Linux $(uname -r), commit $(git rev-parse --short HEAD), $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
+wakeup_control
 
 : >"$OUT/rates.txt"
 for r in $(seq "$RUNS"); do

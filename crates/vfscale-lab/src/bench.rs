@@ -91,6 +91,11 @@ impl Scale {
                 duration: Duration::from_millis(500),
                 ..base
             },
+            // A ring of 2 is the wake-up itself; of 1,000, the wake-up of a cold process.
+            Workload::Wakeup => Scale {
+                tasks: vec![2, 1000],
+                ..base
+            },
             // Two servers; 3 s: ping_pong's three one-second readings after its first.
             Workload::Cluster => Scale {
                 tasks: vec![2],
@@ -140,6 +145,11 @@ impl Scale {
                 return out;
             }
             Workload::Lock1 | Workload::Lock2 => s.duration = ms(250, 50),
+            // The wake-up itself, beside the figures that pay it: under a second.
+            Workload::Wakeup => {
+                s.tasks = vec![2];
+                s.duration = ms(100, 50);
+            }
             // The short line: one ping_pong reading, the shortest lease (failover then
             // takes about 3 s); about 7 s a run, under 30 s with etcd's start at 3 runs.
             // Quick leaves failover out (it waits out a lease): about 3 s a run.
@@ -256,7 +266,9 @@ pub fn configs(w: Workload, scale: &Scale) -> Vec<Config> {
         // One inodes run goes through the selected phases in order (each needs the ones
         // before it), so it measures them all at once.
         Workload::Inodes => vec![(LockMode::Posix, scale.modes.clone())],
-        Workload::Loop => scale.modes.iter().map(|m| (LockMode::Posix, vec![*m])).collect(),
+        Workload::Loop | Workload::Wakeup => {
+            scale.modes.iter().map(|m| (LockMode::Posix, vec![*m])).collect()
+        }
         // One cluster run measures every selected mode on the rig it keeps.
         Workload::Cluster => vec![(LockMode::Posix, scale.modes.clone())],
         _ => vec![(LockMode::Posix, Vec::new())],
@@ -293,13 +305,16 @@ pub fn configs(w: Workload, scale: &Scale) -> Vec<Config> {
 
 /// Whether `w`'s runs are interleaved: the workloads whose targets are ratios between
 /// rows (inodes: task counts and targets; herd: 1,000 contenders over 20; lockmany:
-/// 10,000 held over 10) take their configurations and targets run by run (run 1 of
+/// 10,000 held over 10; wakeup: across two CPUs over one) take their configurations and targets run by run (run 1 of
 /// every (configuration, target), then run 2 of each, ...), so a drift of the machine
 /// (another job starting) falls on both sides of a ratio alike, and run i of two rows
 /// can be compared as a pair ([`crate::stats::Ratio::paired`]). A shared 2-core machine moved the
 /// herd's 1000/20 ratio by ±15% between runs taken unit by unit.
 pub fn interleaved(w: Workload) -> bool {
-    matches!(w, Workload::Inodes | Workload::Herd | Workload::Lockmany)
+    matches!(
+        w,
+        Workload::Inodes | Workload::Herd | Workload::Lockmany | Workload::Wakeup
+    )
 }
 
 /// The order of the runs of `units` (a group's (configuration, target) pairs), `runs`
@@ -421,6 +436,8 @@ pub fn execute(plan: &Plan, meta: Meta, quiet: bool) -> Report {
             let samples = by_unit.remove(&(c, target)).unwrap_or_default();
             let fs = match target {
                 Target::Kernel if cfg.workload == Workload::Cluster => Some(measure::cluster::FS.to_string()),
+                // The ring touches no file.
+                Target::Kernel if cfg.workload == Workload::Wakeup => None,
                 Target::Kernel => Some(crate::meta::filesystem_of(
                     cfg.dir
                         .as_deref()

@@ -143,6 +143,7 @@ fn preferred_metric(workload: &str) -> Option<&'static str> {
         "lock1" | "lock2" | "inodes" | "loop" | "pipebench" | "opensock" | "dup1" => Some("ops_per_sec"),
         "lockmany" => Some("set_unset_ns"),
         "cluster" => Some("locks_per_sec"),
+        "wakeup" => Some("handoff_ns"),
         "posix01" | "posix02" | "flock01" | "flock02" => Some("total_lock_seconds"),
         _ => None,
     }

@@ -77,6 +77,11 @@ pub const GROUPS: &[(&str, &[&str], &str)] = &[
         &["cluster"],
         "locks_per_sec",
     ),
+    (
+        "wakeup, a control: one wake-up of a sleeping process, on one CPU and across two (every request through FUSE pays two)",
+        &["wakeup"],
+        "handoff_ns",
+    ),
 ];
 
 /// The targets a library row is divided by, first found first.

@@ -54,7 +54,7 @@ use std::time::Duration;
 
 use libc::{c_char, c_int};
 use vfscale_conformance::harness::{
-    self, errno, map_shared, mono_ns, raise_nofile, Counter, ForkedWork, ScratchDir, StartGate, Team,
+    self, errno, mono_ns, raise_nofile, Counter, ForkedWork, ScratchDir, SharedArray, StartGate, Team,
     WorkFailed, Worker,
 };
 
@@ -205,7 +205,8 @@ fn herd(cfg: &Config) -> Result<Sample, Skip> {
     let paths = create_files(&dir, 1)?;
     let clock = HerdClock::detect();
     // Before the team, so that it is unmapped only after every worker is reaped.
-    let waits = WaitsMap::new(cfg.tasks)?;
+    // SAFETY: zero is a valid HerdWaits (atomics), aligned to 8 bytes.
+    let waits = unsafe { SharedArray::<HerdWaits>::new(cfg.tasks)? };
     let mode = cfg.mode;
     let mut team = Team::spawn(cfg.tasks, |i| {
         (
@@ -325,37 +326,6 @@ impl HerdWaits {
         if ticks > self.max.load(Ordering::Relaxed) {
             self.max.store(ticks, Ordering::Relaxed);
         }
-    }
-}
-
-/// An anonymous shared mapping of `n` [`HerdWaits`], all zero at first.
-struct WaitsMap {
-    base: *mut libc::c_void,
-    len: usize,
-    n: usize,
-}
-
-impl WaitsMap {
-    fn new(n: usize) -> Result<WaitsMap, Skip> {
-        let len = n.max(1) * std::mem::size_of::<HerdWaits>();
-        let base = map_shared(len)?;
-        Ok(WaitsMap { base, len, n })
-    }
-
-    /// Worker `i`'s waits; the pointer is valid while `self` lives.
-    fn get(&self, i: usize) -> *const HerdWaits {
-        assert!(i < self.n, "worker {i} of {}", self.n);
-        // SAFETY: entry `i < n` lies inside the mapping (page-aligned, so aligned for
-        // the atomics; zero is a valid value of each).
-        unsafe { (self.base as *const HerdWaits).add(i) }
-    }
-}
-
-impl Drop for WaitsMap {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `new`; callers keep no reference
-        // past `self` (workers are reaped before it drops).
-        unsafe { libc::munmap(self.base, self.len) };
     }
 }
 

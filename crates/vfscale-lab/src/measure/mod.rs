@@ -15,6 +15,7 @@
 //! | inodes | `inodes/kernel.rs` | `inodes/fs.rs` on `inodes/tables.rs`; the evict point `inodes/million.rs` |
 //! | loop | `loop_dev/sys.rs` (kernel) | `loop_dev/sys.rs` (library), driven by `loop_dev/mod.rs` |
 //! | cluster | `cluster/` (vfscalefs servers on one etcd) | |
+//! | wakeup (a control: what a wake-up costs here) | `wakeup.rs` | |
 //!
 //! A workload that sets the machine up (loop devices, an etcd cluster and mounts) undoes
 //! it on `SIGINT`/`SIGTERM`/`SIGHUP` before the signal ends the process: `interrupt.rs`.
@@ -36,6 +37,7 @@ pub mod locks_kernel;
 pub mod locks_library;
 pub mod loop_dev;
 mod sample;
+pub mod wakeup;
 
 pub use sample::Sample;
 
@@ -216,11 +218,14 @@ pub enum Workload {
     /// Several vfscalefs servers, one lock space on etcd: the uncontended lock, Samba's
     /// `ping_pong` across two servers, and failover when a server dies.
     Cluster,
+    /// A control under every figure through FUSE: one token passed around a ring of N
+    /// processes, each hand-off one wake-up, on one CPU or across two.
+    Wakeup,
 }
 
 impl Workload {
     /// All workloads, in report order.
-    pub const ALL: [Workload; 14] = [
+    pub const ALL: [Workload; 15] = [
         Workload::Posix01,
         Workload::Posix02,
         Workload::Flock01,
@@ -235,6 +240,7 @@ impl Workload {
         Workload::Inodes,
         Workload::Loop,
         Workload::Cluster,
+        Workload::Wakeup,
     ];
 
     /// The name used on the command line and in results.
@@ -254,6 +260,7 @@ impl Workload {
             Workload::Inodes => "inodes",
             Workload::Loop => "loop",
             Workload::Cluster => "cluster",
+            Workload::Wakeup => "wakeup",
         }
     }
 
@@ -283,6 +290,7 @@ impl Workload {
             Workload::Inodes => "inode cache scalability (Chinner, 2023): create, walk, chmod, unlink and a cold walk of F files per task",
             Workload::Loop => "per-device loop lock (Tatashin, 2021): loop devices at boot, open/close, configure, churn, block I/O",
             Workload::Cluster => "several vfscalefs servers, one lock space on etcd: uncontended lock, ping_pong across servers, failover",
+            Workload::Wakeup => "a control: what waking a sleeping process costs here, on one CPU or across two (every request through FUSE pays it)",
         }
     }
 
@@ -302,7 +310,7 @@ impl Workload {
                 Library,
             ],
             Workload::Posix02 | Workload::Flock02 => &[Kernel, LibraryPrepatch, Partitioned, Library],
-            Workload::Cluster => &[Kernel],
+            Workload::Cluster | Workload::Wakeup => &[Kernel],
             _ => &[Kernel, LibraryPrepatch, Library],
         }
     }
@@ -328,6 +336,7 @@ impl Workload {
             Workload::Posix01 | Workload::Posix02 => &["posix"],
             Workload::Flock01 | Workload::Flock02 => &["flock"],
             Workload::Cluster => &cluster::MODES,
+            Workload::Wakeup => &wakeup::MODES,
         }
     }
 
@@ -455,6 +464,7 @@ pub fn available(workload: Workload, target: Target) -> Result<(), Skip> {
         Workload::Loop => loop_dev::available(target),
         Workload::Lockmany => lockmany::available(target),
         Workload::Cluster => cluster::available(target),
+        Workload::Wakeup => wakeup::available(),
         w if w.is_fd_table() => match target {
             Target::Kernel => fd_kernel::available(),
             _ => Ok(()),
@@ -484,6 +494,7 @@ pub fn run_once(target: Target, cfg: &Config) -> Result<Sample, Skip> {
         Workload::Loop => return loop_dev::run(target, cfg),
         Workload::Lockmany => return lockmany::run(target, cfg),
         Workload::Cluster => return cluster::run(cfg),
+        Workload::Wakeup => return wakeup::run(cfg),
         _ => {}
     }
     if cfg.workload.is_fd_table() {
