@@ -72,6 +72,6 @@ done
 # operation, mirror ÷ off is 1 / (1 + off ÷ source). Linux walks a file's lock list on each
 # call, so a stressor that holds many locks (lockf) makes them dear.
 awk '{ k = $3; sum[k] += $9; n[k]++; v[k] = v[k] (n[k] > 1 ? ", " : "") $9; off[k] += $7; src[k] += $12 }
-     END { for (k in sum) printf "mean of paired ratios, %-8s %.3f (%s); serial model 1/(1 + off/source) %.3f\n",
-             k, sum[k] / n[k], v[k], 1 / (1 + off[k] / src[k]) }' \
+     END { for (k in sum) printf "mean of paired ratios, %-8s %.3f (%s); serial model 1/(1 + off/source) %s\n",
+             k, sum[k] / n[k], v[k], (src[k] > 0 ? sprintf("%.3f", 1 / (1 + off[k] / src[k])) : "-") }' \
   "$OUT/ratios.txt" | sort

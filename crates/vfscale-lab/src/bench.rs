@@ -30,7 +30,7 @@ pub struct Scale {
     pub modes: Vec<&'static str>,
     /// Lock/unlock pairs per task (lockperf).
     pub iterations: Option<u64>,
-    /// Measured interval (herd, lock1, lock2, pipebench, opensock, dup1, loop).
+    /// Measured interval (herd, lock1, lock2, pipebench, opensock, dup1, loop, wakeup).
     pub duration: Duration,
     /// Sizes (lockmany: locks held, one configuration each; inodes: files per task;
     /// loop: devices at boot); empty for workloads without one.
@@ -305,11 +305,12 @@ pub fn configs(w: Workload, scale: &Scale) -> Vec<Config> {
 
 /// Whether `w`'s runs are interleaved: the workloads whose targets are ratios between
 /// rows (inodes: task counts and targets; herd: 1,000 contenders over 20; lockmany:
-/// 10,000 held over 10; wakeup: across two CPUs over one) take their configurations and targets run by run (run 1 of
-/// every (configuration, target), then run 2 of each, ...), so a drift of the machine
-/// (another job starting) falls on both sides of a ratio alike, and run i of two rows
-/// can be compared as a pair ([`crate::stats::Ratio::paired`]). A shared 2-core machine moved the
-/// herd's 1000/20 ratio by ±15% between runs taken unit by unit.
+/// 10,000 held over 10; wakeup: across two CPUs over one) take their configurations and
+/// targets run by run (run 1 of every (configuration, target), then run 2 of each, ...),
+/// so a drift of the machine (another job starting) falls on both sides of a ratio
+/// alike, and run i of two rows can be compared as a pair
+/// ([`crate::stats::Ratio::paired`]). A shared 2-core machine moved the herd's 1000/20
+/// ratio by ±15% between runs taken unit by unit.
 pub fn interleaved(w: Workload) -> bool {
     matches!(
         w,

@@ -247,6 +247,10 @@ const WORKLOADS_HELP: &str = "Workloads:
                       etcd compare-and-swap rate), failover (a holder's server is
                       killed: time to the waiter's grant); --duration, --lease-ttl;
                       the vfscalefs next to vfscale, or $VFSCALEFS
+  wakeup              a control: a token passed around a ring of N processes, each
+                      hand-off one futex wake-up, all on one CPU (one-cpu) or on two
+                      in turn (two-cpus, even N); a request over /dev/fuse pays up
+                      to two; --duration
 
 Targets: kernel (real system calls; run as root where a workload needs it), kernel-ext4,
 library (vfscale), library-prepatch (vfscale with the design before the upstream change),
@@ -275,7 +279,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub runs: u32,
     /// Measured interval of the timed workloads (herd, lock1, lock2, pipebench,
-    /// opensock, dup1, loop; cluster: per mode, ping_pong's readings), in seconds.
+    /// opensock, dup1, loop, wakeup; cluster: per mode, ping_pong's readings), in seconds.
     #[arg(long, value_parser = parse_seconds, allow_negative_numbers = true)]
     pub duration: Option<f64>,
     /// Lock/unlock pairs per task of the lockperf workloads.

@@ -108,6 +108,9 @@ pub fn bench(a: &BenchArgs) -> Result<ExitCode, String> {
     if w == Workload::Cluster && (!a.tasks.is_empty() || a.dir.is_some()) {
         return Err("cluster sets up its own servers and processes: no --tasks or --dir".into());
     }
+    if w == Workload::Wakeup && a.dir.is_some() {
+        return Err("wakeup touches no file: no --dir".into());
+    }
     if let Some(ttl) = a.lease_ttl {
         only("--lease-ttl", w == Workload::Cluster, "cluster")?;
         s.lease_ttl = Duration::from_secs(ttl);

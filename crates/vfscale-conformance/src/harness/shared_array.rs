@@ -19,10 +19,21 @@ impl<T> SharedArray<T> {
     ///
     /// # Safety
     ///
-    /// All-zero bytes must be a valid `T` (atomics and arrays of them are), and `T` must
-    /// need no alignment beyond a page's.
+    /// All-zero bytes must be a valid `T`, and `T` must be changed only through shared
+    /// references (atomics, and arrays of them): children write the values while the
+    /// parent reads them.
     pub unsafe fn new(n: usize) -> io::Result<SharedArray<T>> {
-        let len = n.max(1) * std::mem::size_of::<T>().max(1);
+        // A mapping is page-aligned; no T here needs more.
+        const { assert!(std::mem::align_of::<T>() <= 4096) };
+        let len = n
+            .max(1)
+            .checked_mul(std::mem::size_of::<T>().max(1))
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{n} shared entries: too large"),
+                )
+            })?;
         let base = map_shared(len)?;
         Ok(SharedArray {
             base,
@@ -44,8 +55,8 @@ impl<T> SharedArray<T> {
 
 impl<T> Drop for SharedArray<T> {
     fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `new`; callers keep no pointer past
-        // `self` (workers are reaped before it drops).
+        // SAFETY: unmaps exactly the mapping made in `new` (a child keeps its own); the
+        // parent keeps no pointer from `get` past `self`.
         unsafe { libc::munmap(self.base, self.len) };
     }
 }

@@ -78,7 +78,7 @@ pub const GROUPS: &[(&str, &[&str], &str)] = &[
         "locks_per_sec",
     ),
     (
-        "wakeup, a control: one wake-up of a sleeping process, on one CPU and across two (every request through FUSE pays two)",
+        "wakeup, a control: one wake-up of a sleeping process, on one CPU and across two (a request over /dev/fuse pays up to two)",
         &["wakeup"],
         "handoff_ns",
     ),

@@ -290,7 +290,7 @@ impl Workload {
             Workload::Inodes => "inode cache scalability (Chinner, 2023): create, walk, chmod, unlink and a cold walk of F files per task",
             Workload::Loop => "per-device loop lock (Tatashin, 2021): loop devices at boot, open/close, configure, churn, block I/O",
             Workload::Cluster => "several vfscalefs servers, one lock space on etcd: uncontended lock, ping_pong across servers, failover",
-            Workload::Wakeup => "a control: what waking a sleeping process costs here, on one CPU or across two (every request through FUSE pays it)",
+            Workload::Wakeup => "a control: what waking a sleeping process costs here, on one CPU or across two (a request over /dev/fuse pays up to two)",
         }
     }
 

@@ -1,25 +1,26 @@
 //! The wake-up control: what waking a sleeping process costs on this machine.
 //!
-//! Not a design to pick but the price under every figure taken through a FUSE mount:
-//! a request over `/dev/fuse` wakes a server thread and its reply wakes the client, and
-//! a grant to a parked lock waiter wakes that waiter. Where the woken task lands on an
-//! idle CPU, a virtual machine's halted vCPU must be woken by an inter-processor
-//! interrupt, which can cost ten times a context switch; a transport that keeps the
-//! request on the client's CPU (FUSE over io_uring) then gains by that much. Read the
-//! transport's ratios with this one.
+//! Not a design to pick but a price under every figure taken through a FUSE mount: a
+//! request over `/dev/fuse` wakes a server thread and its reply wakes the client, and a
+//! grant to a parked lock waiter wakes that waiter. Where the woken task lands on an idle
+//! CPU, a virtual machine's halted vCPU must be woken by an inter-processor interrupt,
+//! which can cost ten times a context switch; a transport that serves the request on the
+//! client's CPU (FUSE over io_uring) saves that wake-up. Read the transport's ratios with
+//! this one.
 //!
 //! `tasks` forked processes (at least 2) pass one token around a ring. Each sleeps in
 //! `FUTEX_WAIT` on its own word in shared memory until its predecessor sets the word and
 //! wakes it, counts, and does the same for its successor, so one process runs at a time
-//! and each hand-off is one wake-up and one context switch:
+//! and a hand-off is one wake-up and one context switch (across two CPUs, a successor
+//! that has not yet gone to sleep finds the token set and does not sleep: fewer):
 //!
 //! * `one-cpu`: every process pinned to the first CPU this process may use;
-//! * `two-cpus`: processes pinned alternately to the first two, so every hand-off wakes
-//!   the other CPU, idle since the hand-off before (an even number of tasks).
+//! * `two-cpus`: processes pinned alternately to the first two, so a hand-off wakes the
+//!   other CPU, idle since the hand-off before (an even number of tasks).
 //!
-//! `handoffs_per_sec` over the measured interval (after a warm-up of a tenth of it, at
-//! most 100 ms), `handoff_ns` its inverse, and `context_switches_per_handoff` from the
-//! workers' rusage over their whole life.
+//! `handoffs_per_sec` over the measured interval (after a warm-up of two rounds of the
+//! ring, by when every worker runs where it is pinned), `handoff_ns` its inverse, and
+//! `context_switches_per_handoff` from the workers' rusage over their whole life.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -36,8 +37,10 @@ pub const MODES: [&str; 2] = ["one-cpu", "two-cpus"];
 
 /// How long the workers may take to exit after the stop flag: the token goes round once
 /// more (50 ms for 1,000 processes across two CPUs here); a ring stalled by a worker
-/// that failed is killed after this.
+/// killed from outside is killed after this.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the warm-up may take before the run is given up.
+const WARM_UP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Whether the ring can run here: `fork` works.
 pub fn available() -> Result<(), Skip> {
@@ -89,7 +92,15 @@ pub fn run(cfg: &Config) -> Result<Sample, Skip> {
     pass(unsafe { &*tokens.get(0) }).map_err(|e| Skip(format!("futex wake: errno {e}")))?;
     let handoffs =
         |team: &Team<RingWork>| -> u64 { (0..n).map(|i| team.slot(i).count.load(Ordering::Relaxed)).sum() };
-    std::thread::sleep((cfg.duration / 10).min(Duration::from_millis(100)));
+    let warm = std::time::Instant::now();
+    while handoffs(&team) < 2 * n as u64 {
+        if warm.elapsed() > WARM_UP_TIMEOUT {
+            return Err(Skip(format!(
+                "the token went round fewer than twice in {WARM_UP_TIMEOUT:?}"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let (h0, t0) = (handoffs(&team), mono_ns());
     std::thread::sleep(cfg.duration);
     let (h1, t1) = (handoffs(&team), mono_ns());
@@ -249,7 +260,6 @@ mod tests {
             let s = run(&cfg(tasks, "one-cpu")).expect("one-cpu");
             let rate = s.get("handoffs_per_sec").unwrap();
             assert!(rate > 100.0, "{tasks} tasks: {rate} hand-offs/s");
-            assert!((s.get("handoff_ns").unwrap() * rate / 1e9 - 1.0).abs() < 1e-9);
             // Every hand-off puts its worker to sleep; start-up and exit add a few.
             let cs = s.get("context_switches_per_handoff").unwrap();
             assert!(
@@ -262,12 +272,15 @@ mod tests {
             _ => {
                 let s = run(&cfg(2, "two-cpus")).expect("two-cpus");
                 assert!(s.get("handoffs_per_sec").unwrap() > 100.0);
+                // At most one sleep per hand-off, and some: the token does not spin.
+                let cs = s.get("context_switches_per_handoff").unwrap();
+                assert!((0.2..3.0).contains(&cs), "two-cpus: {cs} switches per hand-off");
             }
         }
     }
 
     #[test]
-    fn bad_rings_are_refused_without_residue() {
+    fn bad_rings_are_refused() {
         let _g = crate::measure::child_processes();
         assert!(run(&cfg(1, "one-cpu")).unwrap_err().0.contains("at least 2"));
         if allowed_cpus().unwrap().len() >= 2 {
