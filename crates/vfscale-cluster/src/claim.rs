@@ -230,11 +230,7 @@ impl Service {
                 }
                 Err(e) => tracing::warn!(node = %m.node, ino = ask.ino, %e, "reclaim: no connection"),
             }
-            let listed = self
-                .dir
-                .members()
-                .iter()
-                .any(|x| x.node == m.node && x.lease == m.lease);
+            let listed = self.dir.members().iter().any(|x| x.same_lease(m));
             if !listed || self.is_dead(&m.node, m.lease) || self.dir.fenced() {
                 return None;
             }

@@ -85,8 +85,7 @@ fn handle(svc: &Arc<Service>, ev: DirectoryEvent) {
                     .is_some_and(|(n, lease, _)| *n == m.node && *lease == m.lease)
             });
             // Under the lease that ended: calls sent to the node's new lease are served.
-            svc.in_flight
-                .cancel_where(|h, _| h.member.node == m.node && h.member.lease == m.lease);
+            svc.in_flight.cancel_where(|h, _| h.member.same_lease(&m));
             let used = svc.shadow.homed_at(Some(&m.node));
             tracing::info!(node = %m.node, lease = m.lease, dropped, inodes = used.len(), "member gone");
             for ino in used {
@@ -121,7 +120,7 @@ fn handle(svc: &Arc<Service>, ev: DirectoryEvent) {
             // Likewise a rejoin done already, or one under a lease since replaced
             // (adopting it would go back to an ended lease).
             let now = svc.dir.me();
-            if svc.is_me(&m) || now.node != m.node || now.lease != m.lease {
+            if svc.is_me(&m) || !now.same_lease(&m) {
                 return;
             }
             tracing::info!(node = %m.node, lease = m.lease, "rejoined the cluster");

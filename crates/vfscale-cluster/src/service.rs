@@ -217,8 +217,7 @@ impl Service {
     }
 
     pub fn is_me(&self, m: &Member) -> bool {
-        let me = self.me.read();
-        me.node == m.node && me.lease == m.lease
+        self.me.read().same_lease(m)
     }
 
     pub fn caller(&self) -> pb::Caller {

@@ -18,6 +18,13 @@ pub struct Member {
     pub lease: i64,
 }
 
+impl Member {
+    /// Whether `other` is this member under the same lease (its address aside).
+    pub fn same_lease(&self, other: &Member) -> bool {
+        self.node == other.node && self.lease == other.lease
+    }
+}
+
 /// Where an inode's locks live.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Home {

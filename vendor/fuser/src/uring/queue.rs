@@ -252,16 +252,14 @@ impl<FS: Filesystem> QueueThread<FS> {
         let kick = self.kicker.as_ref().is_some_and(|k| k.is_kick(pid));
         // SAFETY: as above.
         let opcode = unsafe { entry.header_opcode() };
-        let may_block = !kick && self.offload.as_ref().is_some_and(|o| o.wants(opcode));
+        let offload = self.offload.as_ref().filter(|o| !kick && o.wants(opcode));
+        let may_block = offload.is_some();
         // Only while the source is slow (a worker still busy counts), and up to `workers`
         // at once per queue; past that the queue serves them itself, which holds its
         // other requests back, as before, but no more entries.
-        let to_worker = may_block
-            && (self.in_workers > 0 || self.shared.slow.recently())
-            && self
-                .offload
-                .as_ref()
-                .is_some_and(|o| self.in_workers < o.workers());
+        let to_worker = offload.is_some_and(|o| {
+            self.in_workers < o.workers() && (self.in_workers > 0 || self.shared.slow.recently())
+        });
         {
             let mut slot = entry.slot.lock();
             slot.phase = if to_worker {

@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering;
 use parking_lot::Mutex;
 
 use crate::uring::entry::RingEntry;
+use crate::uring::offload::SlowSource;
 use crate::uring::stats::QueueCounters;
 
 /// Where an entry is in its cycle; changed only under [`Slot`]'s lock.
@@ -60,14 +61,11 @@ pub(crate) struct QueueShared {
     pub(crate) counters: QueueCounters,
     /// When a request that may block last ran long, on any queue of the connection
     /// (see [`offload`](super::offload)).
-    pub(crate) slow: Arc<crate::uring::offload::SlowSource>,
+    pub(crate) slow: Arc<SlowSource>,
 }
 
 impl QueueShared {
-    pub(crate) fn new(
-        qid: u16,
-        slow: Arc<crate::uring::offload::SlowSource>,
-    ) -> io::Result<QueueShared> {
+    pub(crate) fn new(qid: u16, slow: Arc<SlowSource>) -> io::Result<QueueShared> {
         // SAFETY: eventfd(2) takes no pointers; a descriptor it returns is ours to own.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if fd < 0 {
